@@ -1,0 +1,40 @@
+# minifloat — `make demo` runs the main job, `make test` the CPU suite (what CI runs).
+# Both build .venv from scratch on a machine with only Python >= 3.11 and pip.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+# CPU machines take the local CPU wheel; a bare `torch` requirement would pull a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: demo test lint format gpu-test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[train,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/minifloat compare --recipes bf16,fp8-tensorwise,fp4 --model tiny --data stdlib --steps 150 --out runs/demo
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q -m "not gpu"
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
+
+# On the GPU machine (torch and triton preinstalled there): CUDA tests, then the benchmarks.
+gpu-test:
+	PYTHONPATH=src $(PYTHON) -m pytest -q -m gpu tests
+
+bench:
+	PYTHONPATH=src $(PYTHON) benchmarks/linear.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,268 @@
+"""Element formats and scale formats: exact grids and exact reference rounding.
+
+An element format is the grid a quantized value lives on (E2M1 for FP4, E4M3/E5M2 for FP8, ...).
+A scale format says how the per-group dequantization multiplier is stored (fp32, a power of two,
+MX's E8M0, or NVFP4's E4M3 block scale under an fp32 tensor scale).
+
+Rounding here is the *reference*: plain float32 arithmetic that is exact by construction (every
+step divides or multiplies by a power of two, then `torch.round`, which is round-half-to-even).
+Fast paths (Triton kernels) are tested bit-exactly against it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "ElementFormat",
+    "FloatFormat",
+    "IntFormat",
+    "ScaleFormat",
+    "SCALE_FORMATS",
+    "get",
+    "get_scale_format",
+    "names",
+]
+
+ROUNDING_MODES = ("nearest", "stochastic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElementFormat:
+    """Common interface of element formats: a symmetric grid of representable magnitudes."""
+
+    name: str
+    bits: int
+
+    @property
+    def max(self) -> float:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def grid(self) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _quantum(self, mag: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def round(
+        self,
+        x: torch.Tensor,
+        rounding: str = "nearest",
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Round float32 `x` (already divided by its scale) onto the grid, saturating at ±max.
+
+        "nearest" is round-to-nearest, ties-to-even, as hardware conversion does. "stochastic"
+        picks one of the two neighbouring grid points with probability proportional to proximity
+        (unbiased), drawing uniforms from `generator`. NaN stays NaN; ±inf saturates to ±max
+        (callers that must keep inf non-finite handle it before rounding).
+        """
+        if rounding not in ROUNDING_MODES:
+            raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
+        x = x.float()
+        mag = x.abs().clamp(max=self.max)  # saturate first; NaN passes through clamp
+        quantum = self._quantum(mag)
+        if rounding == "nearest" and self._ties_by_table:
+            q = _round_nearest_even_by_table(mag, self.grid)
+        elif rounding == "nearest":
+            q = torch.round(mag / quantum) * quantum
+        else:
+            device = generator.device if generator is not None else mag.device
+            u = torch.rand(mag.shape, generator=generator, device=device, dtype=torch.float32)
+            q = torch.floor(mag / quantum + u.to(mag.device)) * quantum
+        q = q.clamp(max=self.max)
+        return torch.copysign(q, x)
+
+    @property
+    def _ties_by_table(self) -> bool:
+        # With no mantissa bits, "even" is the exponent field's parity, which the integer-multiple
+        # rounding below can't see; such formats round by searching their (tiny) grid instead.
+        return getattr(self, "mbits", 1) == 0
+
+    def is_on_grid(self, x: torch.Tensor) -> torch.Tensor:
+        """Element-wise: is `x` exactly a representable value (NaN is not)."""
+        return self.round(x) == x
+
+
+def _round_nearest_even_by_table(mag: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Nearest grid point of non-negative `mag`; ties go to the even code (even grid index)."""
+    g = grid.to(device=mag.device, dtype=torch.float32)
+    hi = torch.searchsorted(g, mag.contiguous()).clamp(max=g.numel() - 1)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = mag - g[lo], g[hi] - mag
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0)) | (mag == g[hi])
+    return torch.where(torch.isnan(mag), mag, torch.where(pick_hi, g[hi], g[lo]))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FloatFormat(ElementFormat):
+    """A sign-exponent-mantissa minifloat with subnormals and no infinities in the grid.
+
+    `max_code_mantissa` limits the top binade (E4M3 "fn" reserves S.1111.111 for NaN, E5M2
+    reserves the whole top exponent for inf/NaN).
+    """
+
+    ebits: int
+    mbits: int
+    bias: int
+    top_exponent_reserved: bool = False  # IEEE-like: top exponent field is inf/NaN (E5M2)
+    nan_at_top_code: bool = False  # E4M3fn: only S.1111.111 is NaN
+    _cache: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def emin(self) -> int:
+        """Exponent of the smallest normal binade."""
+        return 1 - self.bias
+
+    @property
+    def emax(self) -> int:
+        top = (1 << self.ebits) - 1 - (1 if self.top_exponent_reserved else 0)
+        return top - self.bias
+
+    @property
+    def max(self) -> float:
+        mant_top = (1 << self.mbits) - 1 - (1 if self.nan_at_top_code else 0)
+        return float(2.0**self.emax * (1 + mant_top / (1 << self.mbits)))
+
+    @property
+    def grid(self) -> torch.Tensor:
+        if "grid" not in self._cache:
+            vals = {0.0}
+            for m in range(1, 1 << self.mbits):  # subnormals
+                vals.add(m * 2.0 ** (self.emin - self.mbits))
+            for e in range(self.emin, self.emax + 1):
+                for m in range(1 << self.mbits):
+                    v = 2.0**e * (1 + m / (1 << self.mbits))
+                    if v <= self.max:
+                        vals.add(v)
+            self._cache["grid"] = torch.tensor(sorted(vals), dtype=torch.float64)
+        return self._cache["grid"]
+
+    def _quantum(self, mag: torch.Tensor) -> torch.Tensor:
+        # Spacing of the grid around `mag`: 2^(e - mbits) with e the binade of mag, floored at the
+        # subnormal spacing. frexp gives mag = f * 2^exp with f in [0.5, 1), so e = exp - 1.
+        _, exp = torch.frexp(mag)
+        e = torch.clamp(exp - 1, min=self.emin)
+        return torch.ldexp(torch.ones_like(mag), (e - self.mbits).to(torch.int32))
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntFormat(ElementFormat):
+    """Symmetric signed integers in [-max, max] (the most negative code is unused)."""
+
+    @property
+    def max(self) -> float:
+        return float((1 << (self.bits - 1)) - 1)
+
+    @property
+    def grid(self) -> torch.Tensor:
+        return torch.arange(0, int(self.max) + 1, dtype=torch.float64)
+
+    def _quantum(self, mag: torch.Tensor) -> torch.Tensor:
+        return torch.ones_like(mag)
+
+
+_FORMATS: dict[str, ElementFormat] = {
+    f.name: f
+    for f in (
+        # FP4 of 2501.17116 / OCP MX: magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6}.
+        FloatFormat(name="e2m1", bits=4, ebits=2, mbits=1, bias=1),
+        # Ablation formats of the paper. E1M2 with bias 1 is a uniform 8-level grid (0..1.75);
+        # E3M0 with bias 3 is powers of two 0.25..16. Only the grid's shape matters: absmax
+        # scaling maps any group's amax onto `max`.
+        FloatFormat(name="e1m2", bits=4, ebits=1, mbits=2, bias=1),
+        FloatFormat(name="e3m0", bits=4, ebits=3, mbits=0, bias=3),
+        FloatFormat(name="e4m3", bits=8, ebits=4, mbits=3, bias=7, nan_at_top_code=True),
+        FloatFormat(name="e5m2", bits=8, ebits=5, mbits=2, bias=15, top_exponent_reserved=True),
+        IntFormat(name="int8", bits=8),
+        IntFormat(name="int4", bits=4),
+    )
+}
+
+
+def names() -> list[str]:
+    """Names of the element formats."""
+    return list(_FORMATS)
+
+
+def get(fmt: str | ElementFormat) -> ElementFormat:
+    """The element format called `fmt` (a format passes through unchanged)."""
+    if isinstance(fmt, ElementFormat):
+        return fmt
+    try:
+        return _FORMATS[str(fmt).lower()]
+    except KeyError:
+        raise ValueError(f"unknown element format {fmt!r}; valid: {', '.join(_FORMATS)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Scale formats
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleFormat:
+    """How a group's dequantization multiplier is represented.
+
+    fp32: exact `amax / fmt.max`. pow2: the smallest power of two >= that (so no value overflows
+    the grid). e8m0: pow2 limited to MX's exponent range [-127, 127]. e4m3: NVFP4's two-level
+    scale, an E4M3 block scale times an fp32 per-tensor scale.
+    """
+
+    name: str
+
+
+SCALE_FORMATS: dict[str, ScaleFormat] = {
+    n: ScaleFormat(name=n) for n in ("fp32", "pow2", "e8m0", "e4m3")
+}
+
+
+def get_scale_format(name: str | ScaleFormat) -> ScaleFormat:
+    """The scale format called `name`."""
+    if isinstance(name, ScaleFormat):
+        return name
+    try:
+        return SCALE_FORMATS[str(name).lower()]
+    except KeyError:
+        valid = ", ".join(SCALE_FORMATS)
+        raise ValueError(f"unknown scale format {name!r}; valid: {valid}") from None
+
+
+def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
+    """Smallest power of two >= x, element-wise, exactly (for positive finite x)."""
+    mant, exp = torch.frexp(x)
+    # x = mant * 2^exp with mant in [0.5, 1): x is a power of two exactly when mant == 0.5.
+    exp = torch.where(mant == 0.5, exp - 1, exp)
+    return torch.ldexp(torch.ones_like(x), exp.to(torch.int32))
+
+
+E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
+_E8M0_LO, _E8M0_HI = math.ldexp(1.0, E8M0_MIN_EXP), math.ldexp(1.0, E8M0_MAX_EXP)
+
+
+def represent_scale(
+    raw_scale: torch.Tensor, scale_format: ScaleFormat, tensor_amax: torch.Tensor, fmt_max: float
+) -> torch.Tensor:
+    """Turn raw fp32 scales (`group_amax / fmt.max`, positive) into `scale_format`'s values.
+
+    `tensor_amax` is only used by the two-level e4m3 format.
+    """
+    name = scale_format.name
+    if name == "fp32":
+        return raw_scale
+    if name == "pow2":
+        return pow2_ceil(raw_scale)
+    if name == "e8m0":
+        return pow2_ceil(raw_scale).clamp(_E8M0_LO, _E8M0_HI)
+    # e4m3 block scale under an fp32 tensor scale chosen so the largest block scale is 448.
+    e4m3 = get("e4m3")
+    tensor_scale = tensor_amax.float() / (fmt_max * e4m3.max)
+    tensor_scale = torch.where(tensor_scale > 0, tensor_scale, torch.ones_like(tensor_scale))
+    block = e4m3.round(raw_scale / tensor_scale)
+    # A block scale that underflows to 0 would divide by zero: floor it at E4M3's smallest value.
+    block = block.clamp(min=float(e4m3.grid[1]))
+    return block * tensor_scale

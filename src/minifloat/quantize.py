@@ -1,0 +1,254 @@
+"""Absmax quantization onto an element format's grid: `quantize`, `fake_quantize`, `QTensor`.
+
+This is the reference path every fast kernel is checked against bit-exactly. A tensor is split
+into groups (the whole tensor, rows, columns or 2-D blocks); each group gets one dequantization
+multiplier `scale = amax / fmt.max` (represented in a scale format), and each element becomes
+`round(x / scale)` on the grid, so that `x ≈ values * scale`.
+
+Non-finite input is never made finite: a group holding NaN or ±inf gets a NaN scale and NaN
+values, so a downstream step guard sees the problem instead of a silently clipped number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minifloat import formats
+from minifloat.formats import ElementFormat, ScaleFormat
+
+__all__ = [
+    "Granularity",
+    "QTensor",
+    "PackedQTensor",
+    "quantize",
+    "fake_quantize",
+    "normalize_granularity",
+    "group_amax",
+    "expand_scale",
+    "tensor_quantiles",
+]
+
+Granularity = str | tuple[int, int]
+_NAMED_GRANULARITIES = ("tensor", "row", "column")
+
+
+def normalize_granularity(granularity: Granularity) -> Granularity:
+    """Validate a granularity: "tensor", "row", "column", or a block shape (rows, cols)."""
+    if isinstance(granularity, str) and granularity in _NAMED_GRANULARITIES:
+        return granularity
+    if (
+        isinstance(granularity, tuple | list)
+        and len(granularity) == 2
+        and all(isinstance(b, int) and b > 0 for b in granularity)
+    ):
+        return (int(granularity[0]), int(granularity[1]))
+    raise ValueError(
+        f"unknown granularity {granularity!r}; valid: 'tensor', 'row', 'column', or a block "
+        "shape tuple of two positive ints such as (1, 32), (1, 128), (16, 16), (128, 128)"
+    )
+
+
+def _as_matrix(x: torch.Tensor) -> torch.Tensor:
+    """View 1-D tensors as one row so row/column/block logic always sees [..., R, C]."""
+    return x.unsqueeze(0) if x.dim() == 1 else x
+
+
+def _pad_to_blocks(x2: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    rows, cols = x2.shape[-2:]
+    pad_r, pad_c = (-rows) % block[0], (-cols) % block[1]
+    if pad_r or pad_c:  # zeros never change a block's amax
+        x2 = torch.nn.functional.pad(x2, (0, pad_c, 0, pad_r))
+    return x2
+
+
+def group_amax(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
+    """Absolute maximum of each group, in float32, NaN-propagating.
+
+    Shapes: tensor -> all-ones dims; row -> [..., R, 1]; column -> [..., 1, C]; block (br, bc)
+    -> [..., ceil(R/br), ceil(C/bc)] (1-D inputs are treated as a single row).
+    """
+    a = x.detach().float().abs()
+    if granularity == "tensor":
+        return a.amax().reshape([1] * x.dim())
+    if granularity == "row":
+        return a.amax(dim=-1, keepdim=True)
+    if granularity == "column":
+        if x.dim() < 2:
+            raise ValueError("column granularity needs a tensor with at least 2 dims")
+        return a.amax(dim=-2, keepdim=True)
+    br, bc = granularity
+    a2 = _pad_to_blocks(_as_matrix(a), granularity)
+    lead, (rp, cp) = a2.shape[:-2], a2.shape[-2:]
+    blocks = a2.reshape(*lead, rp // br, br, cp // bc, bc)
+    return blocks.amax(dim=(-3, -1))
+
+
+def expand_scale(scale: torch.Tensor, shape: torch.Size, granularity: Granularity) -> torch.Tensor:
+    """A per-element view (or copy, for blocks) of group scales, of the data's `shape`."""
+    if not isinstance(granularity, tuple):
+        return scale.expand(shape)
+    br, bc = granularity
+    rows = 1 if len(shape) == 1 else shape[-2]
+    cols = shape[-1]
+    full = scale.repeat_interleave(br, dim=-2).repeat_interleave(bc, dim=-1)
+    full = full[..., :rows, :cols]
+    return full.reshape(shape)
+
+
+def tensor_quantiles(x: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The [1-alpha, alpha] quantiles of the finite entries of x (linear interpolation).
+
+    Matches `torch.quantile`'s default but works on any size (two `kthvalue` selections, no full
+    sort) and ignores non-finite entries.
+    """
+    flat = x.detach().float().flatten()
+    flat = flat[torch.isfinite(flat)]
+    if flat.numel() == 0:
+        nan = torch.tensor(float("nan"), device=x.device)
+        return nan, nan
+    return _quantile(flat, 1.0 - alpha), _quantile(flat, alpha)
+
+
+def _quantile(flat: torch.Tensor, q: float) -> torch.Tensor:
+    n = flat.numel()
+    pos = q * (n - 1)
+    lo = int(pos)
+    frac = pos - lo
+    v_lo = torch.kthvalue(flat, lo + 1).values
+    if frac == 0.0 or lo + 1 >= n:
+        return v_lo
+    v_hi = torch.kthvalue(flat, lo + 2).values
+    return v_lo + (v_hi - v_lo) * frac
+
+
+@dataclass
+class QTensor:
+    """A quantized tensor: grid values and group scales, with `x ≈ values * scale`.
+
+    `values` are float32 on `fmt`'s grid (unscaled) with x's shape. `scale` is float32 and
+    broadcastable to x for tensor/row/column granularity; for block granularity it holds one entry
+    per block ([..., ceil(R/br), ceil(C/bc)]) and `expand_scale()` gives it per element.
+    """
+
+    values: torch.Tensor
+    scale: torch.Tensor
+    fmt: ElementFormat
+    granularity: Granularity
+    scale_format: ScaleFormat
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    def expand_scale(self) -> torch.Tensor:
+        """The scale of every element, x's shape."""
+        return expand_scale(self.scale, self.values.shape, self.granularity)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """values * scale, computed in float32, then cast to `dtype`."""
+        return (self.values * self.expand_scale()).to(dtype)
+
+    def pack(self) -> PackedQTensor:
+        """Store values in their bit width: E2M1 as `torch.float4_e2m1fn_x2` (two per byte),
+        other 4-bit formats as nibble-packed uint8, E4M3/E5M2 as torch float8, INT8 as int8."""
+        from minifloat.packing import pack_values
+
+        return PackedQTensor(
+            data=pack_values(self.values, self.fmt),
+            scale=self.scale,
+            fmt=self.fmt,
+            granularity=self.granularity,
+            scale_format=self.scale_format,
+            shape=self.values.shape,
+        )
+
+
+@dataclass
+class PackedQTensor:
+    """`QTensor` with values stored in the format's bit width; `unpack()` restores it exactly."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    fmt: ElementFormat
+    granularity: Granularity
+    scale_format: ScaleFormat
+    shape: torch.Size
+
+    def unpack(self) -> QTensor:
+        from minifloat.packing import unpack_values
+
+        values = unpack_values(self.data, self.fmt, self.shape)
+        # Formats without a NaN code store NaN groups as zeros; their NaN scale restores them.
+        nan_group = torch.isnan(expand_scale(self.scale, self.shape, self.granularity))
+        values = torch.where(nan_group, torch.full_like(values, float("nan")), values)
+        return QTensor(values, self.scale, self.fmt, self.granularity, self.scale_format)
+
+
+def _check_args(x: torch.Tensor, rounding: str, clip_quantile: float | None) -> None:
+    if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"quantize expects a floating-point tensor, got {got}")
+    if x.dim() == 0:
+        raise ValueError("quantize expects a tensor with at least one dimension")
+    if rounding not in formats.ROUNDING_MODES:
+        raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}, got {rounding!r}")
+    if clip_quantile is not None and not 0.5 < clip_quantile < 1.0:
+        raise ValueError(f"clip_quantile must lie in (0.5, 1), got {clip_quantile!r}")
+
+
+def clip_to_quantiles(x: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Clamp finite entries of x to its per-tensor [1-alpha, alpha] quantiles (non-finite kept)."""
+    lo, hi = tensor_quantiles(x, alpha)
+    clipped = torch.clamp(x, lo.to(x.dtype), hi.to(x.dtype))
+    return torch.where(torch.isfinite(x), clipped, x)
+
+
+def quantize(
+    x: torch.Tensor,
+    fmt: str | ElementFormat,
+    granularity: Granularity = "tensor",
+    *,
+    scale_format: str | ScaleFormat = "fp32",
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+    clip_quantile: float | None = None,
+) -> QTensor:
+    """Quantize `x` onto `fmt`'s grid with one absmax scale per group.
+
+    Args:
+        x: floating-point tensor (any dtype; computed in float32).
+        fmt: element format or its name ("e2m1", "e4m3", "e5m2", "int8", ...).
+        granularity: "tensor", "row" (reduce over the last dim), "column" (reduce over dim -2),
+            or a block shape such as (1, 32) or (128, 128); ragged edges are padded internally.
+        scale_format: "fp32", "pow2", "e8m0" or "e4m3" (NVFP4's block scale x fp32 tensor scale).
+        rounding: "nearest" (ties to even, saturating) or "stochastic" (unbiased).
+        generator: random source for stochastic rounding (for reproducibility).
+        clip_quantile: if set to alpha, clamp x to its [1-alpha, alpha] per-tensor quantiles first.
+    """
+    _check_args(x, rounding, clip_quantile)
+    fmt = formats.get(fmt)
+    sfmt = formats.get_scale_format(scale_format)
+    granularity = normalize_granularity(granularity)
+    xf = x.float()
+    if clip_quantile is not None:
+        xf = clip_to_quantiles(xf, clip_quantile)
+
+    amax = group_amax(xf, granularity)
+    positive = amax > 0
+    raw = torch.where(positive, amax / fmt.max, torch.ones_like(amax))
+    # NVFP4's tensor scale comes from the finite groups, so one bad block doesn't poison the rest.
+    tensor_amax = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax)).amax()
+    scale = formats.represent_scale(raw, sfmt, tensor_amax, fmt.max)
+    scale = torch.where(positive, scale, torch.ones_like(scale))  # all-zero groups: scale 1
+    scale = torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
+
+    scale_full = expand_scale(scale, xf.shape, granularity)
+    values = fmt.round(xf / scale_full, rounding=rounding, generator=generator)
+    return QTensor(values, scale, fmt, granularity, sfmt)
+
+
+def fake_quantize(x: torch.Tensor, fmt: str | ElementFormat, *args, **kwargs) -> torch.Tensor:
+    """`quantize(x, fmt, ...).dequantize(x.dtype)`: the quantization error, in x's dtype."""
+    return quantize(x, fmt, *args, **kwargs).dequantize(x.dtype)

@@ -1,0 +1,149 @@
+"""Element formats: grids from bit layouts, and exact reference rounding."""
+
+import math
+
+import pytest
+import torch
+
+from minifloat import formats
+
+FLOAT_LAYOUTS = {  # name: (ebits, mbits, bias, which codes are not finite numbers)
+    "e2m1": (2, 1, 1, "none"),
+    "e1m2": (1, 2, 1, "none"),
+    "e3m0": (3, 0, 3, "none"),
+    "e4m3": (4, 3, 7, "fn"),  # only S.1111.111 is NaN
+    "e5m2": (5, 2, 15, "ieee"),  # exponent all-ones is inf/NaN
+}
+
+
+def decode(code: int, ebits: int, mbits: int, bias: int, special: str) -> float | None:
+    """Value of a non-negative bit pattern, straight from the layout (None: not a number)."""
+    e = code >> mbits
+    m = code & ((1 << mbits) - 1)
+    top = (1 << ebits) - 1
+    if special == "ieee" and e == top:
+        return None
+    if special == "fn" and e == top and m == (1 << mbits) - 1:
+        return None
+    if e == 0:
+        return m * 2.0 ** (1 - bias - mbits)
+    return 2.0 ** (e - bias) * (1 + m / (1 << mbits))
+
+
+@pytest.mark.parametrize("name", list(FLOAT_LAYOUTS))
+def test_float_grid_matches_bit_layout(name):
+    ebits, mbits, bias, special = FLOAT_LAYOUTS[name]
+    values = {decode(c, ebits, mbits, bias, special) for c in range(1 << (ebits + mbits))}
+    values.discard(None)
+    fmt = formats.get(name)
+    assert fmt.grid.tolist() == sorted(values)
+    assert fmt.max == max(values)
+
+
+def test_known_grids_and_maxima():
+    assert formats.get("e2m1").grid.tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    assert formats.get("e4m3").max == 448.0
+    assert formats.get("e5m2").max == 57344.0
+    assert formats.get("int8").max == 127 and formats.get("int4").grid.tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_float8_grid_matches_torch_dtype(name):
+    dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[name]
+    as_float = torch.arange(0, 128, dtype=torch.uint8).view(dtype).float()
+    finite = as_float[torch.isfinite(as_float)]
+    assert sorted(set(finite.tolist())) == formats.get(name).grid.tolist()
+
+
+def reference_round_nearest_even(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Independent float64 rounding: nearest grid point by search, ties to the even code."""
+    g = grid.double()
+    mag = x.double().abs().clamp(max=g[-1].item())
+    hi = torch.searchsorted(g, mag).clamp(max=len(g) - 1)
+    lo = (hi - 1).clamp(min=0)
+    d_lo, d_hi = mag - g[lo], g[hi] - mag
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
+    out = torch.where(pick_hi, g[hi], g[lo])
+    out = torch.where(mag == g[hi], g[hi], out)
+    out = torch.where(torch.isnan(x), torch.full_like(out, math.nan), out)
+    return torch.copysign(out, x.double())
+
+
+def adversarial(fmt: formats.ElementFormat) -> torch.Tensor:
+    """Grid points, exact midpoints (ties), just-off-midpoints, beyond max, tiny, zero, inf."""
+    g = fmt.grid.double()
+    mids = (g[1:] + g[:-1]) / 2
+    eps = 1e-6 * torch.ones_like(mids)
+    vals = torch.cat([g, mids, mids + eps, mids - eps, torch.tensor([fmt.max * 1.01, fmt.max * 1e3,
+                      1e-30, 1e-45, 0.0, math.inf])])  # fmt: skip
+    vals = torch.cat([vals, -vals])
+    return vals.float()
+
+
+@pytest.mark.parametrize("name", formats.names())
+def test_nearest_even_matches_independent_reference(name):
+    fmt = formats.get(name)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([adversarial(fmt), torch.randn(20000, generator=gen) * fmt.max / 3])
+    x = torch.cat([x, torch.tensor([math.nan])])
+    got = fmt.round(x)
+    want = reference_round_nearest_even(x, fmt.grid).float()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    ok = ~torch.isnan(want)
+    assert torch.equal(got[ok], want[ok])
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)]
+)
+def test_nearest_even_matches_torch_float8_cast(name, dtype):
+    fmt = formats.get(name)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.cat([adversarial(fmt), torch.randn(50000, generator=gen) * fmt.max / 4])
+    x = x[torch.isfinite(x) & (x.abs() <= fmt.max)]  # torch's cast doesn't saturate beyond max
+    assert torch.equal(fmt.round(x), x.to(dtype).float())
+
+
+def test_stochastic_rounding_unbiased_and_on_grid():
+    fmt = formats.get("e2m1")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(1_000_000, generator=gen) * 12 - 6
+    q = fmt.round(x, "stochastic", torch.Generator().manual_seed(1))
+    assert bool(fmt.is_on_grid(q).all())
+    # Each error is bounded by the local spacing (<= 2), so the mean error has std <= 2/sqrt(n).
+    bias = (q - x).double().mean().item()
+    assert abs(bias) < 5 * 2 / math.sqrt(x.numel())
+    # ... while nearest rounding of the same data is not what stochastic gives.
+    assert not torch.equal(q, fmt.round(x))
+
+
+def test_stochastic_rounding_deterministic_for_generator():
+    fmt = formats.get("e4m3")
+    x = torch.randn(1000) * 10
+    a = fmt.round(x, "stochastic", torch.Generator().manual_seed(7))
+    b = fmt.round(x, "stochastic", torch.Generator().manual_seed(7))
+    c = fmt.round(x, "stochastic", torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_stochastic_keeps_grid_points_exact():
+    fmt = formats.get("e2m1")
+    g = fmt.grid.float()
+    x = torch.cat([g, -g]).repeat(100)
+    assert torch.equal(fmt.round(x, "stochastic", torch.Generator().manual_seed(0)), x)
+
+
+def test_unknown_names_list_valid_ones():
+    with pytest.raises(ValueError, match="e2m1"):
+        formats.get("fp5")
+    with pytest.raises(ValueError, match="e8m0"):
+        formats.get_scale_format("fp7")
+    with pytest.raises(ValueError, match="nearest"):
+        formats.get("e2m1").round(torch.ones(2), "up")
+
+
+def test_pow2_ceil_exact():
+    x = torch.tensor([1.0, 1.5, 2.0, 3.0, 0.375, 2.0**-130, 1e30])
+    got = formats.pow2_ceil(x)
+    want = torch.tensor([2.0 ** math.ceil(math.log2(v)) for v in x.double().tolist()])
+    assert torch.equal(got, want.float())
