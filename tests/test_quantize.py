@@ -130,7 +130,7 @@ def test_stochastic_quantize_unbiased_and_reproducible(granularity):
     b = quantize(x, "e2m1", granularity, generator=torch.Generator().manual_seed(1), **kw)
     assert torch.equal(a.values, b.values)
     err = (a.dequantize() - x).double()
-    # Per-element error is bounded by the local spacing times scale; mean must vanish like 1/sqrt(n).
+    # Each error is bounded by spacing x scale, so the mean must vanish like 1/sqrt(n).
     bound = 5 * (2 * a.expand_scale()).double().pow(2).mean().sqrt() / math.sqrt(x.numel())
     assert abs(err.mean().item()) < bound.item()
 
