@@ -2,16 +2,38 @@
 
 A recipe states everything about how a model trains numerically: the autocast dtype of the
 non-GEMM ops, whether fp16 loss scaling is needed, and (for quantized recipes) how each operand of
-each of the three GEMMs is quantized. `get(name)` returns one; `dataclasses.replace` makes variants.
+each of the three GEMMs is quantized. `get(name)` returns one; `dataclasses.replace` makes variants:
+
+    r = dataclasses.replace(recipes.get("fp4"), name="fp4-k3", dge=recipes.DGEConfig(k=3.0))
+
+GEMM convention (see DESIGN.md): every GEMM is `out = a @ bᵀ` with both operands laid out as
+[rows, contraction]. fprop: a = input x [M,K], b = weight w [N,K]; dgrad: a = grad_output dy
+[M,N], b = wᵀ [K,N]; wgrad: a = dyᵀ [N,M], b = xᵀ [K,M]. An operand's granularity is relative to
+that layout: "row" is one scale per row along the contraction dim.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Recipe", "get", "names", "register"]
+from minifloat import formats
+from minifloat.quantize import Granularity, normalize_granularity
+
+__all__ = [
+    "Recipe",
+    "OperandSpec",
+    "GemmSpec",
+    "DGEConfig",
+    "OCCConfig",
+    "DelayedScaling",
+    "QuantRecipe",
+    "get",
+    "names",
+    "register",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +55,199 @@ class Recipe:
         dtype = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.autocast_dtype]
         return {"fprop": dtype, "dgrad": dtype, "wgrad": dtype}
 
+
+# ---------------------------------------------------------------------------------------------
+# Quantized recipes
+# ---------------------------------------------------------------------------------------------
+
+
+def _granularity_words(g: Granularity) -> str:
+    return f"{g[0]}x{g[1]}" if isinstance(g, tuple) else g
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperandSpec:
+    """How one operand of one GEMM is quantized.
+
+    `granularity` is relative to the operand's [rows, contraction] layout in that GEMM.
+    `reuse=True` (backward GEMMs' rhs only) takes the fprop's quantized values of the same tensor,
+    transposed, instead of quantizing again: a tensor or block scale is transposed with them; a
+    row scale, which cannot be applied along the backward contraction dim, is folded into the
+    gradient operand (DESIGN.md "FP4 on Hopper") and the reused values get a unit scale. A reused
+    spec must name the fprop's format; its granularity is ignored.
+    """
+
+    fmt: str
+    granularity: Granularity = "tensor"
+    scale_format: str = "fp32"
+    rounding: str = "nearest"
+    reuse: bool = False
+
+    def __post_init__(self) -> None:
+        formats.get(self.fmt)  # validates the name
+        formats.get_scale_format(self.scale_format)
+        object.__setattr__(self, "granularity", normalize_granularity(self.granularity))
+        if self.granularity == "column":
+            raise ValueError("operand granularity 'column' cannot scale a GEMM operand; use 'row'")
+        if self.rounding not in formats.ROUNDING_MODES:
+            raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}")
+
+    def words(self) -> str:
+        """E.g. "E2M1 (row)"; reused operands read "E2M1 (fprop values)"."""
+        if self.reuse:
+            return f"{self.fmt.upper()} (fprop values)"
+        extra = [] if self.scale_format == "fp32" else [f"{self.scale_format} scale"]
+        extra += [] if self.rounding == "nearest" else [self.rounding]
+        return f"{self.fmt.upper()} ({', '.join([_granularity_words(self.granularity), *extra])})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmSpec:
+    """The two operands of one GEMM `a @ bᵀ`: lhs = a, rhs = b.
+
+    fprop: lhs input, rhs weight. dgrad: lhs grad_output, rhs weight. wgrad: lhs grad_output,
+    rhs input.
+    """
+
+    lhs: OperandSpec
+    rhs: OperandSpec
+
+    def words(self) -> str:
+        return f"{self.lhs.words()} x {self.rhs.words()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DGEConfig:
+    """Differentiable Gradient Estimator on the weights (2501.17116): wgrad *= f'(w / w_scale)."""
+
+    k: float = 5.0
+    cap: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not (self.k > 0 and self.cap > 0):
+            raise ValueError("DGE needs k > 0 and cap > 0")
+
+
+OCC_THRESHOLDS = ("exact", "sampled")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OCCConfig:
+    """Outlier Clamping and Compensation on the inputs (2501.17116).
+
+    The input is clamped to its per-tensor [1-alpha, alpha] quantiles before quantization; with
+    `compensate` the clipped remainder Δx is multiplied by the weight in high precision and added.
+    `threshold`: "exact" quantiles, or "sampled": quantiles of `sample_size()` entries drawn with
+    replacement (seeded by `seed`). By the DKW inequality the sampled estimate's rank error is at
+    most `sample_eps` with probability at least 1 - `sample_delta`, i.e. the clipped fraction of
+    each tail lies in [1-alpha-eps, 1-alpha+eps].
+    """
+
+    alpha: float = 0.99
+    compensate: bool = True
+    threshold: str = "exact"
+    sample_eps: float = 0.002
+    sample_delta: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.5 < self.alpha < 1.0:
+            raise ValueError(f"OCC alpha must lie in (0.5, 1), got {self.alpha}")
+        if self.threshold not in OCC_THRESHOLDS:
+            raise ValueError(f"OCC threshold must be one of {OCC_THRESHOLDS}")
+        if not (0 < self.sample_eps < 1 and 0 < self.sample_delta < 1):
+            raise ValueError("OCC sample_eps and sample_delta must lie in (0, 1)")
+
+    def sample_size(self) -> int:
+        """n = ceil(ln(2/delta) / (2 eps²)), the DKW sample size."""
+        return math.ceil(math.log(2.0 / self.sample_delta) / (2.0 * self.sample_eps**2))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayedScaling:
+    """Tensorwise scales from an amax history (Transformer Engine / MS-AMP style).
+
+    The scale of step t is `max(amax of the previous history_len steps) * 2**margin / fmt.max`;
+    while the history is still empty (first step) the current amax is used.
+    """
+
+    history_len: int = 16
+    margin: int = 0
+
+    def __post_init__(self) -> None:
+        if self.history_len < 1 or self.margin < 0:
+            raise ValueError("delayed scaling needs history_len >= 1 and margin >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantRecipe(Recipe):
+    """A recipe whose linear layers run quantized GEMMs (fprop, dgrad, wgrad)."""
+
+    fprop: GemmSpec
+    dgrad: GemmSpec
+    wgrad: GemmSpec
+    dge: DGEConfig | None = None
+    occ: OCCConfig | None = None
+    delayed: DelayedScaling | None = None
+    min_multiple: int = 16  # in/out features must be multiples of this (FP8 tensor-core GEMMs)
+
+    def __post_init__(self) -> None:
+        if self.fprop.lhs.reuse or self.fprop.rhs.reuse or self.dgrad.lhs.reuse:
+            raise ValueError("only the rhs of dgrad/wgrad can reuse fprop values")
+        if self.wgrad.lhs.reuse:
+            raise ValueError("only the rhs of dgrad/wgrad can reuse fprop values")
+        for bwd, fwd in ((self.dgrad.rhs, self.fprop.rhs), (self.wgrad.rhs, self.fprop.lhs)):
+            if bwd.reuse and bwd.fmt != fwd.fmt:
+                raise ValueError(f"a reused operand must keep its fprop format {fwd.fmt}")
+        if self.delayed is not None:
+            specs = (self.fprop.lhs, self.fprop.rhs, self.dgrad.lhs, self.wgrad.lhs)
+            if any(s.granularity != "tensor" for s in specs):
+                raise ValueError("delayed scaling needs tensor granularity for all operands")
+            if self.occ is not None:
+                raise ValueError("delayed scaling and OCC do not combine")
+
+    @property
+    def quantized(self) -> bool:
+        return True
+
+    def folds(self, gemm: str) -> bool:
+        """Whether the backward `gemm` ("dgrad"/"wgrad") folds a fprop row scale into dy."""
+        if gemm == "dgrad":
+            return self.dgrad.rhs.reuse and self.fprop.rhs.granularity == "row"
+        if gemm == "wgrad":
+            return self.wgrad.rhs.reuse and self.fprop.lhs.granularity == "row"
+        raise ValueError(f"gemm must be 'dgrad' or 'wgrad', got {gemm!r}")
+
+    def describe(self) -> dict[str, str]:
+        words = {g: getattr(self, g).words() for g in ("fprop", "dgrad", "wgrad")}
+        if self.folds("dgrad"):
+            words["dgrad"] = words["dgrad"].replace(")", ", x w_scale)", 1)
+        if self.folds("wgrad"):
+            words["wgrad"] = words["wgrad"].replace(")", ", x x_scale)", 1)
+        if self.occ is not None:
+            comp = "compensated" if self.occ.compensate else "no compensation"
+            words["fprop"] += f" + OCC (alpha={self.occ.alpha}, {comp})"
+        if self.dge is not None:
+            words["wgrad"] += f" + DGE (k={self.dge.k:g}, cap={self.dge.cap:g})"
+        if self.delayed is not None:
+            tag = f" [delayed: history {self.delayed.history_len}, margin {self.delayed.margin}]"
+            words = {g: w + tag for g, w in words.items()}
+        return words
+
+    def unsuitable(self, in_features: int, out_features: int) -> str | None:
+        """Why a linear layer of these dims cannot use this recipe (None if it can)."""
+        m = self.min_multiple
+        if in_features % m or out_features % m:
+            return (
+                f"in_features={in_features}, out_features={out_features} are not multiples of "
+                f"{m} (needed by recipe {self.name})"
+            )
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------------------------
 
 _REGISTRY: dict[str, Recipe] = {}
 
@@ -61,6 +276,87 @@ def get(name: str | Recipe) -> Recipe:
 
 
 register(Recipe(name="fp32", description="full fp32 (reference)", autocast_dtype=None))
-register(Recipe(name="fp16", description="fp16 autocast + dynamic loss scaling",
-                autocast_dtype=torch.float16, loss_scaling=True))  # fmt: skip
+register(
+    Recipe(
+        name="fp16",
+        description="fp16 autocast + dynamic loss scaling",
+        autocast_dtype=torch.float16,
+        loss_scaling=True,
+    )
+)
 register(Recipe(name="bf16", description="bf16 autocast (the baseline)"))
+
+
+def _op(fmt: str, granularity: Granularity = "tensor", **kw) -> OperandSpec:
+    return OperandSpec(fmt=fmt, granularity=granularity, **kw)
+
+
+def _reuse(fmt: str) -> OperandSpec:
+    return OperandSpec(fmt=fmt, reuse=True)
+
+
+_TENSORWISE = dict(
+    fprop=GemmSpec(lhs=_op("e4m3"), rhs=_op("e4m3")),
+    dgrad=GemmSpec(lhs=_op("e5m2"), rhs=_reuse("e4m3")),
+    wgrad=GemmSpec(lhs=_op("e5m2"), rhs=_reuse("e4m3")),
+)
+register(
+    QuantRecipe(
+        name="fp8-tensorwise", description="FP8 with one dynamic scale per tensor", **_TENSORWISE
+    )
+)
+_ROW = _op("e4m3", "row")
+register(
+    QuantRecipe(
+        name="fp8-rowwise",
+        description="FP8 E4M3, one scale per row along each GEMM's contraction dim",
+        fprop=GemmSpec(lhs=_ROW, rhs=_ROW),
+        dgrad=GemmSpec(lhs=_ROW, rhs=_ROW),
+        wgrad=GemmSpec(lhs=_ROW, rhs=_ROW),
+    )
+)
+_TILE = _op("e4m3", (1, 128))
+register(
+    QuantRecipe(
+        name="fp8-blockwise",
+        description="DeepSeek-V3: 1x128 tiles for activations/gradients, 128x128 weight blocks",
+        fprop=GemmSpec(lhs=_TILE, rhs=_op("e4m3", (128, 128))),
+        dgrad=GemmSpec(lhs=_TILE, rhs=_reuse("e4m3")),
+        wgrad=GemmSpec(lhs=_TILE, rhs=_TILE),
+        min_multiple=128,
+    )
+)
+register(
+    QuantRecipe(
+        name="fp8-delayed",
+        description="FP8 tensorwise, scales from amax history",
+        delayed=DelayedScaling(),
+        **_TENSORWISE,
+    )
+)
+
+
+def _fp4_like(name: str, description: str, w_fmt: str, x_fmt: str, **kw) -> QuantRecipe:
+    """fprop x (row, per token) x w (row, per output channel); backward folds the row scales."""
+    grad = _op("e5m2", "row")
+    return QuantRecipe(
+        name=name,
+        description=description,
+        fprop=GemmSpec(lhs=_op(x_fmt, "row"), rhs=_op(w_fmt, "row")),
+        dgrad=GemmSpec(lhs=grad, rhs=_reuse(w_fmt)),
+        wgrad=GemmSpec(lhs=grad, rhs=_reuse(x_fmt)),
+        **kw,
+    )
+
+
+_DGE, _OCC = DGEConfig(), OCCConfig()
+for _r in (
+    _fp4_like("fp4", "2501.17116: W4A4 E2M1 + DGE + OCC", "e2m1", "e2m1", dge=_DGE, occ=_OCC),
+    _fp4_like("fp4-direct", "W4A4 E2M1 direct cast (no DGE, no OCC)", "e2m1", "e2m1"),
+    _fp4_like("fp4-dge", "W4A4 E2M1 + DGE only", "e2m1", "e2m1", dge=_DGE),
+    _fp4_like("fp4-occ", "W4A4 E2M1 + OCC only", "e2m1", "e2m1", occ=_OCC),
+    _fp4_like("fp4-w4a8", "E2M1 weights, E4M3 inputs, direct cast", "e2m1", "e4m3"),
+    _fp4_like("fp4-w8a4", "E4M3 weights, E2M1 inputs, direct cast", "e4m3", "e2m1"),
+):
+    register(_r)
+del _r

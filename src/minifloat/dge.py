@@ -1,0 +1,78 @@
+"""The Differentiable Gradient Estimator (DGE) of 2501.17116, for quantized weights.
+
+The straight-through estimator treats the quantizer as the identity in backward. DGE instead
+differentiates a smooth stand-in for the staircase: between adjacent grid points a < b
+(δ = b - a) of the element format,
+
+    f(x) = a + (δ/2) · (1 + sign(t) · |t|^(1/k)),   t = 2(x - a)/δ - 1 ∈ [-1, 1],
+
+odd-symmetric for negative x. f passes through every grid point and is steep near the midpoints,
+like the real quantizer. Its derivative f'(x) = (1/k)·|t|^(1/k - 1) equals 1/k on grid points
+and diverges at midpoints, so it is capped. The wgrad of a DGE recipe is multiplied element-wise
+by f'(w / w_scale), evaluated on the *scaled* weight (the values the quantizer rounds).
+
+Beyond ±max (reachable only through the fp32 rounding of `amax / max`, or with a non-absmax
+scale) x is treated as sitting on ±max, giving 1/k: a saturating quantizer's gradient there would
+be 0, but absmax scaling puts each channel's largest weight exactly at max and zeroing its
+gradient would freeze the channel's largest weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minifloat import formats
+from minifloat.formats import ElementFormat
+
+__all__ = ["dge_function", "dge_derivative"]
+
+
+def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
+    """For |x| (clamped to max): the enclosing grid interval's a, δ and t, in x's dtype."""
+    grid = fmt.grid.to(device=x.device, dtype=x.dtype)
+    mag = x.abs().clamp(max=fmt.max)
+    # Index i of the interval [grid[i], grid[i+1]) holding mag; max itself uses the last one.
+    idx = torch.searchsorted(grid, mag.contiguous(), right=True) - 1
+    idx = idx.clamp(0, grid.numel() - 2)
+    a, b = grid[idx], grid[idx + 1]
+    delta = b - a
+    t = (2.0 * (mag - a) / delta - 1.0).clamp(-1.0, 1.0)
+    return a, delta, t
+
+
+def _working_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def dge_function(
+    x_scaled: torch.Tensor, fmt: str | ElementFormat = "e2m1", k: float = 5.0
+) -> torch.Tensor:
+    """The smooth quantizer stand-in f(x) (for tests and plots), in float32 (float64 kept)."""
+    fmt = formats.get(fmt)
+    x = x_scaled.to(_working_dtype(x_scaled))
+    a, delta, t = _intervals(x, fmt)
+    mag = a + 0.5 * delta * (1.0 + torch.sign(t) * t.abs().pow(1.0 / k))
+    return torch.copysign(mag, x)
+
+
+def dge_derivative(
+    x_scaled: torch.Tensor, fmt: str | ElementFormat = "e2m1", k: float = 5.0, cap: float = 3.0
+) -> torch.Tensor:
+    """f'(x) = min((1/k)·|t|^(1/k - 1), cap), element-wise, in float32 (float64 kept).
+
+    Args:
+        x_scaled: weights divided by their scale (|x| <= fmt.max under absmax scaling).
+        fmt: element format whose grid defines the intervals (E2M1 for the paper's recipe).
+        k: sharpness; larger k approaches the hard quantizer (the paper uses 5).
+        cap: upper bound of the derivative near midpoints (the paper uses 3.0).
+    NaN in x gives NaN (the step guard must see it).
+    """
+    if k <= 0 or cap <= 0:
+        raise ValueError("dge_derivative needs k > 0 and cap > 0")
+    fmt = formats.get(fmt)
+    x = x_scaled.to(_working_dtype(x_scaled))
+    _, _, t = _intervals(x, fmt)
+    # |t|^(1/k-1) is +inf at t = 0 (exact midpoints); the cap turns that into `cap`.
+    deriv = (1.0 / k) * t.abs().pow(1.0 / k - 1.0)
+    deriv = deriv.clamp(max=cap)
+    return torch.where(torch.isnan(x), x, deriv)

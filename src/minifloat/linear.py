@@ -1,0 +1,264 @@
+"""QuantLinear: a drop-in `nn.Linear` whose three GEMMs run quantized per a `QuantRecipe`.
+
+Everything numeric happens in one autograd Function, `QuantLinearFunction`, through a compute
+backend (kernels/): the exact emulation on any device, FP8 tensor cores on sm_89+ GPUs. Both give
+the same quantized operands bit for bit; see kernels/backend.py.
+
+Precision choices:
+- Operands are quantized from the tensors as they arrive: the input in its own dtype (bf16 under
+  autocast, or fp32), the weight from the parameter itself (the fp32 master), never from an
+  autocast copy, which would only add a rounding before the quantizer's.
+- The output dtype is the autocast dtype when autocast is active on the input's device, else the
+  input's dtype. dx has the input's dtype, dw the weight's, db the bias's.
+- Activations saved for backward stay quantized (the wgrad operand, transposed) plus their row
+  scales; the high-precision input is never saved. OCC keeps only Δx on the outlier columns.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minifloat import formats, recipes
+from minifloat.kernels.backend import BACKEND_NAMES, Backend, QOperand, get_backend
+from minifloat.recipes import DelayedScaling, QuantRecipe
+
+__all__ = ["QuantLinear", "QuantLinearFunction"]
+
+_INPUT, _WEIGHT, _GRAD_OUTPUT = 0, 1, 2  # rows of the delayed-scaling amax history
+
+
+def _delayed_scale(
+    history: torch.Tensor, row: int, x: torch.Tensor, fmt: str, cfg: DelayedScaling
+) -> torch.Tensor:
+    """Tensor scale from the amax history's row `row`, then record x's amax there. [1,1] fp32.
+
+    Non-finite past entries are ignored; while the history is empty the current amax is used.
+    """
+    amax = x.detach().abs().amax().float()
+    past = torch.nan_to_num(history[row], nan=0.0, posinf=0.0).amax()
+    ref = torch.where(past > 0, past, amax)
+    scale = ref * (2.0**cfg.margin) / formats.get(fmt).max
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    history[row] = torch.roll(history[row], 1)
+    history[row, 0] = amax
+    return scale.reshape(1, 1)
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """y = x·wᵀ + b with quantized fprop, dgrad and wgrad GEMMs, per a `QuantRecipe`.
+
+    Shapes: x [M, K] (tokens x in_features), w [N, K], b [N] or None, y and dy [M, N].
+    Every GEMM is `a @ bᵀ` computed by `backend.scaled_mm` as acc * (a_scale * b_scaleᵀ).
+
+        fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Δx[:, cols]·w[:, cols]ᵀ with OCC)
+        dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
+        wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
+                    (+ dyᵀ·Δx on the outlier columns with OCC; then dw *= f'(w / s_w) with DGE)
+
+    Without the fold (tensor or block scales, or re-quantized operands) the backward GEMMs are
+    the plain dx = Q(dy)·Q(w) and dw = Q(dy)ᵀ·Q(x), with each operand quantized along that GEMM's
+    contraction dim as its `OperandSpec` says. x_c = clamp(x, q_{1-α}, q_α) under OCC, else x.
+    dgrad passes straight through the clamp (the clamp plus compensation is the identity).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, backend, out_dtype, amax_history):
+        recipe: QuantRecipe
+        backend: Backend
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        with torch.autocast(x.device.type, enabled=False):
+            clip, cols, delta = None, None, None
+            if recipe.occ is not None:
+                clip = backend.occ_thresholds(x, recipe.occ)
+                if recipe.occ.compensate:
+                    cols, delta = backend.occ_outliers(x, *clip)
+            s_x = s_w = None
+            if recipe.delayed is not None:
+                s_x = _delayed_scale(amax_history, _INPUT, x, recipe.fprop.lhs.fmt, recipe.delayed)
+                w_fmt = recipe.fprop.rhs.fmt
+                s_w = _delayed_scale(amax_history, _WEIGHT, weight, w_fmt, recipe.delayed)
+            reuse_x = need_dw and recipe.wgrad.rhs.reuse
+            reuse_w = need_dx and recipe.dgrad.rhs.reuse
+            x_q = backend.quantize(
+                x, recipe.fprop.lhs, clip=clip, scale=s_x, transposed_copy=reuse_x
+            )
+            w_q = backend.quantize(weight, recipe.fprop.rhs, scale=s_w, transposed_copy=reuse_w)
+            if delta is None:
+                y = backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias)
+            else:
+                y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32)
+                y = y + backend.hp_matmul(delta, weight[:, cols])
+                y = (y + bias.float() if bias is not None else y).to(out_dtype)
+
+            # Backward operands, prepared only for the gradients autograd will ask for.
+            x_rhs = w_rhs = None
+            if reuse_x:
+                x_rhs = backend.transpose(x_q, unit_scale=recipe.folds("wgrad"))
+            elif need_dw:
+                x_rhs = backend.quantize(x, recipe.wgrad.rhs, clip=clip, transpose=True, scale=s_x)
+            if reuse_w:
+                w_rhs = backend.transpose(w_q, unit_scale=recipe.folds("dgrad"))
+
+        ctx.recipe, ctx.backend, ctx.amax_history = recipe, backend, amax_history
+        ctx.x_dtype = x.dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.meta = {
+            name: None if q is None else (q.fmt, q.granularity)
+            for name, q in (("x_rhs", x_rhs), ("w_q", w_q), ("w_rhs", w_rhs))
+        }
+        ctx.save_for_backward(
+            weight,
+            None if x_rhs is None else x_rhs.data,
+            None if x_rhs is None else x_rhs.scale,
+            x_q.scale if recipe.folds("wgrad") else None,
+            w_q.scale,
+            None if w_rhs is None else w_rhs.data,
+            None if w_rhs is None else w_rhs.scale,
+            cols,
+            delta,
+        )
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        recipe: QuantRecipe = ctx.recipe
+        backend: Backend = ctx.backend
+        (
+            weight,
+            x_rhs_data,
+            x_rhs_scale,
+            x_scale,
+            w_scale,
+            w_rhs_data,
+            w_rhs_scale,
+            cols,
+            delta,
+        ) = ctx.saved_tensors
+        meta = ctx.meta
+        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+        dx = dw = db = None
+        with torch.autocast(dy.device.type, enabled=False):
+            s_g = None
+            if recipe.delayed is not None:
+                g_fmt = recipe.dgrad.lhs.fmt
+                s_g = _delayed_scale(ctx.amax_history, _GRAD_OUTPUT, dy, g_fmt, recipe.delayed)
+            g_q = None
+            if need_dx:
+                w_rhs = (
+                    QOperand(w_rhs_data, w_rhs_scale, *meta["w_rhs"])
+                    if w_rhs_data is not None
+                    else backend.quantize(weight, recipe.dgrad.rhs, transpose=True)
+                )
+                prescale = w_scale.t() if recipe.folds("dgrad") else None
+                g_q = backend.quantize(dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g)
+                dx = backend.scaled_mm(g_q, w_rhs, out_dtype=ctx.x_dtype)
+            if need_dw:
+                x_rhs = QOperand(x_rhs_data, x_rhs_scale, *meta["x_rhs"])
+                dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g)
+                if delta is not None and cols.numel() > 0:
+                    dw.index_add_(1, cols, backend.hp_matmul(dy.t(), delta.t()))
+                if recipe.dge is not None:
+                    w_q = QOperand(weight, w_scale, *meta["w_q"])  # data unused by apply_dge
+                    dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
+                dw = dw.to(weight.dtype)
+            if need_db and ctx.bias_dtype is not None:
+                db = dy.float().sum(dim=0).to(ctx.bias_dtype)
+        return dx, dw, db, None, None, None, None
+
+
+def _wgrad(
+    backend: Backend,
+    recipe: QuantRecipe,
+    dy: torch.Tensor,
+    g_q: QOperand | None,
+    x_rhs: QOperand,
+    x_scale: torch.Tensor | None,
+    s_g: torch.Tensor | None,
+) -> torch.Tensor:
+    """dw [N, K] in fp32, before OCC and DGE corrections."""
+    lhs = recipe.wgrad.lhs
+    shareable = (
+        g_q is not None
+        and lhs == recipe.dgrad.lhs
+        and lhs.granularity == "tensor"
+        and not recipe.folds("dgrad")
+        and not recipe.folds("wgrad")
+    )
+    if shareable:  # one tensor-scaled dy serves both backward GEMMs
+        h_q = backend.transpose(g_q)
+    else:
+        prescale = x_scale if recipe.folds("wgrad") else None
+        h_q = backend.quantize(dy, lhs, prescale=prescale, transpose=True, scale=s_g)
+    return backend.scaled_mm(h_q, x_rhs, out_dtype=torch.float32)
+
+
+class QuantLinear(nn.Linear):
+    """`nn.Linear` with quantized GEMMs: same parameters, state_dict keys and call signature.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as for `nn.Linear`.
+        recipe: a quantized recipe or its name (e.g. "fp4", "fp8-rowwise").
+        backend: "auto" (by the input's device), "emulated" or "hopper" (forced, for tests).
+    The fp8-delayed amax history lives in a non-persistent buffer `amax_history` [3, history_len]
+    (rows: input, weight, grad_output), so state_dicts stay those of `nn.Linear`.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        recipe: str | QuantRecipe,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self._setup(recipe, backend, device)
+
+    def _setup(self, recipe: str | QuantRecipe, backend: str, device) -> None:
+        recipe = recipes.get(recipe)
+        if not isinstance(recipe, QuantRecipe):
+            raise ValueError(f"recipe {recipe.name!r} does not quantize linear layers")
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
+        self.recipe = recipe
+        self.backend = backend
+        history = None
+        if recipe.delayed is not None:
+            history = torch.zeros(3, recipe.delayed.history_len, device=device)
+        self.register_buffer("amax_history", history, persistent=False)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, recipe: str | QuantRecipe, *, backend: str = "auto"
+    ) -> QuantLinear:
+        """A QuantLinear sharing `linear`'s parameter objects (optimizers stay valid)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias  # None registers an absent bias, as nn.Linear does
+        new._setup(recipe, backend, linear.weight.device)
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected last dim {self.in_features}, got shape {tuple(x.shape)}")
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            out_dtype = torch.get_autocast_dtype(device_type)
+        else:
+            out_dtype = x.dtype
+        backend = get_backend(self.backend, x.device)
+        x2 = x.reshape(-1, self.in_features)
+        y = QuantLinearFunction.apply(
+            x2, self.weight, self.bias, self.recipe, backend, out_dtype, self.amax_history
+        )
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, recipe={self.recipe.name}, backend={self.backend}"

@@ -1,0 +1,239 @@
+"""Tests for minifloat.data: corpora, split, tokenizers, cached datasets, batches, errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from minifloat.data import (
+    BatchIterator,
+    ByteTokenizer,
+    DataError,
+    build_dataset,
+    corpus_info,
+    export_corpus,
+    load_corpus,
+    split_documents,
+    train_bpe,
+)
+from minifloat.data.corpus_file import MAGIC
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+# Real text with non-ASCII characters, tabs, long whitespace runs and odd encodings.
+ROUND_TRIP_FILES = ["json/decoder.py", "email/_header_value_parser.py", "unicodedata.py",
+                    "textwrap.py", "calendar.py"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> Path:
+    """A directory with ~25 real stdlib sources (~400 KB), in two subdirectories."""
+    root = tmp_path_factory.mktemp("corpus")
+    for package in ("json", "email"):
+        (root / package).mkdir()
+        for path in sorted((STDLIB / package).glob("*.py"))[:20]:
+            shutil.copy(path, root / package / path.name)
+    return root
+
+
+@pytest.fixture(scope="module")
+def bpe(small_corpus):
+    return train_bpe(load_corpus(small_corpus).documents, vocab_size=600)
+
+
+def _stdlib_texts() -> list[str]:
+    texts = []
+    for name in ROUND_TRIP_FILES:
+        path = STDLIB / name
+        if path.exists():
+            texts.append(path.read_bytes().decode("utf-8", errors="replace"))
+    texts.append("naïve café — 東京 🎉\r\n\ttabs\x00nul <eos> literal\u200b")
+    return texts
+
+
+def test_directory_corpus_is_sorted_and_skips_hidden_and_binary(tmp_path):
+    (tmp_path / "b.txt").write_text("second")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "z.md").write_text("first")
+    (tmp_path / ".hidden").write_text("nope")
+    (tmp_path / "blob.bin").write_bytes(b"\x89PNG\0\0\x01")
+    assert load_corpus(tmp_path).documents == ["first", "second"]
+
+
+def test_text_file_is_cut_at_blank_lines_losslessly(tmp_path):
+    text = "".join(f"paragraph {i} " * 400 + "\n\n" for i in range(30))
+    path = tmp_path / "book.txt"
+    path.write_text(text)
+    docs = load_corpus(path).documents
+    assert len(docs) > 3
+    assert "".join(docs) == text
+
+
+def test_jsonl_corpus(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "one"}\n\n{"text": "two", "id": 3}\n')
+    assert load_corpus(path).documents == ["one", "two"]
+
+
+def test_export_corpus_round_trips_with_same_sha(small_corpus, tmp_path):
+    out = export_corpus(small_corpus, tmp_path / "small.xz")
+    assert load_corpus(out).documents == load_corpus(small_corpus).documents
+    info, info_xz = corpus_info(small_corpus), corpus_info(out)
+    assert info["sha256"] == info_xz["sha256"] and info["documents"] == info_xz["documents"]
+    assert info["bytes"] == info_xz["bytes"] > out.stat().st_size  # compressed
+
+
+def test_stdlib_corpus_is_deterministic():
+    a = load_corpus("stdlib", max_docs=30)
+    b = load_corpus("stdlib", max_bytes=a.num_bytes)
+    assert len(a.documents) == 30
+    assert a.documents == b.documents and a.sha256 == b.sha256
+
+
+def test_split_deterministic_disjoint_and_order_independent(small_corpus):
+    docs = load_corpus(small_corpus).documents
+    train, val = split_documents(docs, 0.2)
+    assert split_documents(docs, 0.2) == (train, val)
+    assert len(train) + len(val) == len(docs) and not set(train) & set(val)
+    assert 0 < len(val) < len(docs)
+    shuffled = docs[:]
+    random.Random(0).shuffle(shuffled)
+    assert set(split_documents(shuffled, 0.2)[1]) == set(val)
+
+
+def test_split_keeps_one_validation_document():
+    train, val = split_documents(["a", "b", "c"], 1e-9)
+    assert len(val) == 1 and len(train) == 2
+
+
+@pytest.mark.parametrize("kind", ["bpe", "byte"])
+def test_tokenizer_round_trip_on_stdlib_text(kind, bpe):
+    tokenizer = bpe if kind == "bpe" else ByteTokenizer()
+    for text in _stdlib_texts():
+        ids = tokenizer.encode(text)
+        assert tokenizer.eos_id not in ids
+        assert max(ids) < tokenizer.vocab_size
+        assert tokenizer.decode(ids) == text
+    if kind == "bpe":  # merges were learned: fewer tokens than bytes
+        sample = _stdlib_texts()[0]
+        assert len(tokenizer.encode(sample)) < 0.6 * len(sample.encode())
+
+
+def test_bpe_training_is_deterministic(small_corpus, bpe):
+    again = train_bpe(load_corpus(small_corpus).documents, vocab_size=600)
+    assert again._tok.to_str() == bpe._tok.to_str()
+    assert again.vocab_size == 600
+
+
+@pytest.mark.parametrize("kind", ["bpe", "byte"])
+def test_build_dataset_packs_documents_and_caches(small_corpus, tmp_path, kind):
+    logs: list[str] = []
+    kwargs = {"vocab_size": 600, "tokenizer": kind, "cache_dir": tmp_path, "val_fraction": 0.2}
+    ds = build_dataset(small_corpus, progress=logs.append, **kwargs)
+    assert any(ds.corpus_sha256 in line for line in logs)
+    assert any("tokens:" in line for line in logs)
+    assert ds.train_tokens.dtype == np.uint16
+    assert ds.num_tokens == len(ds.train_tokens) + len(ds.val_tokens)
+    train_docs, val_docs = split_documents(load_corpus(small_corpus).documents, 0.2)
+    for docs, tokens in ((train_docs, ds.train_tokens), (val_docs, ds.val_tokens)):
+        assert int(tokens[-1]) == ds.tokenizer.eos_id
+        assert (tokens == ds.tokenizer.eos_id).sum() == len(docs)
+        assert ds.tokenizer.decode(tokens.tolist()) == "".join(docs)
+    logs.clear()
+    again = build_dataset(small_corpus, progress=logs.append, **kwargs)
+    assert any("cache hit" in line for line in logs)
+    assert again.path == ds.path
+    assert np.array_equal(again.train_tokens, ds.train_tokens)
+    assert again.tokenizer.encode("def f(x):") == ds.tokenizer.encode("def f(x):")
+
+
+def test_build_dataset_reads_exported_corpus_from_same_cache(small_corpus, tmp_path):
+    ds = build_dataset(small_corpus, tokenizer="byte", cache_dir=tmp_path, progress=False)
+    out = export_corpus(small_corpus, tmp_path / "carry.xz")
+    copy = build_dataset(out, tokenizer="byte", cache_dir=tmp_path, progress=False)
+    assert copy.corpus_sha256 == ds.corpus_sha256
+    assert np.array_equal(copy.val_tokens, ds.val_tokens)
+
+
+@pytest.mark.parametrize("mode", ["random", "sequential"])
+def test_batch_iterator_deterministic_and_resumable(mode):
+    tokens = np.arange(5000, dtype=np.uint16)
+    a = BatchIterator(tokens, 4, 16, seed=3, mode=mode)
+    b = BatchIterator(tokens, 4, 16, seed=3, mode=mode)
+    batches = [a.next() for _ in range(8)]
+    for (x, y), (x2, y2) in zip(batches, (b.next() for _ in range(8)), strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    x, y = batches[0]
+    assert x.shape == y.shape == (4, 16) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are inputs shifted by one
+    resumed = BatchIterator(tokens, 4, 16, seed=0, mode=mode)
+    c = BatchIterator(tokens, 4, 16, seed=3, mode=mode)
+    for _ in range(5):
+        c.next()
+    resumed.load_state_dict(c.state_dict())
+    for x_ref, _ in batches[5:]:
+        assert torch.equal(resumed.next()[0], x_ref)
+
+
+def test_batch_iterator_modes_differ_as_designed():
+    tokens = np.arange(5000, dtype=np.uint16)
+    seq = BatchIterator(tokens, 2, 10, mode="sequential").next()[0]
+    assert seq[:, 0].tolist() == [0, 10]
+    r1 = BatchIterator(tokens, 2, 10, seed=1).next()[0]
+    r2 = BatchIterator(tokens, 2, 10, seed=2).next()[0]
+    assert not torch.equal(r1, r2)
+    it = BatchIterator(tokens, 2, 10)
+    with pytest.raises(ValueError, match="seq_len"):
+        it.load_state_dict({**it.state_dict(), "seq_len": 11})
+
+
+def test_batch_iterator_too_few_tokens():
+    with pytest.raises(DataError, match="fewer than one batch"):
+        BatchIterator(np.arange(64, dtype=np.uint16), 4, 16)
+
+
+@pytest.mark.parametrize(
+    ("setup", "match"),
+    [
+        (lambda d: "wikipedia", "unknown corpus 'wikipedia'.*stdlib"),
+        (lambda d: str(d / "missing.txt"), "does not exist"),
+        (lambda d: (d / "empty").mkdir() or d / "empty", "empty"),
+        (lambda d: (d / "x.txt").write_bytes(b"ok \xff\xfe bad") and d / "x.txt", "not UTF-8"),
+        (lambda d: (d / "x.bin").write_bytes(b"\0\1\2") and d / "x.bin", "binary"),
+        (lambda d: (d / "x.jsonl").write_text('{"text": 1}\n') and d / "x.jsonl", ":1:"),
+        (lambda d: (d / "x.xz").write_bytes(b"junk") and d / "x.xz", "cannot read corpus"),
+        (lambda d: "english", "minifloat data build english"),
+    ],
+)
+def test_data_errors_are_one_line(tmp_path, setup, match):
+    with pytest.raises(DataError, match=match) as info:
+        load_corpus(setup(tmp_path), cache_dir=tmp_path / "cache")
+    assert "\n" not in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_build_dataset_checks_seq_len_and_settings(small_corpus, tmp_path):
+    with pytest.raises(DataError, match="seq_len"):
+        build_dataset(small_corpus, tokenizer="byte", cache_dir=tmp_path, seq_len=10**9,
+                      progress=False)  # fmt: skip
+    with pytest.raises(DataError, match="tokenizer"):
+        build_dataset(small_corpus, tokenizer="wordpiece", cache_dir=tmp_path, progress=False)
+    single = tmp_path / "one.jsonl"
+    single.write_text(json.dumps({"text": "only one"}) + "\n")
+    with pytest.raises(DataError, match="at least 2 documents"):
+        build_dataset(single, tokenizer="byte", cache_dir=tmp_path, progress=False)
+
+
+def test_corpus_file_header(small_corpus, tmp_path):
+    import lzma
+
+    out = export_corpus(small_corpus, tmp_path / "c.xz", max_docs=2)
+    with lzma.open(out) as f:
+        assert f.read(len(MAGIC)) == MAGIC
+    assert corpus_info(out)["documents"] == 2

@@ -1,0 +1,92 @@
+"""The Differentiable Gradient Estimator: f, f', and the DGE-corrected wgrad."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minifloat import formats
+from minifloat.dge import dge_derivative, dge_function
+from minifloat.linear import QuantLinear
+
+GRID = formats.get("e2m1").grid.tolist()  # 0, .5, 1, 1.5, 2, 3, 4, 6
+
+
+def _interior_points(k_per_interval: int = 40) -> torch.Tensor:
+    """Points strictly inside each E2M1 interval, away from the capped midpoint region."""
+    pts = []
+    for a, b in zip(GRID[:-1], GRID[1:], strict=True):
+        u = torch.linspace(0.02, 0.98, k_per_interval, dtype=torch.float64)
+        u = u[(u - 0.5).abs() > 0.1]
+        pts.append(a + (b - a) * u)
+    x = torch.cat(pts)
+    return torch.cat([x, -x])
+
+
+@pytest.mark.parametrize("k", [3.0, 5.0, 10.0])
+def test_derivative_matches_numerical_derivative(k):
+    x = _interior_points()
+    h = 1e-6
+    numeric = (dge_function(x + h, k=k) - dge_function(x - h, k=k)) / (2 * h)
+    analytic = dge_derivative(x, k=k, cap=1e9)
+    torch.testing.assert_close(analytic, numeric, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("k", [3.0, 5.0])
+def test_function_interpolates_grid_and_is_odd(k):
+    grid = torch.tensor(GRID, dtype=torch.float64)
+    torch.testing.assert_close(dge_function(grid, k=k), grid)
+    torch.testing.assert_close(dge_function(-grid, k=k), -grid)
+    x = _interior_points()
+    torch.testing.assert_close(dge_function(-x, k=k), -dge_function(x, k=k))
+    # f is monotone: a smooth stand-in for the staircase
+    xs = torch.linspace(-6, 6, 2001, dtype=torch.float64)
+    assert bool((dge_function(xs, k=k).diff() >= 0).all())
+
+
+@pytest.mark.parametrize("k", [3.0, 5.0, 10.0])
+def test_one_over_k_on_grid_points(k):
+    grid = torch.tensor(GRID + [-g for g in GRID[1:]], dtype=torch.float32)
+    d = dge_derivative(grid, k=k)
+    torch.testing.assert_close(d, torch.full_like(d, 1.0 / k))
+
+
+def test_never_exceeds_cap_and_hits_it_at_midpoints():
+    x = torch.linspace(-6.5, 6.5, 100_001)
+    for cap in (3.0, 1.5):
+        d = dge_derivative(x, cap=cap)
+        assert float(d.max()) <= cap
+        assert float(d.min()) >= 0.2 - 1e-6  # 1/k is the minimum (at grid points)
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0])
+    assert bool((dge_derivative(mids) == 3.0).all())
+
+
+def test_beyond_max_and_nan():
+    d = dge_derivative(torch.tensor([6.0, 6.0000005, 7.0, -9.0, float("nan")]))
+    assert d[:4].tolist() == pytest.approx([0.2] * 4)
+    assert torch.isnan(d[4])
+    assert dge_derivative(torch.ones(3, dtype=torch.float64)).dtype == torch.float64
+    assert dge_derivative(torch.ones(3, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_other_format_grid():
+    # E4M3's grid is much finer; f' is still 1/k exactly on its grid points.
+    grid = formats.get("e4m3").grid.float()[1:50]
+    assert bool((dge_derivative(grid, fmt="e4m3") == 0.2).all())
+
+
+def test_dge_corrected_wgrad_equals_plain_times_derivative():
+    torch.manual_seed(0)
+    x = torch.randn(48, 64)
+    w = torch.randn(32, 64) * 0.05
+    dy = torch.randn(48, 32)
+    grads = {}
+    for name in ("fp4-direct", "fp4-dge"):
+        layer = QuantLinear(64, 32, bias=False, recipe=name, backend="emulated")
+        layer.weight.data.copy_(w)
+        layer(x).backward(dy)
+        grads[name] = layer.weight.grad
+    w_scale = w.abs().amax(dim=1, keepdim=True) / 6.0
+    expected = grads["fp4-direct"] * dge_derivative(w / w_scale)
+    assert torch.equal(grads["fp4-dge"], expected)
+    assert not torch.equal(grads["fp4-dge"], grads["fp4-direct"])

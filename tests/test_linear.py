@@ -1,0 +1,299 @@
+"""QuantLinear: every recipe against a float64 reference of the same math, SQNR floors, and the
+nn.Linear drop-in contract (state_dict, batch dims, bias, autocast, saved activations)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from minifloat import recipes
+from minifloat.dge import dge_derivative
+from minifloat.kernels import Backend, EmulatedBackend, backend_for, get_backend
+from minifloat.linear import QuantLinear
+from minifloat.occ import clamp
+from minifloat.quantize import quantize, tensor_quantiles
+from minifloat.recipes import QuantRecipe
+
+QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
+U = 2.0**-24  # fp32 unit roundoff
+
+# SQNR floors (dB) of y / dx / dw against the unquantized fp32 layer, on Gaussian data
+# (x ~ N(0,1) [256,256], w ~ N(0,1/256) [128,256], dy ~ N(0,1)); measured values sit 2-4 dB higher.
+SQNR_FLOORS = {
+    # e4m3 operands ~31 dB; the e5m2 gradient (2 mantissa bits) limits dgrad/wgrad to ~25 dB.
+    "fp8-tensorwise": (29.0, 22.0, 22.0),
+    # e4m3 everywhere with per-row scales: backward ~29 dB.
+    "fp8-rowwise": (29.0, 26.0, 26.0),
+    # 1x128 / 128x128 tiles behave like rowwise at these sizes.
+    "fp8-blockwise": (29.0, 26.0, 26.0),
+    # first step of delayed scaling = tensorwise (empty history -> current amax).
+    "fp8-delayed": (29.0, 22.0, 22.0),
+    # E2M1 x E2M1 ~20 dB; DGE multiplies each dw element by f' in [0.2, 3] on purpose, so dw
+    # only keeps its sign pattern and rough magnitude (~2.5 dB).
+    "fp4": (17.0, 16.0, 0.0),
+    # W4A4 direct cast: ~19.5 / 18 / 18 dB.
+    "fp4-direct": (17.0, 16.0, 16.0),
+    "fp4-dge": (17.0, 16.0, 0.0),  # DGE on wgrad as in fp4
+    "fp4-occ": (17.0, 16.0, 16.0),  # clamping Gaussian tails at 0.99 costs nothing visible
+    # one 8-bit operand: fprop ~22 dB; the 8-bit operand's backward GEMM ~24.7 dB.
+    "fp4-w4a8": (19.5, 16.0, 22.0),
+    "fp4-w8a4": (19.5, 22.0, 16.0),
+}
+
+
+def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.detach().double(), out.detach().double()
+    return float(20 * torch.log10(ref.norm() / (out - ref).norm()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Float64 reference of the recipe's math, written directly against minifloat.quantize
+# ---------------------------------------------------------------------------------------------
+
+
+def _deq(t: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, per-element scale) of quantize(t) as float64."""
+    q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
+    return q.values.double(), q.expand_scale().double()
+
+
+def _gemm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a @ bᵀ in float64, and a bound on an fp32 computation's rounding error."""
+    kc = a.shape[1]
+    return a @ b.t(), (kc + 4) * U * (a.abs() @ b.abs().t())
+
+
+def reference(recipe: QuantRecipe, x, w, b, dy) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """{name: (float64 value, fp32 error bound)} for y, dx, dw, db."""
+    x, w, dy = x.float(), w.float(), dy.float()
+    x_c, delta = x, torch.zeros_like(x)
+    if recipe.occ is not None:
+        lo, hi = tensor_quantiles(x, recipe.occ.alpha)
+        x_c = clamp(x, lo, hi)
+        if recipe.occ.compensate:
+            delta = x - x_c
+    xv, xs = _deq(x_c, recipe.fprop.lhs)
+    wv, ws = _deq(w, recipe.fprop.rhs)
+    y, y_err = _gemm(xv * xs, wv * ws)
+    comp, comp_err = _gemm(delta.double(), w.double())
+    y = y + comp + (0 if b is None else b.double())
+    out = {"y": (y, y_err + comp_err)}
+
+    if recipe.folds("dgrad"):  # scale dy's columns by w's row scale, quantize, x unit-scaled w_q
+        gv, gs = _deq(dy * ws[:, :1].float().t(), recipe.dgrad.lhs)
+        out["dx"] = _gemm(gv * gs, wv.t())
+    elif recipe.dgrad.rhs.reuse:
+        gv, gs = _deq(dy, recipe.dgrad.lhs)
+        out["dx"] = _gemm(gv * gs, (wv * ws).t())
+    else:
+        gv, gs = _deq(dy, recipe.dgrad.lhs)
+        tv, ts = _deq(w.t().contiguous(), recipe.dgrad.rhs)
+        out["dx"] = _gemm(gv * gs, tv * ts)
+
+    if recipe.folds("wgrad"):  # scale dy's rows by x's row scale, quantize dyᵀ, x unit-scaled x_q
+        hv, hs = _deq((dy * xs[:, :1].float()).t().contiguous(), recipe.wgrad.lhs)
+        dw, dw_err = _gemm(hv * hs, xv.t())
+    elif recipe.wgrad.rhs.reuse:
+        hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
+        dw, dw_err = _gemm(hv * hs, (xv * xs).t())
+    else:
+        hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
+        tv, ts = _deq(x_c.t().contiguous(), recipe.wgrad.rhs)
+        dw, dw_err = _gemm(hv * hs, tv * ts)
+    c, c_err = _gemm(dy.double().t(), delta.double().t())
+    dw, dw_err = dw + c, dw_err + c_err
+    if recipe.dge is not None:
+        f = dge_derivative(w / ws.float(), k=recipe.dge.k, cap=recipe.dge.cap).double()
+        dw, dw_err = dw * f, dw_err * f
+    out["dw"] = (dw, dw_err)
+    out["db"] = (dy.double().sum(0), dy.shape[0] * U * dy.double().abs().sum(0))
+    return out
+
+
+def run_layer(name: str, x, w, b, dy, **kw):
+    layer = QuantLinear(w.shape[1], w.shape[0], bias=b is not None, recipe=name, **kw)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        if b is not None:
+            layer.bias.copy_(b)
+    x = x.clone().requires_grad_()
+    y = layer(x)
+    y.backward(dy.to(y.dtype))
+    grads = {"y": y, "dx": x.grad, "dw": layer.weight.grad}
+    if b is not None:
+        grads["db"] = layer.bias.grad
+    return grads
+
+
+SHAPES = [(256, 256, 128), (50, 384, 256)]  # (M, K, N); M=50 exercises ragged 1x128 tiles
+
+
+def _data(m, k, n, seed=0, bias=True):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) / k**0.5
+    b = torch.randn(n, generator=gen) if bias else None
+    dy = torch.randn(m, n, generator=gen)
+    return x, w, b, dy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", QUANT_RECIPES)
+def test_matches_float64_reference(name, shape, dtype):
+    x, w, b, dy = _data(*shape)
+    x, dy = x.to(dtype), dy.to(dtype)
+    got = run_layer(name, x, w, b, dy, backend="emulated")
+    ref = reference(recipes.get(name), x, w, b, dy)
+    assert got["y"].dtype == dtype and got["dx"].dtype == dtype
+    assert got["dw"].dtype == torch.float32 and got["db"].dtype == torch.float32
+    for key, (value, bound) in ref.items():
+        out = got[key].double()
+        rel = 4 * U if got[key].dtype == torch.float32 else 2.0**-8  # final cast's rounding
+        tol = bound + rel * value.abs() + 1e-30
+        excess = ((out - value).abs() - tol).max().item()
+        assert excess <= 0, f"{name} {key}: error exceeds the fp32 bound by {excess:.3g}"
+
+
+def test_fp4_fprop_is_exact_up_to_the_scale_product():
+    """E2M1 x E2M1 sums are exact in fp32: y = fp32(acc) * fp32(x_scale * w_scale) bit for bit."""
+    x, w, _, _ = _data(64, 256, 128)
+    y = QuantLinear(256, 128, bias=False, recipe="fp4-direct", backend="emulated")
+    with torch.no_grad():
+        y.weight.copy_(w)
+    out = y(x)
+    xq, wq = quantize(x, "e2m1", "row"), quantize(w, "e2m1", "row")
+    acc = (xq.values.double() @ wq.values.double().t()).float()
+    assert torch.equal(out, acc * (xq.scale * wq.scale.t()))
+
+
+def test_sqnr_floors_and_fp8_beats_fp4():
+    x, w, b, dy = _data(256, 256, 128, seed=1)
+    layer = nn.Linear(256, 128)
+    with torch.no_grad():
+        layer.weight.copy_(w)
+        layer.bias.copy_(b)
+    xr = x.clone().requires_grad_()
+    layer(xr).backward(dy)
+    exact = {"y": torch.nn.functional.linear(x, w, b), "dx": xr.grad, "dw": layer.weight.grad}
+    y_sqnr = {}
+    for name in QUANT_RECIPES:
+        got = run_layer(name, x, w, b, dy, backend="emulated")
+        measured = [sqnr_db(exact[k], got[k]) for k in ("y", "dx", "dw")]
+        y_sqnr[name] = measured[0]
+        for key, m, floor in zip(("y", "dx", "dw"), measured, SQNR_FLOORS[name], strict=True):
+            assert m >= floor, f"{name} {key}: SQNR {m:.2f} dB below floor {floor}"
+    fp8 = [v for k, v in y_sqnr.items() if k.startswith("fp8")]
+    fp4 = [v for k, v in y_sqnr.items() if k.startswith("fp4")]
+    assert min(fp8) > max(fp4) + 5
+
+
+def test_drop_in_for_nn_linear():
+    lin = nn.Linear(64, 32)
+    q = QuantLinear(64, 32, recipe="fp4")
+    assert list(q.state_dict()) == list(lin.state_dict())
+    q.load_state_dict(lin.state_dict())
+    lin.load_state_dict(q.state_dict())
+    assert isinstance(q, nn.Linear) and "recipe=fp4" in repr(q)
+    x = torch.randn(2, 3, 5, 64)
+    assert q(x).shape == (2, 3, 5, 32)
+    no_bias = QuantLinear(64, 32, bias=False, recipe="fp8-rowwise")
+    assert no_bias.bias is None and list(no_bias.state_dict()) == ["weight"]
+    with pytest.raises(ValueError, match="does not quantize"):
+        QuantLinear(64, 32, recipe="bf16")
+    with pytest.raises(ValueError, match="backend"):
+        QuantLinear(64, 32, recipe="fp4", backend="tpu")
+
+
+def test_from_linear_shares_parameters():
+    lin = nn.Linear(64, 32)
+    q = QuantLinear.from_linear(lin, "fp4")
+    assert q.weight is lin.weight and q.bias is lin.bias
+    lin2 = nn.Linear(64, 32, bias=False)
+    assert QuantLinear.from_linear(lin2, "fp4").bias is None
+
+
+@pytest.mark.parametrize("name", ["fp4", "fp8-tensorwise"])
+def test_autocast_bf16(name):
+    x, w, b, dy = _data(32, 128, 64)
+    plain = run_layer(name, x, w, b, dy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = run_layer(name, x, w, b, dy)
+    assert auto["y"].dtype == torch.bfloat16 and auto["dx"].dtype == torch.float32
+    # the weight is quantized from the fp32 master, not from an autocast copy
+    assert torch.equal(auto["y"], plain["y"].to(torch.bfloat16))
+
+
+def test_saved_activations_stay_quantized():
+    x, w, _, _ = _data(48, 128, 64)
+    x = x.requires_grad_()
+    layer = QuantLinear(128, 64, recipe="fp4", backend="emulated")
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        layer(x)
+    assert all(t.data_ptr() != x.data_ptr() for t in saved)
+    big = [t for t in saved if t.numel() == x.numel()]
+    assert len(big) == 1 and big[0].shape == (128, 48)  # x_q transposed, for wgrad
+    assert bool(torch.isin(big[0].abs(), torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6.0])).all())
+
+
+def test_non_finite_input_propagates():
+    x, w, b, dy = _data(8, 64, 32)
+    x[3, 5] = float("nan")
+    for name in ("fp4-direct", "fp8-rowwise"):
+        got = run_layer(name, x, w, b, dy)
+        assert torch.isnan(got["y"][3]).all() and torch.isfinite(got["y"][:3]).all()
+
+
+def test_delayed_scaling_history():
+    r = dataclasses.replace(
+        recipes.get("fp8-delayed"), delayed=recipes.DelayedScaling(history_len=4, margin=1)
+    )
+    layer = QuantLinear(64, 32, recipe=r, backend="emulated")
+    assert layer.amax_history.shape == (3, 4) and "amax_history" not in layer.state_dict()
+    x = torch.randn(16, 64)
+    layer(x).sum().backward()
+    amax1 = x.abs().amax()
+    assert layer.amax_history[0, 0] == amax1 and layer.amax_history[2, 0] == 1.0
+    assert layer.amax_history[1, 0] == layer.weight.abs().amax()
+    # step 2 with a 10x larger input: the scale comes from step 1's amax (x 2^margin), so most of
+    # the input saturates at e4m3's max instead of following the new amax
+    y = layer(10 * x)
+    ref_scale = amax1 * 2 / 448.0
+    q = (10 * x / ref_scale).clamp(-448, 448)
+    assert float(q.abs().max()) == 448.0
+    wq = quantize(layer.weight.detach(), "e4m3")
+    expected = quantize(q, "e4m3").dequantize() * ref_scale @ wq.dequantize().t()
+    assert sqnr_db(expected, y - layer.bias) > 25
+    assert layer.amax_history[0, :2].tolist() == [float(10 * amax1), float(amax1)]
+
+
+def test_backend_selection():
+    assert isinstance(backend_for("cpu"), EmulatedBackend)
+    assert isinstance(EmulatedBackend(), Backend)
+    assert isinstance(get_backend("auto", torch.device("cpu")), EmulatedBackend)
+    with pytest.raises(RuntimeError, match="hopper"):
+        get_backend("hopper", "cpu")
+    with pytest.raises(ValueError, match="unknown backend"):
+        get_backend("fast", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", QUANT_RECIPES)
+def test_hopper_backend_matches_emulation(name):
+    """The fast path computes the emulation's math: E2M1 x E2M1 fprop bit for bit, the other
+    GEMMs to fp32-accumulation differences (>= 60 dB)."""
+    if get_backend("auto", "cuda").name != "hopper":
+        pytest.skip("no sm_89+ GPU or minifloat.kernels.hopper")
+    x, w, b, dy = (t.cuda() for t in _data(256, 256, 128))
+    emu = run_layer(name, x, w, b, dy, backend="emulated")
+    fast = run_layer(name, x, w, b, dy, backend="hopper")
+    r = recipes.get(name)
+    if r.fprop.lhs.fmt == r.fprop.rhs.fmt == "e2m1" and r.occ is None:
+        assert torch.equal(fast["y"], emu["y"])
+    for key in emu:
+        assert sqnr_db(emu[key], fast[key]) >= 60, key

@@ -1,0 +1,201 @@
+"""Tests for the reference LLaMA-2 model: presets, shapes, causality, fp32 islands, RoPE."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from minifloat.models.llama import (
+    PRESETS,
+    Llama,
+    LlamaConfig,
+    RMSNorm,
+    apply_rope,
+    get_config,
+    rope_cos_sin,
+)
+
+# Published / hand-computed parameter counts (embedding + head included, untied).
+EXPECTED_PARAMS = {
+    "tiny": 2_901_120,
+    "7B": 6_738_415_616,  # LLaMA-2 7B's well-known count
+    "13B": 13_015_864_320,  # LLaMA-2 13B's well-known count
+}
+
+SMALL = LlamaConfig(dim=64, n_layers=2, n_heads=4, ffn_dim=160, vocab_size=97, max_seq_len=32)
+
+
+def _model(config: LlamaConfig = SMALL, seed: int = 0) -> Llama:
+    model = Llama(config)
+    model.init_weights(seed)
+    return model
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_param_count_matches_meta_model(name):
+    config = PRESETS[name]
+    with torch.device("meta"):
+        model = Llama(config)
+    assert model.num_params() == config.num_params()
+    assert sum(p.numel() for p in model.parameters()) == config.num_params()
+    embedding = config.vocab_size * config.dim
+    assert config.non_embedding_params() == config.num_params() - embedding
+    if name in EXPECTED_PARAMS:
+        assert config.num_params() == EXPECTED_PARAMS[name]
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_shapes(name):
+    config = PRESETS[name]
+    with torch.device("meta"):
+        model = Llama(config)
+    block = model.layers[0]
+    assert len(model.layers) == config.n_layers
+    assert block.attention.wq.weight.shape == (config.dim, config.dim)
+    assert block.attention.wk.weight.shape == (config.kv_heads * config.head_dim, config.dim)
+    assert block.feed_forward.w1.weight.shape == (config.ffn_dim, config.dim)
+    assert block.feed_forward.w2.weight.shape == (config.dim, config.ffn_dim)
+    assert model.output.weight.shape == (config.vocab_size, config.dim)
+    assert model.tok_embeddings.weight.shape == (config.vocab_size, config.dim)
+
+
+def test_tiny_preset_is_cpu_sized():
+    assert 1_000_000 <= PRESETS["tiny"].num_params() <= 3_000_000
+
+
+def test_paper_presets_use_llama2_shapes():
+    seven = PRESETS["7B"]
+    assert (seven.dim, seven.n_layers, seven.n_heads, seven.ffn_dim) == (4096, 32, 32, 11008)
+    assert seven.vocab_size == 32000 == PRESETS["1.3B"].vocab_size == PRESETS["13B"].vocab_size
+
+
+def test_get_config_overrides_and_errors():
+    config = get_config("tiny", vocab_size=257, n_kv_heads=2)
+    assert config.vocab_size == 257 and config.kv_heads == 2
+    with pytest.raises(ValueError, match="tiny"):
+        get_config("nope")
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        get_config("tiny", n_kv_heads=3)
+
+
+def test_flops_per_token_formula():
+    config = PRESETS["125M"]
+    n = config.non_embedding_params()
+    assert config.flops_per_token(2048) == 6 * n + 12 * 12 * 768 * 2048
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_shape_and_dtype(n_kv_heads, dtype):
+    config = get_config("tiny", vocab_size=97, dim=64, n_kv_heads=n_kv_heads, max_seq_len=16)
+    model = _model(config).to(dtype)
+    tokens = torch.randint(0, 97, (3, 20))  # longer than max_seq_len: RoPE tables grow
+    logits = model(tokens)
+    assert logits.shape == (3, 20, 97)
+    assert logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+
+
+def test_causal_future_tokens_do_not_change_past_logits():
+    model = _model()
+    tokens = torch.randint(0, SMALL.vocab_size, (2, 24))
+    changed = tokens.clone()
+    changed[:, 15:] = (changed[:, 15:] + 1) % SMALL.vocab_size
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, :15], b[:, :15], rtol=0, atol=1e-6)
+    assert (a[:, 15:] - b[:, 15:]).abs().max() > 1e-3
+
+
+def test_init_weights_deterministic_and_scaled():
+    a, b, c = _model(seed=5), _model(seed=5), _model(seed=6)
+    for (name, pa), pb, pc in zip(
+        a.named_parameters(), b.parameters(), c.parameters(), strict=True
+    ):
+        assert torch.equal(pa, pb), name
+        if not name.endswith("norm.weight"):
+            assert not torch.equal(pa, pc), name
+    std_out = a.layers[0].attention.wo.weight.std().item()
+    std_in = a.layers[0].attention.wq.weight.std().item()
+    assert std_in == pytest.approx(0.02, rel=0.1)
+    assert std_out == pytest.approx(0.02 / math.sqrt(2 * SMALL.n_layers), rel=0.1)
+
+
+def test_rope_buffers_not_in_state_dict():
+    model = _model()
+    model(torch.zeros(1, 4, dtype=torch.long))
+    assert not any("rope" in key for key in model.state_dict())
+
+
+class _LinearSubclass(nn.Linear):
+    """Stands in for QuantLinear: a subclass with the same weight, doubling the output."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_works_with_linear_subclasses():
+    model = _model()
+    tokens = torch.randint(0, SMALL.vocab_size, (1, 8))
+    reference = model(tokens)
+    for block in model.layers:
+        old = block.attention.wq
+        new = _LinearSubclass(old.in_features, old.out_features, bias=False)
+        new.weight = old.weight
+        block.attention.wq = new
+    model.init_weights(0)  # init must still find the swapped layers
+    assert torch.equal(model.layers[0].attention.wq.weight, _model().layers[0].attention.wq.weight)
+    assert not torch.allclose(model(tokens), reference)
+
+
+def test_rmsnorm_reduces_in_fp32_under_bf16_autocast():
+    torch.manual_seed(0)
+    norm = RMSNorm(1024)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(4, 1024) * 30 + 3).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = norm(x)
+    x32 = x.float()
+    reference = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)).to(x.dtype)
+    assert out.dtype == torch.float32  # fp32 weight times bf16 normalized input
+    assert torch.equal(out, norm.weight * reference)
+    naive = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+    assert not torch.equal(naive, reference), "test cannot tell fp32 from bf16 reductions"
+
+
+def test_rope_is_rotate_half_complex_rotation():
+    head_dim, seq, theta = 8, 6, 10000.0
+    x = torch.randn(1, 1, seq, head_dim, dtype=torch.float64).float()
+    cos, sin = rope_cos_sin(seq, head_dim, theta)
+    out = apply_rope(x, cos, sin)
+    half = head_dim // 2
+    z = torch.complex(x[..., :half].double(), x[..., half:].double())
+    freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(seq, dtype=torch.float64)[:, None] * freqs
+    rotated = z * torch.polar(torch.ones_like(angles), angles)
+    expected = torch.cat((rotated.real, rotated.imag), dim=-1)
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    head_dim = 16
+    cos, sin = rope_cos_sin(32, head_dim, 10000.0)
+    q, k = torch.randn(head_dim), torch.randn(head_dim)
+
+    def score(m, n):
+        qm = apply_rope(q.view(1, 1, 1, -1), cos[m : m + 1], sin[m : m + 1])
+        kn = apply_rope(k.view(1, 1, 1, -1), cos[n : n + 1], sin[n : n + 1])
+        return (qm * kn).sum().item()
+
+    assert score(7, 3) == pytest.approx(score(20, 16), abs=1e-4)
+    assert score(7, 3) != pytest.approx(score(7, 5), abs=1e-4)
+
+
+def test_rope_tables_are_fp32_after_bf16_cast():
+    model = _model().to(torch.bfloat16)
+    model(torch.zeros(1, 4, dtype=torch.long))
+    assert model.rope_cos.dtype == torch.float32

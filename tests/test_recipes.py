@@ -1,0 +1,161 @@
+"""Recipe registry and the recipe dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from minifloat import recipes
+from minifloat.recipes import (
+    DelayedScaling,
+    DGEConfig,
+    GemmSpec,
+    OCCConfig,
+    OperandSpec,
+    QuantRecipe,
+)
+
+EXPECTED = [
+    "fp32",
+    "fp16",
+    "bf16",
+    "fp8-tensorwise",
+    "fp8-rowwise",
+    "fp8-blockwise",
+    "fp8-delayed",
+    "fp4",
+    "fp4-direct",
+    "fp4-dge",
+    "fp4-occ",
+    "fp4-w4a8",
+    "fp4-w8a4",
+]
+
+
+def test_names_and_get():
+    assert recipes.names() == EXPECTED
+    for name in EXPECTED:
+        r = recipes.get(name)
+        assert r.name == name
+        assert recipes.get(r) is r
+        assert r.quantized == name.startswith(("fp8", "fp4"))
+
+
+def test_unknown_name_lists_valid():
+    with pytest.raises(ValueError, match="fp8-rowwise") as err:
+        recipes.get("fp3")
+    assert "fp3" in str(err.value)
+
+
+def test_register_duplicate_raises():
+    with pytest.raises(ValueError, match="already registered"):
+        recipes.register(recipes.get("fp4"))
+
+
+@pytest.mark.parametrize("name", [n for n in EXPECTED if n.startswith(("fp8", "fp4"))])
+def test_quantized_recipes_use_bf16_autocast(name):
+    r = recipes.get(name)
+    assert isinstance(r, QuantRecipe)
+    assert r.autocast_dtype == torch.bfloat16 and not r.loss_scaling
+
+
+def test_frozen_and_keyword_only():
+    r = recipes.get("fp4")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.name = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        OperandSpec("e2m1", "row")  # type: ignore[misc]
+
+
+def test_replace_makes_variants():
+    base = recipes.get("fp4")
+    k3 = dataclasses.replace(base, name="fp4-k3", dge=DGEConfig(k=3.0))
+    assert k3.dge.k == 3.0 and base.dge.k == 5.0
+    assert k3.fprop == base.fprop and k3.occ == base.occ
+    no_comp = dataclasses.replace(base, occ=dataclasses.replace(base.occ, compensate=False))
+    assert not no_comp.occ.compensate
+    assert "no compensation" in no_comp.describe()["fprop"]
+
+
+def test_fp4_matches_paper():
+    r = recipes.get("fp4")
+    assert r.fprop.lhs == OperandSpec(fmt="e2m1", granularity="row")
+    assert r.fprop.rhs == OperandSpec(fmt="e2m1", granularity="row")
+    assert r.dgrad.lhs.fmt == "e5m2" and r.wgrad.lhs.fmt == "e5m2"
+    assert r.dgrad.rhs.reuse and r.wgrad.rhs.reuse
+    assert r.folds("dgrad") and r.folds("wgrad")
+    assert r.dge == DGEConfig(k=5.0, cap=3.0)
+    assert r.occ.alpha == 0.99 and r.occ.compensate
+    direct = recipes.get("fp4-direct")
+    assert direct.dge is None and direct.occ is None
+    assert recipes.get("fp4-dge").occ is None and recipes.get("fp4-dge").dge is not None
+    assert recipes.get("fp4-occ").dge is None and recipes.get("fp4-occ").occ is not None
+    assert recipes.get("fp4-w4a8").fprop.lhs.fmt == "e4m3"
+    assert recipes.get("fp4-w4a8").fprop.rhs.fmt == "e2m1"
+    assert recipes.get("fp4-w8a4").fprop.rhs.fmt == "e4m3"
+
+
+def test_describe_words():
+    words = recipes.get("fp4").describe()
+    assert set(words) == {"fprop", "dgrad", "wgrad"}
+    assert words["fprop"].startswith("E2M1 (row) x E2M1 (row)")
+    assert "OCC" in words["fprop"] and "DGE (k=5" in words["wgrad"]
+    assert words["dgrad"].startswith("E5M2 (row, x w_scale) x E2M1 (fprop values)")
+    assert recipes.get("fp8-blockwise").describe()["fprop"] == "E4M3 (1x128) x E4M3 (128x128)"
+    assert "delayed" in recipes.get("fp8-delayed").describe()["wgrad"]
+    assert recipes.get("bf16").describe() == {"fprop": "bf16", "dgrad": "bf16", "wgrad": "bf16"}
+
+
+def test_fp8_specs():
+    tw = recipes.get("fp8-tensorwise")
+    assert tw.fprop.lhs.fmt == "e4m3" and tw.dgrad.lhs.fmt == "e5m2"
+    assert tw.fprop.lhs.granularity == "tensor"
+    rw = recipes.get("fp8-rowwise")
+    for g in ("fprop", "dgrad", "wgrad"):
+        spec = getattr(rw, g)
+        assert spec.lhs.granularity == spec.rhs.granularity == "row"
+        assert spec.lhs.fmt == spec.rhs.fmt == "e4m3" and not spec.rhs.reuse
+    bw = recipes.get("fp8-blockwise")
+    assert bw.fprop.rhs.granularity == (128, 128) and bw.wgrad.rhs.granularity == (1, 128)
+    d = recipes.get("fp8-delayed")
+    assert d.delayed == DelayedScaling(history_len=16, margin=0)
+    longer = dataclasses.replace(d, delayed=DelayedScaling(history_len=1024, margin=1))
+    assert longer.delayed.history_len == 1024
+
+
+def test_validation():
+    op = OperandSpec(fmt="e4m3", granularity="row")
+    with pytest.raises(ValueError, match="granularity"):
+        OperandSpec(fmt="e4m3", granularity="diagonal")
+    with pytest.raises(ValueError, match="element format"):
+        OperandSpec(fmt="e9m9")
+    with pytest.raises(ValueError, match="fprop format"):
+        QuantRecipe(
+            name="bad",
+            fprop=GemmSpec(lhs=op, rhs=op),
+            dgrad=GemmSpec(lhs=op, rhs=OperandSpec(fmt="e2m1", reuse=True)),
+            wgrad=GemmSpec(lhs=op, rhs=op),
+        )
+    with pytest.raises(ValueError, match="delayed"):
+        dataclasses.replace(recipes.get("fp8-rowwise"), delayed=DelayedScaling())
+    with pytest.raises(ValueError, match="alpha"):
+        OCCConfig(alpha=0.3)
+    with pytest.raises(ValueError):
+        DGEConfig(k=0.0)
+
+
+def test_unsuitable_dims():
+    assert recipes.get("fp4").unsuitable(64, 32) is None
+    assert "multiples of 16" in recipes.get("fp4").unsuitable(60, 32)
+    assert recipes.get("fp8-blockwise").unsuitable(256, 128) is None
+    assert "multiples of 128" in recipes.get("fp8-blockwise").unsuitable(256, 64)
+
+
+def test_occ_sample_size_is_dkw():
+    cfg = OCCConfig(sample_eps=0.01, sample_delta=0.05)
+    n = cfg.sample_size()
+    assert n == math.ceil(math.log(2 / 0.05) / (2 * 0.01**2))
+    assert 2 * math.exp(-2 * n * 0.01**2) <= 0.05
