@@ -1,0 +1,93 @@
+"""Shared benchmark helpers: CUDA timing (medians), environment description, results files."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import torch
+
+__all__ = ["time_ms", "environment", "gpu_tag", "write_results", "RESULTS_DIR"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> float:
+    """Median milliseconds of `fn()` on the current CUDA stream (CUDA events, after warm-up).
+
+    The L2 cache is flushed before each repeat (a 256 MB write), so no repeat runs on data left in
+    cache by the previous one.
+    """
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def environment() -> dict[str, str]:
+    """Hardware and software versions, for the results header."""
+    env = {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "python": platform.python_version(),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = "none"
+    try:
+        import torchao
+
+        env["torchao"] = torchao.__version__
+    except ImportError:
+        env["torchao"] = "none"
+    return env
+
+
+def gpu_tag() -> str:
+    """Short GPU name for file names, e.g. "h100" or "h200"."""
+    name = torch.cuda.get_device_name().lower() if torch.cuda.is_available() else "cpu"
+    for tag in ("h200", "h100", "a100", "l4", "l40"):
+        if tag in name:
+            return tag
+    return name.replace(" ", "-")
+
+
+def write_results(
+    name: str,
+    records: list[dict],
+    markdown_body: str,
+    *,
+    out_dir: Path = RESULTS_DIR,
+    day: str | None = None,
+) -> tuple[Path, Path]:
+    """Write `<name>_<gpu>_<date>.md` (environment header + body) and its `.json` twin."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}_{gpu_tag()}_{day or date.today().isoformat()}"
+    env = environment()
+    header = "\n".join(f"- {k}: {v}" for k, v in env.items())
+    md = out_dir / f"{stem}.md"
+    md.write_text(f"# {name} benchmark\n\n{header}\n\n{markdown_body}\n")
+    js = out_dir / f"{stem}.json"
+    js.write_text(json.dumps(records, indent=1))
+    return md, js
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
