@@ -25,8 +25,10 @@ def kernel_transposed(fmt, mode, dtype, shape=(384, 256)):
         torch.cuda.synchronize()
         v, vt = o.values.view(torch.uint8), o.values_t.view(torch.uint8)
         mism = int((v.t() != vt).sum())
-        print(f"kernel {fmt} {mode} {dtype} rep{rep}: nan v {nan_bytes(o.values)} "
-              f"nan vt {nan_bytes(o.values_t)} mismatch {mism}")
+        print(
+            f"kernel {fmt} {mode} {dtype} rep{rep}: nan v {nan_bytes(o.values)} "
+            f"nan vt {nan_bytes(o.values_t)} mismatch {mism}"
+        )
 
 
 def qlinear(name, m=96):
@@ -39,8 +41,10 @@ def qlinear(name, m=96):
         dt = getattr(q, "data_t", None)
         extra = ""
         if dt is not None:
-            extra = f" data_t nan {nan_bytes(dt)} mism {int((q.data.view(torch.uint8).t() != dt.view(torch.uint8)).sum())}"
-        print(f"   quantize {tuple(x.shape)} {spec.fmt} {spec.granularity} kw={sorted(kw)} nan {nan_bytes(q.data)}{extra}")
+            mism = int((q.data.view(torch.uint8).t() != dt.view(torch.uint8)).sum())
+            extra = f" data_t nan {nan_bytes(dt)} mism {mism}"
+        desc = f"{tuple(x.shape)} {spec.fmt} {spec.granularity} kw={sorted(kw)}"
+        print(f"   quantize {desc} nan {nan_bytes(q.data)}{extra}")
         return q
 
     be.quantize = quantize

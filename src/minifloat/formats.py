@@ -260,7 +260,8 @@ def represent_scale(
         return pow2_ceil(raw_scale).clamp(_E8M0_LO, _E8M0_HI)
     # e4m3 block scale under an fp32 tensor scale chosen so the largest block scale is 448.
     e4m3 = get("e4m3")
-    tensor_scale = tensor_amax.float() / (fmt_max * e4m3.max)
+    tensor_amax = tensor_amax.float()  # divide by a tensor: see quantize()
+    tensor_scale = tensor_amax / torch.full_like(tensor_amax, fmt_max * e4m3.max)
     tensor_scale = torch.where(tensor_scale > 0, tensor_scale, torch.ones_like(tensor_scale))
     block = e4m3.round(raw_scale / tensor_scale)
     # A block scale that underflows to 0 would divide by zero: floor it at E4M3's smallest value.

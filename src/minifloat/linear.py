@@ -38,7 +38,7 @@ def _delayed_scale(
     amax = x.detach().abs().amax().float()
     past = torch.nan_to_num(history[row], nan=0.0, posinf=0.0).amax()
     ref = torch.where(past > 0, past, amax)
-    scale = ref * (2.0**cfg.margin) / formats.get(fmt).max
+    scale = ref * (2.0**cfg.margin) / torch.full_like(ref, formats.get(fmt).max)  # see quantize()
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     history[row] = torch.roll(history[row], 1)
     history[row, 0] = amax
@@ -49,7 +49,7 @@ class QuantLinearFunction(torch.autograd.Function):
     """y = x·wᵀ + b with quantized fprop, dgrad and wgrad GEMMs, per a `QuantRecipe`.
 
     Shapes: x [M, K] (tokens x in_features), w [N, K], b [N] or None, y and dy [M, N].
-    Every GEMM is `a @ bᵀ` computed by `backend.scaled_mm` as acc * (a_scale * b_scaleᵀ).
+    Every GEMM is `a @ bᵀ` computed by `backend.scaled_mm` as (acc * b_scaleᵀ) * a_scale.
 
         fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Δx[:, cols]·w[:, cols]ᵀ with OCC)
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)

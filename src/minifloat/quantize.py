@@ -237,7 +237,9 @@ def quantize(
 
     amax = group_amax(xf, granularity)
     positive = amax > 0
-    raw = torch.where(positive, amax / fmt.max, torch.ones_like(amax))
+    # Divide by a tensor, not a Python float: on CUDA, ATen turns division by a scalar into a
+    # multiplication by its reciprocal, which is not correctly rounded.
+    raw = torch.where(positive, amax / torch.full_like(amax, fmt.max), torch.ones_like(amax))
     # NVFP4's tensor scale comes from the finite groups, so one bad block doesn't poison the rest.
     tensor_amax = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax)).amax()
     scale = formats.represent_scale(raw, sfmt, tensor_amax, fmt.max)

@@ -94,7 +94,7 @@ class Backend(Protocol):
         out_dtype: torch.dtype,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """a @ bᵀ with scales applied (acc * (a_scale * b_scaleᵀ)), + bias, cast to out_dtype."""
+        """a @ bᵀ with scales applied ((acc * b_scaleᵀ) * a_scale), + bias, cast to out_dtype."""
         ...
 
     def apply_dge(

@@ -1,8 +1,9 @@
 """The reference backend: exact emulation of the quantized GEMMs in plain PyTorch, on any device.
 
 Quantization is `minifloat.quantize` (float32 values on the grid, float32 scales). GEMMs with
-tensor or row scales multiply the grid values in fp32 and apply the scales afterwards, in the order
-cuBLAS's row-wise scaled GEMM uses (`acc * (a_scale * b_scaleᵀ)`); block-scaled GEMMs multiply the
+tensor or row scales multiply the grid values in fp32 and apply the scales afterwards, in the
+order torch's row-wise scaled GEMM uses on Hopper (`(acc * b_scaleᵀ) * a_scale`, measured);
+block-scaled GEMMs multiply the
 dequantized operands in fp32. On CUDA, keep TF32 matmuls off (the PyTorch default) or fp32 GEMMs
 are not fp32.
 """
@@ -89,7 +90,7 @@ class EmulatedBackend:
             raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
         if a.granularity in _ROWISH and b.granularity in _ROWISH:
             acc = a.values() @ b.values().t()
-            out = acc * (a.scale * b.scale.t())
+            out = (acc * b.scale.t()) * a.scale
         else:
             out = a.dequantize() @ b.dequantize().t()
         if bias is not None:
