@@ -351,7 +351,9 @@ def _finish(
     qt = None
     if write_transposed:  # FP8 moves as raw bytes, so no dtype-specific copy can touch a value
         raw = q.view(torch.uint8) if q.element_size() == 1 else q
-        qt = raw.t().contiguous().view(q.dtype)
+        # clone(), not contiguous(): for a single row or column the transpose is already
+        # contiguous, and a custom op's outputs must not alias each other.
+        qt = raw.t().clone(memory_format=torch.contiguous_format).view(q.dtype)
     return QuantOut(values=q if write_values else None, values_t=qt, scale=scale, **extra)
 
 
