@@ -1,0 +1,8 @@
+"""``python -m minifloat ...`` (also ``torchrun -m minifloat train ...``): the command line."""
+
+from minifloat.cli import main
+
+__all__: list[str] = []
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""Atomic, self-verifying training checkpoints.
+
+A checkpoint is one ``torch.save`` file holding the whole training state (model, optimizer, loss
+scaler, step guard, data-iterator positions, RNG states, step, config). Three properties matter:
+
+* **Atomic**: written to a temporary file in the same directory, fsynced, then ``os.replace``-d
+  over the old one, so a crash mid-save leaves the previous checkpoint intact.
+* **Verified**: a SHA-256 over the content (every tensor's bytes and every scalar) is stored in
+  the file and recomputed on load; a flipped bit or a truncated file raises
+  :class:`CheckpointError` instead of resuming from silently damaged weights.
+* **Matched**: a fingerprint of the settings that determine the training trajectory (recipe,
+  model, data, batch, schedule, seed, ...) is stored; resuming under different settings raises
+  :class:`CheckpointError` naming the differing fields, never a silent fresh start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CHECKPOINT_VERSION",
+    "CheckpointError",
+    "capture_rng_state",
+    "fingerprint",
+    "load_checkpoint",
+    "restore_rng_state",
+    "save_checkpoint",
+]
+
+CHECKPOINT_FORMAT = "minifloat-checkpoint"
+CHECKPOINT_VERSION = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint is missing, unreadable, corrupt, or does not match the current run."""
+
+
+def fingerprint(fields: Mapping[str, Any]) -> str:
+    """Stable SHA-256 (hex) of JSON-serializable settings; key order does not matter."""
+    text = json.dumps(dict(fields), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _hash_into(h: Any, obj: Any) -> None:
+    """Feed a canonical serialization of ``obj`` (nested containers of tensors/scalars) to h."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, Mapping):
+        h.update(b"{")
+        for key in sorted(obj, key=repr):
+            h.update(repr(key).encode())
+            _hash_into(h, obj[key])
+        h.update(b"}")
+    elif isinstance(obj, list | tuple):
+        h.update(b"[")
+        for item in obj:
+            _hash_into(h, item)
+        h.update(b"]")
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def _content_digest(payload: Mapping[str, Any]) -> str:
+    h = hashlib.sha256()
+    _hash_into(h, payload)
+    return h.hexdigest()
+
+
+def save_checkpoint(
+    path: str | os.PathLike, state: Mapping[str, Any], *, fields: Mapping[str, Any]
+) -> Path:
+    """Atomically write ``state`` to ``path`` with a format header, fingerprint and digest.
+
+    ``fields`` are the run settings the fingerprint covers; they are stored in plain form so a
+    mismatch can be reported field by field.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "fields": json.loads(json.dumps(dict(fields), default=str)),
+        "fingerprint": fingerprint(fields),
+        "state": dict(state),
+    }
+    body["digest"] = _content_digest(body)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(body, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary output file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; not supported on every platform/filesystem.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _describe_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    current = json.loads(json.dumps(dict(current), default=str))
+    keys = sorted(set(saved) | set(current))
+    diffs = [
+        f"{k}: checkpoint={saved.get(k, '<absent>')!r}, now={current.get(k, '<absent>')!r}"
+        for k in keys
+        if saved.get(k, "<absent>") != current.get(k, "<absent>")
+    ]
+    return "; ".join(diffs) if diffs else "fingerprint differs"
+
+
+def load_checkpoint(
+    path: str | os.PathLike, *, fields: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Read, verify and return the ``state`` saved by :func:`save_checkpoint`.
+
+    Raises :class:`CheckpointError` when the file is missing, unreadable, corrupt, of another
+    format or version, or (if ``fields`` is given) written under different run settings.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    try:
+        body = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({first_line})") from exc
+    if not isinstance(body, dict) or body.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not a minifloat checkpoint")
+    if body.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {body.get('version')}, "
+            f"this minifloat reads version {CHECKPOINT_VERSION}"
+        )
+    digest = body.pop("digest", None)
+    if digest != _content_digest(body):
+        raise CheckpointError(f"checkpoint {path} is corrupt (content digest mismatch)")
+    if fields is not None and body["fingerprint"] != fingerprint(fields):
+        raise CheckpointError(
+            f"checkpoint {path} was written by a different run "
+            f"({_describe_mismatch(body['fields'], fields)})"
+        )
+    return body["state"]
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """RNG states of python ``random``, numpy, torch CPU and (if initialized) every CUDA device."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,285 @@
+"""The ``minifloat`` command line: train, compare, recipes, data.
+
+Settings come from three layers, later ones winning: TrainConfig defaults, a TOML file
+(``--config``; keys are TrainConfig field names, '-' or '_'), then command-line flags.
+User errors (unknown recipe/model/corpus, unreadable data, bad values, a checkpoint that does not
+fit) print one line ``minifloat: error: ...`` and exit with status 2; ``--traceback`` shows the
+full Python traceback instead, for debugging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["build_parser", "main"]
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """ArgumentParser whose usage errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"minifloat: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    for cast in (int, float):
+        try:
+            return key.replace("-", "_"), cast(value)
+        except ValueError:
+            pass
+    return key.replace("-", "_"), value
+
+
+# (flag, TrainConfig field, argparse kwargs) for flags shared by `train` and `compare`.
+_SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--model", "model", {"help": "model preset (tiny, 20M, 50M, 125M, 350M, 1.3B, 7B, 13B)"}),
+    ("--data", "data", {"help": "corpus name (stdlib, site-packages, english) or a path"}),
+    ("--steps", "steps", {"type": _positive_int, "help": "optimizer steps"}),
+    ("--tokens", "tokens", {"type": _positive_int, "help": "training tokens (instead of steps)"}),
+    ("--batch-size", "batch_size", {"type": int, "help": "per-rank micro-batch (sequences)"}),
+    ("--seq-len", "seq_len", {"type": int, "help": "tokens per sequence"}),
+    ("--grad-accum", "grad_accum", {"type": int, "help": "micro-batches per optimizer step"}),
+    ("--lr", "lr", {"type": float, "help": "peak learning rate"}),
+    ("--warmup-fraction", "warmup_fraction", {"type": float}),
+    ("--min-lr-ratio", "min_lr_ratio", {"type": float}),
+    ("--weight-decay", "weight_decay", {"type": float}),
+    ("--grad-clip", "grad_clip", {"type": float, "help": "max global grad norm (0: off)"}),
+    ("--vocab-size", "vocab_size", {"type": int}),
+    ("--tokenizer", "tokenizer", {"choices": ["bpe", "byte"]}),
+    ("--data-max-bytes", "data_max_bytes", {"type": int, "help": "cap on corpus bytes"}),
+    ("--cache-dir", "cache_dir", {"help": "dataset/tokenizer cache directory"}),
+    ("--device", "device", {"help": "auto, cpu, cuda, cuda:N"}),
+    ("--seed", "seed", {"type": int}),
+    ("--parallel", "parallel", {"choices": ["none", "ddp", "fsdp"]}),
+    ("--grad-comm", "grad_comm", {"choices": ["fp32", "bf16", "fp8"]}),
+    ("--optim-states", "optim_states", {"help": "optimizer-state preset (fp32, bf16, ...)"}),
+    ("--eval-every", "eval_every", {"type": int, "help": "steps between validations (0: end)"}),
+    ("--eval-batches", "eval_batches", {"type": int}),
+    ("--log-every", "log_every", {"type": int}),
+    ("--z-loss", "z_loss", {"type": float, "help": "z-loss coefficient (e.g. 1e-4; 0: off)"}),
+    ("--embed-grad-shrink", "embed_grad_shrink", {"type": float, "help": "alpha (1: off)"}),
+    ("--spike-k", "spike_k", {"type": float, "help": "skip steps above mean + k*std (0: off)"}),
+]
+
+
+def _add_shared(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML file of TrainConfig settings")
+    for flag, dest, kwargs in _SHARED_FLAGS:
+        parser.add_argument(flag, dest=dest, default=None, **kwargs)
+    parser.add_argument("--compile", dest="compile", action="store_true", default=None)
+    parser.add_argument(
+        "--model-override",
+        dest="model_overrides",
+        type=_override,
+        action="append",
+        metavar="KEY=VALUE",
+        help="change a model-preset field, e.g. --model-override dim=64 (repeatable)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``minifloat`` command."""
+    parser = _Parser(prog="minifloat", description="Train LLMs in FP4, FP8 and mixed precision.")
+    parser.add_argument("--traceback", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p_train = sub.add_parser("train", help="train a model under one recipe")
+    p_train.add_argument("--recipe", dest="recipe", default=None, help="precision recipe")
+    _add_shared(p_train)
+    p_train.add_argument("--out", dest="out_dir", default=None, help="run directory")
+    p_train.add_argument("--resume", dest="resume", action="store_true", default=None)
+    p_train.add_argument("--ckpt-every", dest="ckpt_every", type=int, default=None)
+    p_train.add_argument("--stop-after", dest="stop_after", type=int, default=None,
+                         help="stop (with a checkpoint) after this step")  # fmt: skip
+    p_train.set_defaults(func=_cmd_train)
+
+    p_cmp = sub.add_parser("compare", help="train the same run under several recipes")
+    p_cmp.add_argument("--recipes", required=True, help="comma-separated recipe names")
+    _add_shared(p_cmp)
+    p_cmp.add_argument("--out", dest="out_dir", default="runs/compare", help="output directory")
+    p_cmp.set_defaults(func=_cmd_compare)
+
+    p_rec = sub.add_parser("recipes", help="list precision recipes")
+    p_rec.set_defaults(func=_cmd_recipes)
+
+    p_data = sub.add_parser("data", help="build and inspect corpora")
+    data_sub = p_data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    p_build = data_sub.add_parser("build", help="build a corpus (english)")
+    p_build.add_argument("name", choices=["english"])
+    p_build.add_argument(
+        "--out",
+        dest="dest_dir",
+        default=None,
+        help="directory for english.xz (default data_cache/corpora, where --data english looks)",
+    )
+    p_build.set_defaults(func=_cmd_data_build)
+    p_export = data_sub.add_parser("export", help="write a corpus to one .xz file")
+    p_export.add_argument("name")
+    p_export.add_argument("--out", required=True, type=Path)
+    p_export.add_argument("--max-bytes", type=int, default=None)
+    p_export.add_argument("--cache-dir", default=None, help="cache directory of built corpora")
+    p_export.set_defaults(func=_cmd_data_export)
+    p_info = data_sub.add_parser("info", help="show a corpus's size and sha256")
+    p_info.add_argument("name")
+    p_info.add_argument("--cache-dir", default=None, help="cache directory of built corpora")
+    p_info.set_defaults(func=_cmd_data_info)
+    return parser
+
+
+def _train_config(args: argparse.Namespace) -> Any:
+    """TrainConfig from defaults < TOML file < command-line flags."""
+    from minifloat.train_config import ConfigError, TrainConfig
+
+    values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            with open(args.config, "rb") as f:
+                values.update(tomllib.load(f))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"cannot parse {args.config}: {exc}") from None
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    # steps/tokens from the command line replace the file's choice instead of clashing with it.
+    if args.steps is not None or args.tokens is not None:
+        values.pop("steps", None)
+        values.pop("tokens", None)
+    flags = [dest for _, dest, _ in _SHARED_FLAGS]
+    flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
+    for dest in flags:
+        value = getattr(args, dest, None)
+        if value is not None:
+            values[dest] = value
+    if args.model_overrides:
+        values["model_overrides"] = {
+            **values.get("model_overrides", {}),
+            **dict(args.model_overrides),
+        }
+    return TrainConfig.from_dict(values)
+
+
+def _progress(args: argparse.Namespace) -> bool | str:
+    return False if args.quiet else "auto"
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from minifloat.train import train
+
+    config = _train_config(args)
+    result = train(config, progress=_progress(args))
+    if result.rank != 0:
+        return 0
+    val = "n/a" if result.final_val_loss is None else f"{result.final_val_loss:.4f}"
+    print(
+        f"{result.recipe} {result.model}: {result.steps} steps, train loss "
+        f"{result.final_loss:.4f}, val loss {val}, {result.tokens_per_s:.0f} tokens/s, "
+        f"{result.skipped_steps} skipped; metrics: {result.metrics_path}"
+    )
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from minifloat.compare import compare
+
+    names = [n.strip() for n in args.recipes.split(",") if n.strip()]
+    config = _train_config(args)
+    result = compare(names, config, out_dir=config.out_dir, progress=_progress(args))
+    print(result.table)
+    print(f"plot: {result.plot_path}")
+    print(f"table: {result.markdown_path}  json: {result.json_path}")
+    return 0
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from minifloat import recipes
+
+    rows = [("recipe", "fprop", "dgrad", "wgrad", "description")]
+    for name in recipes.names():
+        recipe = recipes.get(name)
+        describe = getattr(recipe, "describe", None)
+        gemms = describe() if callable(describe) else {}
+        rows.append(
+            (
+                name,
+                gemms.get("fprop", "high precision"),
+                gemms.get("dgrad", "high precision"),
+                gemms.get("wgrad", "high precision"),
+                getattr(recipe, "description", ""),
+            )
+        )
+    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    for row in rows:
+        cells = [str(cell).ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
+        print("  ".join([*cells, str(row[4])]).rstrip())
+    return 0
+
+
+def _cache_kwargs(cache_dir: str | None) -> dict[str, Any]:
+    return {} if cache_dir is None else {"cache_dir": Path(cache_dir)}
+
+
+def _cmd_data_build(args: argparse.Namespace) -> int:
+    from minifloat import data
+
+    kwargs = {} if args.dest_dir is None else {"dest_dir": Path(args.dest_dir)}
+    path = data.build_english(**kwargs)
+    print(f"built {args.name}: {path}")
+    return 0
+
+
+def _cmd_data_export(args: argparse.Namespace) -> int:
+    from minifloat import data
+
+    path = data.export_corpus(
+        args.name, args.out, max_bytes=args.max_bytes, **_cache_kwargs(args.cache_dir)
+    )
+    print(f"exported {args.name} to {path}")
+    return 0
+
+
+def _cmd_data_info(args: argparse.Namespace) -> int:
+    from minifloat import data
+
+    print(json.dumps(data.corpus_info(args.name, **_cache_kwargs(args.cache_dir)), indent=2))
+    return 0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, KeyError) and text.startswith("'"):
+        text = text.strip("'")
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``minifloat`` console script and ``python -m minifloat``."""
+    from minifloat.checkpoint import CheckpointError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("minifloat: interrupted", file=sys.stderr)
+        return 130
+    except (CheckpointError, ValueError, OSError) as exc:
+        if args.traceback:
+            raise
+        print(f"minifloat: error: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,166 @@
+"""Train one model under several recipes and compare them: loss curves, a table, JSON.
+
+Every recipe sees the same model preset, data, seed and batches, so the curves differ only by
+numerics. The first recipe is the reference the gaps are measured against (e.g. bf16).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minifloat.train import TrainResult, check_names, load_dataset, train
+from minifloat.train_config import ConfigError, TrainConfig
+
+__all__ = ["CompareResult", "compare", "markdown_table", "plot_losses"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareResult:
+    """Per-recipe results plus the paths of the written plot, table and JSON."""
+
+    results: tuple[TrainResult, ...]
+    table: str
+    plot_path: Path
+    markdown_path: Path
+    json_path: Path
+
+
+def _gap_percent(value: float | None, reference: float | None) -> float | None:
+    if value is None or reference is None or reference == 0:
+        return None
+    return 100.0 * (value - reference) / reference
+
+
+def _rows(results: Sequence[TrainResult]) -> list[dict[str, Any]]:
+    ref = results[0]
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "recipe": r.recipe,
+                "final_train_loss": r.final_loss,
+                "final_val_loss": r.final_val_loss,
+                "train_gap_percent": _gap_percent(r.final_loss, ref.final_loss),
+                "val_gap_percent": _gap_percent(r.final_val_loss, ref.final_val_loss),
+                "tokens_per_s": r.tokens_per_s,
+                "peak_memory_bytes": r.peak_memory_bytes,
+                "skipped_steps": r.skipped_steps,
+                "steps": r.steps,
+            }
+        )
+    return rows
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else format(value, fmt)
+
+
+def markdown_table(results: Sequence[TrainResult]) -> str:
+    """Markdown table of final losses, gaps to the first recipe, speed and memory."""
+    ref = results[0].recipe
+    lines = [
+        f"| recipe | train loss | val loss | gap vs {ref} (train) | gap vs {ref} (val) "
+        "| tokens/s | peak memory | skipped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in _rows(results):
+        mem = row["peak_memory_bytes"]
+        lines.append(
+            f"| {row['recipe']} | {_num(row['final_train_loss'], '.4f')} "
+            f"| {_num(row['final_val_loss'], '.4f')} "
+            f"| {_num(row['train_gap_percent'], '+.2f')}% "
+            f"| {_num(row['val_gap_percent'], '+.2f')}% "
+            f"| {row['tokens_per_s']:.0f} "
+            f"| {'n/a (CPU)' if mem is None else f'{mem / 2**30:.2f} GiB'} "
+            f"| {row['skipped_steps']} |"
+        )
+    return "\n".join(lines)
+
+
+def _smooth(values: Sequence[float], beta: float = 0.9) -> list[float]:
+    """Bias-corrected exponential moving average (makes per-batch noise readable)."""
+    out, avg = [], 0.0
+    for i, v in enumerate(values, start=1):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta**i))
+    return out
+
+
+def plot_losses(results: Sequence[TrainResult], path: Path, *, title: str = "") -> Path:
+    """Write a PNG of smoothed training-loss curves (lines) and validation losses (markers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed; must precede pyplot import
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    for r in results:
+        steps = range(1, len(r.losses) + 1)
+        (line,) = ax.plot(steps, _smooth(r.losses), label=f"{r.recipe} (train)", linewidth=1.5)
+        if r.val_losses:
+            xs, ys = zip(*r.val_losses, strict=True)
+            ax.plot(xs, ys, "o--", color=line.get_color(), markersize=4, linewidth=0.8,
+                    label=f"{r.recipe} (val)")  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy loss")
+    ax.set_title(title or "training loss by recipe")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def compare(
+    recipe_names: Sequence[str],
+    base: TrainConfig,
+    *,
+    out_dir: str | Path,
+    progress: bool | str = "auto",
+) -> CompareResult:
+    """Train ``base`` under each recipe (same data, seed, batches); write plot, table, JSON."""
+    if not recipe_names:
+        raise ConfigError("compare needs at least one recipe")
+    base = dataclasses.replace(base, save_checkpoints=False, resume=False).resolved()
+    for name in recipe_names:  # unknown names fail before any data or training work
+        check_names(dataclasses.replace(base, recipe=name))
+    out = Path(out_dir)
+    dataset = load_dataset(base, progress=progress is not False and progress != "off")
+    results = []
+    for name in recipe_names:
+        config = dataclasses.replace(base, recipe=name, out_dir=str(out / name))
+        results.append(train(config, dataset=dataset, progress=progress))
+    table = markdown_table(results)
+    plot_path = plot_losses(
+        results,
+        out / "loss_curves.png",
+        title=f"{base.model} on {base.data}, {results[0].steps} steps, seed {base.seed}",
+    )
+    markdown_path = out / "comparison.md"
+    markdown_path.write_text(
+        f"# Recipe comparison: {base.model} on {base.data}\n\n{table}\n\n"
+        f"![loss curves]({plot_path.name})\n"
+    )
+    json_path = out / "comparison.json"
+    summary = {
+        "config": base.to_dict(),
+        "reference": results[0].recipe,
+        "results": _rows(results),
+        "losses": {r.recipe: list(r.losses) for r in results},
+        "val_losses": {r.recipe: [list(v) for v in r.val_losses] for r in results},
+    }
+    json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return CompareResult(
+        results=tuple(results),
+        table=table,
+        plot_path=plot_path,
+        markdown_path=markdown_path,
+        json_path=json_path,
+    )

@@ -1,0 +1,312 @@
+"""Low-precision gradient communication for DDP, and FSDP2 sharding with a precision policy.
+
+DDP communication hooks (`register_grad_comm_hook`) decide how each gradient bucket is averaged
+across ranks:
+
+- ``fp32``: upcast the bucket to fp32, all-reduce (sum) and divide, cast back. For fp32 params
+  this is DDP's default; for bf16 params it keeps the reduction exact to fp32.
+- ``bf16``: cast to bf16 and all-reduce in bf16 (NCCL sums in bf16): half the bytes.
+- ``fp8``: one shared scale per bucket from a MAX all-reduce of the ranks' amaxes, taken after
+  dividing the gradient by the world size; fp8 (e4m3 or e5m2) payloads. Collectives cannot sum
+  fp8, so the bucket is reduced reduce-scatter style: an all-to-all sends chunk r of every rank's
+  payload (as uint8) to rank r, which sums the W chunks in fp32 on receipt, re-quantizes its
+  reduced chunk to fp8 with a scale of its own, and an all-gather returns every reduced chunk to
+  every rank. Each rank sends about 2(W-1)/W bytes per element, a quarter of fp32.
+
+Bytes are counted per rank as the standard ring / pairwise algorithms send them:
+all-reduce 2(W-1)/W * bytes, all-to-all and all-gather (W-1)/W * total bytes.
+
+FSDP2 (`apply_fsdp`) calls torch.distributed.fsdp.fully_shard on every block of `model.layers`,
+then on the root, with a MixedPrecisionPolicy (gradients reduce-scattered in fp32 by default).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = [
+    "GRAD_COMM_KINDS",
+    "GradCommReport",
+    "GradCommState",
+    "apply_fsdp",
+    "fsdp_reduce_dtype",
+    "grad_comm_hook",
+    "measure_grad_comm",
+    "reduce_mean",
+    "register_grad_comm_hook",
+]
+
+GRAD_COMM_KINDS = ("fp32", "bf16", "fp8")
+_FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+@dataclass(kw_only=True)
+class GradCommState:
+    """State of one registered hook: its configuration and running byte counters (per rank)."""
+
+    kind: str
+    fp8_format: str = "e4m3"
+    group: dist.ProcessGroup | None = None
+    calls: int = 0
+    elements: int = 0
+    bytes_sent: float = 0.0
+    bytes_sent_fp32: float = 0.0
+    _streams: dict = field(default_factory=dict, repr=False)
+
+    def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
+        """This hook's CUDA stream for the fp8 path on `device` (created on first use)."""
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
+
+    def count(self, numel: int, sent: float) -> None:
+        world = dist.get_world_size(self.group)
+        self.calls += 1
+        self.elements += numel
+        self.bytes_sent += sent
+        self.bytes_sent_fp32 += _allreduce_bytes(numel * 4, world)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradCommReport:
+    """How one reduction compares with the fp32 all-reduce of the same gradients.
+
+    bytes_sent / bytes_sent_fp32: bytes each rank sends; sqnr_db: 20 log10(|ref| / |out - ref|);
+    max_abs_error and rel_error (|out - ref| / |ref|) against the fp32 mean.
+    """
+
+    kind: str
+    world_size: int
+    numel: int
+    bytes_sent: float
+    bytes_sent_fp32: float
+    sqnr_db: float
+    max_abs_error: float
+    rel_error: float
+
+    @property
+    def compression(self) -> float:
+        return self.bytes_sent_fp32 / self.bytes_sent
+
+
+def _allreduce_bytes(nbytes: float, world: int) -> float:
+    return 2.0 * (world - 1) / world * nbytes
+
+
+def _check(kind: str, fp8_format: str) -> None:
+    if kind not in GRAD_COMM_KINDS:
+        raise ValueError(f"unknown grad_comm kind {kind!r}; choose one of {GRAD_COMM_KINDS}")
+    if fp8_format not in _FP8_FORMATS:
+        raise ValueError(f"unknown fp8_format {fp8_format!r}; choose one of {list(_FP8_FORMATS)}")
+
+
+# ---- the three reductions (flat tensor in, mean across ranks out) ---------------------------
+
+
+def _mean_fp32(flat: torch.Tensor, group) -> tuple[torch.Future, float]:  # noqa: ANN001
+    world = dist.get_world_size(group)
+    hp = flat.float() / world
+    fut = dist.all_reduce(hp, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0]), _allreduce_bytes(hp.numel() * 4, world)
+
+
+def _mean_bf16(flat: torch.Tensor, group) -> tuple[torch.Future, float]:  # noqa: ANN001
+    world = dist.get_world_size(group)
+    low = (flat.float() / world).to(torch.bfloat16)
+    fut = dist.all_reduce(low, group=group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].float()), _allreduce_bytes(low.numel() * 2, world)
+
+
+def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    fmax = torch.finfo(dtype).max
+    return (x / scale).clamp(-fmax, fmax).to(dtype).view(torch.uint8)
+
+
+def _scale_from_amax(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # All-zero gets scale 1; a non-finite amax gives a non-finite scale so the whole bucket
+    # decodes to nan and the step guard sees it.
+    return torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
+
+
+def _mean_fp8(flat: torch.Tensor, group, fp8_format: str) -> tuple[torch.Future, float]:  # noqa: ANN001
+    # The collectives are issued here, in the caller's thread, never from a future callback:
+    # callbacks run on communication threads in no fixed order, and ranks would then disagree
+    # on the order of collectives (a deadlock with several buckets).
+    world = dist.get_world_size(group)
+    dtype = _FP8_FORMATS[fp8_format]
+    numel = flat.numel()
+    chunk = math.ceil(numel / world)
+    # Pre-divide by the world size, so the shared scale bounds every rank's share of the sum.
+    hp = F.pad(flat.float() / world, (0, chunk * world - numel))
+    amax = hp.abs().amax().reshape(1)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    scale = _scale_from_amax(amax, dtype)
+    payload = _quantize_fp8(hp, scale, dtype)
+    received = torch.empty_like(payload)
+    dist.all_to_all_single(received, payload, group=group)
+    # Accumulate in fp32 on receipt: chunk `rank` of every rank's payload.
+    partial = received.view(dtype).float().view(world, chunk).sum(0) * scale
+    chunk_scale = _scale_from_amax(partial.abs().amax().reshape(1), dtype)
+    reduced = _quantize_fp8(partial, chunk_scale, dtype)
+    chunks = [torch.empty_like(reduced) for _ in range(world)]
+    scales = [torch.empty_like(chunk_scale) for _ in range(world)]
+    dist.all_gather(chunks, reduced, group=group)
+    dist.all_gather(scales, chunk_scale, group=group)
+    # Every rank, the owner of a chunk included, uses the dequantized fp8 chunk, so all
+    # replicas receive identical gradients.
+    out = torch.cat([c.view(dtype).float() * s for c, s in zip(chunks, scales, strict=True)])
+    sent = (
+        _allreduce_bytes(4, world)  # the amax
+        + (world - 1) * chunk  # all-to-all of fp8 payloads
+        + (world - 1) * (chunk + 4)  # all-gather of reduced chunks and their scales
+    )
+    return _completed(out[:numel]), sent
+
+
+def _completed(value: torch.Tensor) -> torch.Future:
+    # On CUDA the future records an event on the current stream, and waiting on it makes the
+    # waiter's stream wait for that event (so results from a side stream are safe to read).
+    devices = [value.device] if value.device.type == "cuda" else None
+    fut = torch.futures.Future(devices=devices)
+    fut.set_result(value)
+    return fut
+
+
+def reduce_mean(
+    flat: torch.Tensor,
+    kind: str,
+    *,
+    group: dist.ProcessGroup | None = None,
+    fp8_format: str = "e4m3",
+) -> tuple[torch.Future, float]:
+    """Start averaging `flat` across ranks in the precision `kind`.
+
+    Returns (future of an fp32 tensor shaped like `flat`, bytes this rank sends).
+    """
+    _check(kind, fp8_format)
+    flat = flat.reshape(-1)
+    if kind == "fp32":
+        return _mean_fp32(flat, group)
+    if kind == "bf16":
+        return _mean_bf16(flat, group)
+    return _mean_fp8(flat, group, fp8_format)
+
+
+# ---- DDP hooks -------------------------------------------------------------------------------
+
+
+# Annotations must be the real classes: DDP validates the hook's signature at registration.
+def grad_comm_hook(
+    state: GradCommState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: average the bucket in `state.kind` and write it back in place.
+
+    On CUDA the fp8 path runs on a side stream, so its collectives (which the fp8 scheme needs
+    in sequence) do not hold up the rest of the backward pass on the compute stream.
+    """
+    buffer = bucket.buffer()
+    if state.kind != "fp8" or buffer.device.type != "cuda":
+        fut, sent = reduce_mean(buffer, state.kind, group=state.group, fp8_format=state.fp8_format)
+    else:
+        stream = state.side_stream(buffer.device)
+        stream.wait_stream(torch.cuda.current_stream(buffer.device))
+        with torch.cuda.stream(stream):
+            fut, sent = reduce_mean(buffer, "fp8", group=state.group, fp8_format=state.fp8_format)
+            buffer.copy_(fut.value().view_as(buffer))
+            state.count(buffer.numel(), sent)
+            return _completed(buffer)
+    state.count(buffer.numel(), sent)
+
+    def write_back(f: torch.Future) -> torch.Tensor:
+        buffer.copy_(f.value().view_as(buffer))
+        return buffer
+
+    return fut.then(write_back)
+
+
+def register_grad_comm_hook(
+    ddp_model: nn.parallel.DistributedDataParallel,
+    kind: str,
+    *,
+    fp8_format: str = "e4m3",
+    group: dist.ProcessGroup | None = None,
+) -> GradCommState:
+    """Register the `kind` ("fp32" | "bf16" | "fp8") gradient hook on a DDP model.
+
+    Returns the hook's state, whose counters report bytes sent per rank.
+    """
+    _check(kind, fp8_format)
+    state = GradCommState(kind=kind, fp8_format=fp8_format, group=group)
+    ddp_model.register_comm_hook(state, grad_comm_hook)
+    return state
+
+
+def measure_grad_comm(
+    grad: torch.Tensor,
+    kind: str,
+    *,
+    fp8_format: str = "e4m3",
+    group: dist.ProcessGroup | None = None,
+) -> GradCommReport:
+    """Average `grad` across ranks with `kind` and with an fp32 all-reduce; report bytes sent
+    and the error of the former against the latter (collective: call on every rank)."""
+    world = dist.get_world_size(group)
+    ref_fut, ref_sent = reduce_mean(grad, "fp32", group=group)
+    fut, sent = reduce_mean(grad, kind, group=group, fp8_format=fp8_format)
+    ref = ref_fut.wait().double()
+    out = fut.wait().double()
+    err = (out - ref).norm()
+    ref_norm = ref.norm()
+    return GradCommReport(
+        kind=kind,
+        world_size=world,
+        numel=grad.numel(),
+        bytes_sent=sent,
+        bytes_sent_fp32=ref_sent,
+        sqnr_db=(20 * torch.log10(ref_norm / err)).item() if err > 0 else math.inf,
+        max_abs_error=(out - ref).abs().max().item(),
+        rel_error=(err / ref_norm).item() if ref_norm > 0 else err.item(),
+    )
+
+
+# ---- FSDP2 -----------------------------------------------------------------------------------
+
+
+def fsdp_reduce_dtype(kind: str) -> torch.dtype:
+    """FSDP2 reduce-scatter dtype for a --grad-comm kind (FSDP2 has no fp8 reduce-scatter)."""
+    if kind == "fp8":
+        raise ValueError(
+            "fp8 gradient communication is available with DDP only: FSDP2's reduce-scatter "
+            "takes a dtype, not a hook; use --grad-comm fp32 or bf16 with --parallel fsdp"
+        )
+    _check(kind, "e4m3")
+    return torch.float32 if kind == "fp32" else torch.bfloat16
+
+
+def apply_fsdp(
+    model: nn.Module,
+    *,
+    reduce_dtype: torch.dtype = torch.float32,
+    param_dtype: torch.dtype | None = None,
+    mesh=None,  # noqa: ANN001 - a torch.distributed DeviceMesh; None = all ranks
+    reshard_after_forward: bool = True,
+) -> nn.Module:
+    """Shard `model` with FSDP2: fully_shard each block in `model.layers`, then the root.
+
+    MixedPrecisionPolicy(param_dtype, reduce_dtype): param_dtype=None computes with the stored
+    dtype (use bf16 autocast for mixed precision), reduce_dtype=fp32 reduce-scatters gradients
+    in fp32 (the AMP rule). Works on converted models: QuantLinear is an nn.Linear subclass and
+    its extra buffers stay replicated. Returns the same (now sharded) module.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    kwargs = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard_after_forward}
+    for block in getattr(model, "layers", ()):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model

@@ -1,0 +1,169 @@
+"""Training metrics: JSONL log, optional TensorBoard, progress display, MFU.
+
+Only rank 0 writes; other ranks get a disabled logger. The JSONL file (``metrics.jsonl`` in the
+run directory) has one JSON object per log step with the keys ``step``, ``loss``, ``lr``,
+``grad_norm``, ``tokens_per_s``, ``skipped`` and, on evaluation steps, ``val_loss``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["PEAK_FLOPS", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
+
+# Dense bf16 tensor-core peak (FLOP/s, no sparsity) by GPU name substring. MFU is always reported
+# against this bf16 peak, also for fp8/fp4 recipes, so numbers compare across recipes.
+PEAK_FLOPS: dict[str, float] = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak of ``device`` from :data:`PEAK_FLOPS`, or None (CPU, unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None) -> float | None:
+    """Model FLOPs utilization: achieved model FLOP/s over the device's peak (None if unknown)."""
+    if peak is None or peak <= 0:
+        return None
+    return flops_per_token * tokens_per_s / peak
+
+
+class MetricsLogger:
+    """Append metric records to ``<out_dir>/metrics.jsonl`` (and TensorBoard if installed).
+
+    A new run starts a new file. ``resume_step`` continues an existing file instead, dropping
+    records after that step (written after the checkpoint by the interrupted run, which the
+    resumed run will repeat).
+    """
+
+    def __init__(
+        self, out_dir: Path, *, enabled: bool = True, resume_step: int | None = None
+    ) -> None:
+        self.enabled = enabled
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = self._records_until(resume_step) if resume_step is not None else []
+        self._file = self.path.open("w", encoding="utf-8")
+        self._file.writelines(kept)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:  # tensorboard is optional
+            return
+        self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+
+    def _records_until(self, step: int) -> list[str]:
+        if not self.path.is_file():
+            return []
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        return [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+
+    def log(self, record: dict[str, Any]) -> None:
+        """Write one record (must contain ``step``)."""
+        if not self.enabled or self._file is None:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float) and value is not None:
+                    self._tb.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _fmt(fields: dict[str, Any]) -> str:
+    parts = []
+    for key, value in fields.items():
+        if value is None:
+            continue
+        if key == "mfu":
+            parts.append(f"mfu {100 * value:.1f}%")
+        elif key == "tok/s":
+            parts.append(f"tok/s {value:,.0f}")
+        elif isinstance(value, float):
+            parts.append(f"{key} {value:.4g}")
+        else:
+            parts.append(f"{key} {value}")
+    return "  ".join(parts)
+
+
+class ProgressDisplay:
+    """A rich progress bar on a terminal, plain periodic lines otherwise (or nothing).
+
+    ``mode``: "rich", "plain" or "off"; "auto" picks rich when stdout is a TTY.
+    """
+
+    def __init__(
+        self, total: int, *, mode: str = "auto", label: str = "train", print_every: int = 10
+    ) -> None:
+        if mode == "auto":
+            mode = "rich" if sys.stdout.isatty() else "plain"
+        self.mode = mode
+        self.total = total
+        self.label = label
+        self.print_every = max(1, print_every)
+        self._progress = None
+        self._task = None
+        self._start = time.perf_counter()
+        if mode == "rich":
+            try:
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    TextColumn,
+                    TimeRemainingColumn,
+                )
+            except ImportError:
+                self.mode = "plain"
+                return
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(label, total=total, info="")
+
+    def update(self, step: int, fields: dict[str, Any], *, force: bool = False) -> None:
+        """Show the state after ``step`` steps (1-based count of completed steps)."""
+        if self.mode == "rich" and self._progress is not None:
+            self._progress.update(self._task, completed=step, info=_fmt(fields))
+        elif self.mode == "plain" and (force or step % self.print_every == 0 or step == self.total):
+            print(f"[{self.label}] step {step}/{self.total}  {_fmt(fields)}", flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None

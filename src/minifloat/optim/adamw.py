@@ -1,0 +1,304 @@
+"""AdamW with low-precision moment storage and optional master-less bf16 weights.
+
+The update is torch.optim.AdamW's (decoupled weight decay, bias correction) computed in fp32
+with foreach ops; only the storage between steps changes. With fp32 states and fp32 params the
+arithmetic is the same sequence of operations as torch's, so the results agree bit for bit.
+
+Per parameter the optimizer state holds:
+  step                 float32 scalar tensor (as torch.optim.AdamW)
+  exp_avg, exp_avg_sq  payloads in the configured StateFormat (+ exp_avg_scale/exp_avg_sq_scale
+                       for block-scaled formats, + *_format names so checkpoints self-describe)
+  master               fp32 copy of a low-precision parameter (master_weights="fp32" only)
+Tensors with fewer than `small_numel` elements and 1-D parameters keep fp32 moments: they are
+cheap, and norms/biases are the most sensitive to state error.
+
+With FSDP2 the parameters are DTensors; the update is elementwise, so it runs on the local
+shard and the state is local to the rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from minifloat.optim.codecs import StateFormat, get_state_format, stochastic_round_bf16
+
+__all__ = ["AdamW"]
+
+_MOMENTS = ("exp_avg", "exp_avg_sq")
+_MASTER_MODES = ("fp32", "none")
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local tensor of a DTensor (shares storage), or `t` itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
+
+
+class AdamW(torch.optim.Optimizer):
+    """AdamW whose moments are stored in fp32 / bf16 / fp16 / fp8 formats.
+
+    exp_avg_dtype, exp_avg_sq_dtype: state format names (see codecs.STATE_FORMATS: "fp32",
+    "bf16", "fp16", "fp8", "fp8-sr", "fp8-sqrt", "fp8-sqrt-sr").
+    master_weights: "fp32" keeps an fp32 master copy of bf16/fp16 params (fp32 params are their
+    own master); "none" updates params in place, rounding bf16 params stochastically with a
+    generator seeded by `seed` (deterministic, saved in the state dict).
+    block_size: elements per fp32 scale for block-scaled formats.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+        *,
+        exp_avg_dtype: str = "fp32",
+        exp_avg_sq_dtype: str = "fp32",
+        master_weights: str = "fp32",
+        block_size: int = 128,
+        small_numel: int = 4096,
+        seed: int = 0,
+    ) -> None:
+        if min(lr, eps, weight_decay) < 0.0:
+            raise ValueError(f"invalid lr={lr}, eps={eps} or weight_decay={weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"invalid betas {betas}")
+        if master_weights not in _MASTER_MODES:
+            raise ValueError(
+                f"master_weights must be one of {_MASTER_MODES}, got {master_weights!r}"
+            )
+        get_state_format(exp_avg_sq_dtype)
+        if get_state_format(exp_avg_dtype).sqrt_domain:
+            raise ValueError("sqrt-domain formats need values >= 0: use them for exp_avg_sq only")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.exp_avg_dtype = exp_avg_dtype
+        self.exp_avg_sq_dtype = exp_avg_sq_dtype
+        self.master_weights = master_weights
+        self.block_size = block_size
+        self.small_numel = small_numel
+        self.seed = seed
+        self._generators: dict[str, torch.Generator] = {}
+
+    # ---- configuration per parameter -------------------------------------------------------
+
+    def _formats_for(self, p: torch.Tensor) -> tuple[StateFormat, StateFormat]:
+        if p.dim() <= 1 or p.numel() < self.small_numel:
+            fp32 = get_state_format("fp32")
+            return fp32, fp32
+        return get_state_format(self.exp_avg_dtype), get_state_format(self.exp_avg_sq_dtype)
+
+    def _needs_master(self, p: torch.Tensor) -> bool:
+        return self.master_weights == "fp32" and p.dtype != torch.float32
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self._generators:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seed)
+            self._generators[key] = gen
+        return self._generators[key]
+
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
+        local = _local(p)
+        state: dict[str, Any] = {"step": torch.tensor(0.0)}
+        for key, fmt in zip(_MOMENTS, self._formats_for(p), strict=True):
+            self._store(state, key, fmt, torch.zeros_like(local, dtype=torch.float32))
+        if self._needs_master(p):
+            state["master"] = local.detach().float().clone()
+        elif self.master_weights == "none" and p.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"master_weights='none' supports fp32 or bf16 params, got {p.dtype}")
+        return state
+
+    def _store(self, state: dict, key: str, fmt: StateFormat, value: torch.Tensor) -> None:
+        gen = self._generator(value.device) if fmt.stochastic else None
+        payload, scale = fmt.encode(value, block_size=self.block_size, generator=gen)
+        state[key] = payload
+        state[f"{key}_format"] = fmt.name
+        if scale is None:
+            state.pop(f"{key}_scale", None)
+        else:
+            state[f"{key}_scale"] = scale
+
+    def _load_moment(self, state: dict, key: str, shape: torch.Size) -> torch.Tensor:
+        """fp32 view of a moment: the stored tensor itself for fp32 (updated in place)."""
+        fmt = get_state_format(state.get(f"{key}_format", "fp32"))
+        if fmt.name == "fp32":
+            return state[key]
+        return fmt.decode(
+            state[key], state.get(f"{key}_scale"), shape, floor_underflow=key == "exp_avg_sq"
+        )
+
+    # ---- the step ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001 - signature fixed by torch.optim.Optimizer
+        """One AdamW step over all parameters that have gradients."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("minifloat AdamW does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state.update(self._init_state(p))
+                state["step"] += 1
+                key = (
+                    _local(p).device,
+                    p.dtype,
+                    state["exp_avg_format"],
+                    state["exp_avg_sq_format"],
+                    "master" in state,
+                    float(state["step"]),
+                )
+                buckets[key].append(p)
+            for key, params in buckets.items():
+                self._update_bucket(group, params, step=key[-1])
+        return loss
+
+    def _update_bucket(self, group: dict, params: list[torch.Tensor], *, step: float) -> None:
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        states = [self.state[p] for p in params]
+        locals_ = [_local(p) for p in params]
+        shapes = [t.shape for t in locals_]
+        grads = [_local(p.grad).float() for p in params]
+        pairs = list(zip(states, shapes, strict=True))
+        exp_avgs = [self._load_moment(s, "exp_avg", sh) for s, sh in pairs]
+        exp_avg_sqs = [self._load_moment(s, "exp_avg_sq", sh) for s, sh in pairs]
+        if "master" in states[0]:
+            weights = [s["master"] for s in states]
+        elif params[0].dtype == torch.float32:
+            weights = locals_
+        else:
+            weights = [t.float() for t in locals_]
+
+        # Same operation sequence as torch.optim.AdamW (foreach path).
+        torch._foreach_mul_(weights, 1.0 - lr * wd)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1.0 - beta2)
+        bias_correction1 = 1.0 - beta1**step
+        bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+        denom = torch._foreach_sqrt(exp_avg_sqs)
+        torch._foreach_div_(denom, bias_correction2_sqrt)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(weights, exp_avgs, denom, -lr / bias_correction1)
+
+        self._write_back(params, states, locals_, weights, exp_avgs, exp_avg_sqs)
+
+    def _write_back(self, params, states, locals_, weights, exp_avgs, exp_avg_sqs) -> None:  # noqa: ANN001
+        for p, state, local, w, m, v in zip(
+            params, states, locals_, weights, exp_avgs, exp_avg_sqs, strict=True
+        ):
+            for key, value in (("exp_avg", m), ("exp_avg_sq", v)):
+                fmt = get_state_format(state[f"{key}_format"])
+                if fmt.name != "fp32":
+                    self._store(state, key, fmt, value)
+            if w is local:
+                continue
+            if "master" in state or p.dtype != torch.bfloat16:
+                local.copy_(w)
+            else:
+                local.copy_(stochastic_round_bf16(w, generator=self._generator(w.device)))
+
+    # ---- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state dict plus the stochastic-rounding generator states."""
+        sd = super().state_dict()
+        self._portable_dtensor_states(sd)
+        sd["minifloat"] = {
+            "generators": {dev: gen.get_state() for dev, gen in self._generators.items()}
+        }
+        return sd
+
+    def _portable_dtensor_states(self, sd: dict[str, Any]) -> None:
+        """For DTensor (FSDP2) params, save moments and master as fp32 DTensors shaped and
+        placed like the param, so torch.distributed.checkpoint can gather a full state dict
+        and re-shard it for any world size (block-scaled payloads are rank-local)."""
+        index = {}
+        for group, saved_group in zip(self.param_groups, sd["param_groups"], strict=True):
+            index.update(zip(saved_group["params"], group["params"], strict=True))
+        for pid, state in sd["state"].items():
+            p = index[pid]
+            if not hasattr(p, "device_mesh"):
+                continue
+            from torch.distributed.tensor import DTensor
+
+            portable = {"step": state["step"]}
+            for key in (*_MOMENTS, "master"):
+                if key not in state:
+                    continue
+                local = (
+                    self._load_moment(state, key, _local(p).shape)
+                    if key != "master"
+                    else (state[key])
+                )
+                portable[key] = DTensor.from_local(
+                    local.float().clone(),
+                    p.device_mesh,
+                    p.placements,
+                    run_check=False,
+                    shape=p.shape,
+                    stride=p.stride(),
+                )
+            sd["state"][pid] = portable
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state dict saved by this class (any state formats) or by torch.optim.AdamW.
+
+        Moments are decoded from the format they were saved in and re-encoded in this
+        optimizer's formats, so checkpoints move freely between state dtypes. (torch's own
+        loader would cast every floating state to the parameter dtype, which corrupts scaled
+        payloads and fp32 masters of bf16 params.)
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups) or any(
+            len(s["params"]) != len(g["params"])
+            for s, g in zip(saved_groups, self.param_groups, strict=True)
+        ):
+            raise ValueError("state dict does not match this optimizer's parameter groups")
+        id_map: dict[int, torch.Tensor] = {}
+        for saved, group in zip(saved_groups, self.param_groups, strict=True):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+            id_map.update(zip(saved["params"], group["params"], strict=True))
+        self.state = defaultdict(dict)
+        with torch.no_grad():
+            for pid, saved_state in state_dict["state"].items():
+                p = id_map[pid]
+                self.state[p] = self._convert_state(p, saved_state)
+        for dev, gen_state in state_dict.get("minifloat", {}).get("generators", {}).items():
+            self._generator(torch.device(dev)).set_state(gen_state)
+
+    def _convert_state(self, p: torch.Tensor, saved: dict[str, Any]) -> dict[str, Any]:
+        local = _local(p)
+        state: dict[str, Any] = {
+            "step": torch.as_tensor(saved["step"], dtype=torch.float32).detach().clone().cpu()
+        }
+        for key, fmt in zip(_MOMENTS, self._formats_for(p), strict=True):
+            src = get_state_format(saved.get(f"{key}_format", "fp32"))
+            scale = saved.get(f"{key}_scale")
+            value = src.decode(
+                _local(saved[key]).to(local.device),
+                None if scale is None else scale.to(local.device),
+                local.shape,
+            )
+            self._store(state, key, fmt, value.float().clone())
+        if self._needs_master(p):
+            master = saved.get("master")
+            master = local if master is None else _local(master).to(local.device)
+            state["master"] = master.detach().float().clone()
+        return state

@@ -1,0 +1,193 @@
+"""Storage formats for optimizer states: how a moment tensor is kept between steps.
+
+AdamW decodes each moment to fp32, updates it in fp32 and encodes it again, so a format only
+decides what is *stored*. Scaled formats keep one fp32 `_scale` per block of `block_size`
+consecutive elements of the flattened tensor; the scale is recomputed from the block's absmax at
+every encode, so values never overflow between steps. The sqrt-domain format stores sqrt(v) for
+the second moment: it halves the number of binades the 8-bit grid must cover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "STATE_FORMATS",
+    "StateFormat",
+    "get_state_format",
+    "stochastic_round_bf16",
+    "stochastic_round_e4m3",
+]
+
+_E4M3_MAX = 448.0
+_FP16_MAX = 65504.0
+_E4M3_MAX_BITS = 0x7E  # bit pattern of +448, the largest finite e4m3 magnitude
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateFormat:
+    """One way of storing an optimizer moment.
+
+    storage_dtype: dtype of the stored payload; scaled: per-block absmax scale (payload is the
+    flattened tensor padded to whole blocks, shape [n_blocks, block_size]); sqrt_domain: store
+    sqrt(x) (x must be >= 0); stochastic: round the payload stochastically (e4m3 only).
+    """
+
+    name: str
+    storage_dtype: torch.dtype
+    scaled: bool = False
+    sqrt_domain: bool = False
+    stochastic: bool = False
+
+    @property
+    def element_max(self) -> float:
+        return _E4M3_MAX if self.storage_dtype == torch.float8_e4m3fn else _FP16_MAX
+
+    def bytes_per_element(self, block_size: int = 128) -> float:
+        """Stored bytes per tensor element, including the fp32 block scales."""
+        payload = torch.empty((), dtype=self.storage_dtype).element_size()
+        return payload + (4.0 / block_size if self.scaled else 0.0)
+
+    def encode(
+        self,
+        x: torch.Tensor,
+        *,
+        block_size: int = 128,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encode fp32 `x` -> (payload, scale or None). Non-finite values stay non-finite."""
+        if not self.scaled:
+            return x.to(self.storage_dtype), None
+        hp = x.float()
+        if self.sqrt_domain:
+            hp = hp.sqrt()
+        blocks = _to_blocks(hp, block_size)
+        amax = blocks.abs().amax(dim=1, keepdim=True)
+        # All-zero blocks get scale 1 (DESIGN.md); a non-finite amax makes the scale
+        # non-finite, so the whole block decodes to nan/inf and the step guard can see it.
+        scale = torch.where(amax > 0, amax / self.element_max, torch.ones_like(amax))
+        scaled = (blocks / scale).clamp(-self.element_max, self.element_max)
+        if self.stochastic:
+            payload = stochastic_round_e4m3(scaled, generator=generator)
+        else:
+            payload = scaled.to(self.storage_dtype)
+        return payload, scale.squeeze(1)
+
+    @property
+    def smallest(self) -> float:
+        """Smallest positive payload value (the subnormal minimum)."""
+        return torch.finfo(self.storage_dtype).smallest_normal * torch.finfo(self.storage_dtype).eps
+
+    def decode(
+        self,
+        payload: torch.Tensor,
+        scale: torch.Tensor | None,
+        shape: torch.Size,
+        *,
+        floor_underflow: bool = False,
+    ) -> torch.Tensor:
+        """Decode a stored payload back to an fp32 tensor of `shape`.
+
+        floor_underflow: decode zeros of a scaled payload as its smallest positive value times
+        the block scale. For Adam's second moment: a v that underflowed to 0 beside a non-zero
+        m would turn the update into m / eps; with the floor the update stays bounded (a true
+        v below the floor has |m| below sqrt(floor) too), erring on the small side.
+        """
+        if not self.scaled:
+            return payload.float().view(shape)
+        values = payload.float()
+        if floor_underflow:
+            # Only in blocks with a non-zero entry: an all-zero block (scale 1 by convention)
+            # holds exact zeros, e.g. parameters that never received a gradient.
+            live = values.abs().amax(dim=1, keepdim=True) > 0
+            values = torch.where((values == 0) & live, self.smallest, values)
+        numel = shape.numel()
+        hp = (values * scale.unsqueeze(1)).reshape(-1)[:numel].view(shape)
+        return hp.square() if self.sqrt_domain else hp
+
+    def zeros(
+        self, shape: torch.Size, device: torch.device, *, block_size: int = 128
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encoded all-zero state."""
+        return self.encode(torch.zeros(shape, device=device), block_size=block_size)
+
+
+STATE_FORMATS: dict[str, StateFormat] = {
+    f.name: f
+    for f in (
+        StateFormat(name="fp32", storage_dtype=torch.float32),
+        StateFormat(name="bf16", storage_dtype=torch.bfloat16),
+        # fp16 with block scales: plain fp16 flushes second moments below ~6e-8 (gradients
+        # below ~2e-4) to zero, and m / (sqrt(0) + eps) then explodes.
+        StateFormat(name="fp16", storage_dtype=torch.float16, scaled=True),
+        StateFormat(name="fp8", storage_dtype=torch.float8_e4m3fn, scaled=True),
+        StateFormat(name="fp8-sr", storage_dtype=torch.float8_e4m3fn, scaled=True, stochastic=True),
+        StateFormat(
+            name="fp8-sqrt", storage_dtype=torch.float8_e4m3fn, scaled=True, sqrt_domain=True
+        ),
+        StateFormat(
+            name="fp8-sqrt-sr",
+            storage_dtype=torch.float8_e4m3fn,
+            scaled=True,
+            sqrt_domain=True,
+            stochastic=True,
+        ),
+    )
+}
+
+
+def get_state_format(name: str) -> StateFormat:
+    """Look up a state format by name; unknown names raise ValueError listing the valid ones."""
+    try:
+        return STATE_FORMATS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown optimizer state format {name!r}; choose one of {sorted(STATE_FORMATS)}"
+        ) from None
+
+
+def _to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    flat = x.reshape(-1)
+    pad = (-flat.numel()) % block_size
+    if pad:
+        flat = F.pad(flat, (0, pad))
+    return flat.view(-1, block_size)
+
+
+def stochastic_round_e4m3(
+    x: torch.Tensor, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Round fp32 `x` (|x| <= 448) to e4m3 stochastically: up with probability equal to the
+    fractional distance to the next grid point, so the rounding is unbiased.
+
+    Positive e4m3 bit patterns are consecutive grid points (subnormals included), so the two
+    neighbours of a value are its round-to-nearest result and the pattern one step away.
+    """
+    mag = x.abs()
+    nearest = mag.to(torch.float8_e4m3fn)
+    bits = nearest.view(torch.uint8).to(torch.int16)
+    lo_bits = torch.where(nearest.float() > mag, bits - 1, bits)
+    hi_bits = (lo_bits + 1).clamp(max=_E4M3_MAX_BITS)
+    lo = lo_bits.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    hi = hi_bits.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    gap = hi - lo
+    frac = torch.where(gap > 0, (mag - lo) / gap, torch.zeros_like(mag))
+    u = torch.rand(x.shape, device=x.device, generator=generator)
+    rounded = torch.where(u < frac, hi, lo).copysign(x)
+    return torch.where(torch.isnan(x), x, rounded).to(torch.float8_e4m3fn)
+
+
+def stochastic_round_bf16(
+    x: torch.Tensor, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Round fp32 `x` to bf16 stochastically (unbiased): add uniform noise below the 16 bits
+    bf16 keeps, then truncate. Non-finite values pass through unchanged."""
+    bits = x.float().view(torch.int32)
+    noise = torch.randint(
+        0, 1 << 16, x.shape, device=x.device, dtype=torch.int32, generator=generator
+    )
+    truncated = ((bits + noise) & -65536).view(torch.float32)
+    return torch.where(torch.isfinite(x), truncated, x).to(torch.bfloat16)

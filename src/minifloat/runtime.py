@@ -1,0 +1,103 @@
+"""Process runtime of a training run: device choice, torchrun process group, seeding.
+
+Distributed training is detected from ``WORLD_SIZE``, the variable torchrun sets for every
+worker (torchrun's documented contract; ``init_process_group`` reads the rest of its variables
+itself). Parallelism stays out of the model: the trainer wraps it with DDP or FSDP afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["Runtime", "all_gather_objects", "mean_across_ranks", "seed_everything", "setup"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """Where this process runs: its device and place in the process group."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    owns_process_group: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def close(self) -> None:
+        """Destroy the process group if :func:`setup` created it."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"unknown device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda requested but no CUDA device is available")
+    return device
+
+
+def setup(device: str = "auto") -> Runtime:
+    """Resolve the device and, under torchrun (WORLD_SIZE > 1), join the process group.
+
+    Each rank uses CUDA device ``rank % device_count`` (one process per GPU, same GPU count on
+    every node); the backend is NCCL on CUDA and gloo on CPU.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    base = _resolve_device(device)
+    if world_size <= 1:
+        if base.type == "cuda" and base.index is not None:
+            torch.cuda.set_device(base)
+        return Runtime(device=base)
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group(backend="nccl" if base.type == "cuda" else "gloo")
+    rank = dist.get_rank()
+    if base.type == "cuda":
+        base = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(base)
+    return Runtime(
+        device=base, rank=rank, world_size=dist.get_world_size(), owns_process_group=owns
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA) so a run is reproducible."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def mean_across_ranks(value: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    """Average a scalar tensor over all ranks (identity on one process)."""
+    if not runtime.distributed:
+        return value
+    value = value.detach().float().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / runtime.world_size
+
+
+def all_gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` on one process)."""
+    if not runtime.distributed:
+        return [obj]
+    out: list[Any] = [None] * runtime.world_size
+    dist.all_gather_object(out, obj)
+    return out

@@ -1,0 +1,202 @@
+"""TrainConfig: every setting of a training run, as one frozen dataclass.
+
+Fields left as None take a per-model default from :data:`MODEL_DEFAULTS` (the ``tiny`` model is
+meant for CPU demos and tests and gets a small batch and a higher learning rate; every other
+preset follows the FP4 paper's setup: peak LR 3e-4). :meth:`TrainConfig.resolved` fills them in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CHOICES",
+    "ConfigError",
+    "MODEL_DEFAULTS",
+    "TrainConfig",
+]
+
+
+class ConfigError(ValueError):
+    """An invalid training setting (one-line message, shown to CLI users as is)."""
+
+
+# Defaults that depend on the model size. "tiny" is sized so `make demo` (three recipes x 150
+# steps, including tokenizer training) finishes in about three minutes on a 2-core CPU.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "batch_size": 8,
+        "seq_len": 128,
+        "lr": 1e-3,
+        "vocab_size": 2048,
+        "data_max_bytes": 4_000_000,
+    },
+    "default": {
+        "batch_size": 16,
+        "seq_len": 1024,
+        "lr": 3e-4,
+        "vocab_size": 8192,
+        "data_max_bytes": 0,
+    },
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "parallel": ("none", "ddp", "fsdp"),
+    "grad_comm": ("fp32", "bf16", "fp8"),
+    "tokenizer": ("bpe", "byte"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """Settings of one training run; see docs/training.md for the meaning of each.
+
+    ``batch_size`` is the per-rank micro-batch: one optimizer step sees
+    ``batch_size * grad_accum * world_size`` sequences of ``seq_len`` tokens. Give either
+    ``steps`` or ``tokens`` (total training tokens; converted to steps), or neither for the
+    default of 200 steps.
+    """
+
+    # What to train.
+    recipe: str = "bf16"
+    model: str = "tiny"
+    model_overrides: Mapping[str, Any] = field(default_factory=dict)
+    data: str = "stdlib"
+    tokenizer: str = "bpe"
+    vocab_size: int | None = None
+    data_max_bytes: int | None = None  # 0: whole corpus
+    cache_dir: str | None = None
+    # How long and how big.
+    steps: int | None = None
+    tokens: int | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    grad_accum: int = 1
+    # Optimizer and schedule (AdamW; warm-up then cosine to min_lr_ratio * lr).
+    lr: float | None = None
+    min_lr_ratio: float = 0.1
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    optim_states: str = "fp32"
+    # Stability.
+    z_loss: float = 0.0
+    embed_grad_shrink: float = 1.0
+    spike_k: float = 6.0
+    spike_warmup: int = 20
+    # Execution.
+    seed: int = 0
+    device: str = "auto"
+    compile: bool = False
+    parallel: str = "none"
+    grad_comm: str = "fp32"
+    # Evaluation, logging, checkpoints.
+    eval_every: int = 50
+    eval_batches: int = 4
+    log_every: int = 10
+    ckpt_every: int = 0
+    save_checkpoints: bool = True
+    out_dir: str = "runs/train"
+    resume: bool = False
+    stop_after: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "betas", tuple(self.betas))
+        object.__setattr__(self, "model_overrides", dict(self.model_overrides))
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for values that cannot work."""
+        if self.data_max_bytes is not None and self.data_max_bytes < 0:
+            raise ConfigError("data-max-bytes must be >= 0 (0: no cap)")
+        for name in ("steps", "tokens", "batch_size", "seq_len", "vocab_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be positive, got {value}")
+        if self.steps is not None and self.tokens is not None:
+            raise ConfigError("give either steps or tokens, not both")
+        for name in ("grad_accum", "eval_batches", "log_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
+        for name in ("eval_every", "ckpt_every", "spike_warmup"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ConfigError("warmup-fraction must be in [0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError("min-lr-ratio must be in [0, 1]")
+        if not 0.0 < self.embed_grad_shrink <= 1.0:
+            raise ConfigError("embed-grad-shrink must be in (0, 1] (1 disables it)")
+        if self.z_loss < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("z-loss, weight-decay and grad-clip must be >= 0")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ConfigError("stop-after must be at least 1")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
+                    f"got {getattr(self, name)!r}"
+                )
+
+    def resolved(self) -> TrainConfig:
+        """A copy with every None default filled in from :data:`MODEL_DEFAULTS`."""
+        defaults = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["default"])
+        updates = {k: v for k, v in defaults.items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **updates)
+
+    def total_steps(self, world_size: int = 1) -> int:
+        """Optimizer steps of the run (from ``steps``, ``tokens`` or the default of 200)."""
+        if self.steps is not None:
+            return self.steps
+        if self.tokens is None:
+            return 200
+        cfg = self.resolved()
+        per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
+        return max(1, math.ceil(self.tokens / per_step))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serializable form (for checkpoints and logs)."""
+        out = dataclasses.asdict(self)
+        out["betas"] = list(self.betas)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Build from a mapping (e.g. a TOML table); keys may use '-' or '_'."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"unknown setting {key!r}")
+            kwargs[name] = value
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def trajectory_fields(self, world_size: int) -> dict[str, Any]:
+        """Settings that determine the training trajectory (a checkpoint's fingerprint).
+
+        Output paths, logging/eval cadence, device, compile and stop_after are left out: they
+        do not change which update is applied at which step.
+        """
+        cfg = self.resolved()
+        skip = {
+            "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
+            "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
+        }  # fmt: skip
+        fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}
+        fields["total_steps"] = cfg.total_steps(world_size)
+        fields["world_size"] = world_size
+        return fields

@@ -1,0 +1,77 @@
+"""Gathering and restoring the model/optimizer part of a training checkpoint.
+
+Plain and DDP models use ordinary state dicts. FSDP2 models hold sharded DTensors; their full
+(unsharded) state is gathered to CPU through ``torch.distributed.checkpoint.state_dict`` so the
+checkpoint file looks the same whatever the parallelism. Non-persistent buffers (e.g. the
+fp8-delayed amax history) are not in ``state_dict()`` but are training state; they are saved
+per rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["extra_buffers", "load_full_state", "full_state", "restore_buffers"]
+
+
+def full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, fsdp: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(model state, optimizer state), unsharded; every rank must call it under FSDP."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_state_dict(model, optimizer, options=options)
+    return model.state_dict(), optimizer.state_dict()
+
+
+def load_full_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Any],
+    optim_state: dict[str, Any],
+    *,
+    fsdp: bool,
+) -> None:
+    """Inverse of :func:`full_state` (strict: missing or unexpected keys raise)."""
+    if fsdp:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
+            options=options,
+        )
+        return
+    model.load_state_dict(model_state)
+    optimizer.load_state_dict(optim_state)
+
+
+def extra_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
+    """CPU copies of the non-persistent buffers (those ``state_dict()`` leaves out).
+
+    They stay out of ``state_dict()`` so model files load into plain models, but a resumed
+    fp8-delayed run without its amax history would scale differently.
+    """
+    persistent = set(model.state_dict().keys())
+    return {
+        name: buf.detach().cpu().clone()
+        for name, buf in model.named_buffers()
+        if name not in persistent
+    }
+
+
+def restore_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """Put buffers saved by :func:`extra_buffers` back, on each buffer's current device."""
+    for name, value in buffers.items():
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        current = getattr(module, attr)
+        setattr(module, attr, value.to(current.device))

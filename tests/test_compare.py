@@ -1,0 +1,48 @@
+"""Tests for minifloat.compare: several recipes, one plot, one table, one JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minifloat.compare import compare
+from minifloat.train_config import TrainConfig
+
+
+def test_compare_writes_plot_table_and_json(tmp_path: Path) -> None:
+    config = TrainConfig(
+        model="tiny",
+        model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+        data="stdlib",
+        tokenizer="byte",
+        data_max_bytes=300_000,
+        cache_dir=str(tmp_path / "cache"),
+        steps=6,
+        batch_size=4,
+        seq_len=32,
+        eval_every=3,
+        eval_batches=2,
+        device="cpu",
+    )
+    result = compare(["fp32", "bf16"], config, out_dir=tmp_path / "out", progress=False)
+    assert result.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = result.markdown_path.read_text()
+    assert "| fp32 |" in table and "| bf16 |" in table and "gap vs fp32" in table
+    summary = json.loads(result.json_path.read_text())
+    rows = {row["recipe"]: row for row in summary["results"]}
+    assert rows["fp32"]["val_gap_percent"] == 0.0
+    assert rows["bf16"]["final_val_loss"] == pytest.approx(
+        rows["fp32"]["final_val_loss"] * (1 + rows["bf16"]["val_gap_percent"] / 100)
+    )
+    assert len(summary["losses"]["bf16"]) == 6
+    # Same data, seed and batches: the first step's loss agrees to bf16 accuracy.
+    assert summary["losses"]["bf16"][0] == pytest.approx(summary["losses"]["fp32"][0], rel=1e-2)
+    assert not (tmp_path / "out" / "fp32" / "checkpoint.pt").exists()
+
+
+def test_compare_rejects_unknown_recipe_before_training(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown recipe"):
+        compare(["bf16", "fp5"], TrainConfig(), out_dir=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,298 @@
+"""minifloat.distributed on CPU: 2 gloo processes spawned by each test."""
+
+from __future__ import annotations
+
+import copy
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from minifloat.convert import convert
+from minifloat.distributed import (
+    apply_fsdp,
+    fsdp_reduce_dtype,
+    measure_grad_comm,
+    reduce_mean,
+    register_grad_comm_hook,
+)
+from minifloat.linear import QuantLinear
+from minifloat.models.llama import Llama, get_config
+from minifloat.optim import OPTIM_STATE_PRESETS, AdamW
+
+WORLD = 2
+
+# Minimum SQNR (dB) of a reduction against the fp32 all-reduce, per (kind, fp8 format).
+SQNR_DB = {
+    ("fp32", "e4m3"): 140.0,  # same collective as the reference: exact
+    ("bf16", "e4m3"): 40.0,  # 8-bit mantissa, one rounding per rank plus bf16 sums
+    ("fp8", "e4m3"): 24.0,  # 3-bit mantissa, two roundings (send, then reduced chunk)
+    ("fp8", "e5m2"): 18.0,  # 2-bit mantissa, two roundings
+}
+# Minimum SQNR (dB) of DDP-averaged gradients against single-process full-batch gradients.
+DDP_GRAD_SQNR_DB = {
+    "fp32": 100.0,  # only the summation order differs (fp32 rounding is ~140 dB)
+    "bf16": 35.0,  # bf16 payloads
+    "fp8": 18.0,  # fp8 payloads with a shared scale per bucket (small grads lose bits)
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, *args) -> None:  # noqa: ANN001
+    mp.spawn(_entry, args=(fn, _free_port(), args), nprocs=WORLD, join=True)
+
+
+def _entry(rank: int, fn, port: int, args: tuple) -> None:  # noqa: ANN001
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    try:
+        fn(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    err = (out.double() - ref.double()).norm()
+    return float("inf") if err == 0 else (20 * torch.log10(ref.double().norm() / err)).item()
+
+
+def _tiny_model(seed: int = 0) -> Llama:
+    config = get_config(
+        "tiny", dim=32, n_layers=2, n_heads=2, ffn_dim=64, vocab_size=64, max_seq_len=16
+    )
+    model = Llama(config)
+    model.init_weights(seed)
+    return model
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, 64, (2 * WORLD, 17), generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def _shard(t: torch.Tensor, rank: int) -> torch.Tensor:
+    return t.chunk(WORLD)[rank]
+
+
+# ---- hooks vs fp32 all-reduce ----------------------------------------------------------------
+
+
+def _hooks_worker(rank: int) -> None:
+    gen = torch.Generator().manual_seed(rank)
+    # Heavy-tailed values over many binades, like real gradients.
+    grad = torch.randn(10_001, generator=gen) * torch.exp(2 * torch.randn(10_001, generator=gen))
+    for (kind, fmt), min_db in SQNR_DB.items():
+        report = measure_grad_comm(grad, kind, fp8_format=fmt)
+        assert report.sqnr_db >= min_db, (kind, fmt, report)
+        out = reduce_mean(grad, kind, fp8_format=fmt)[0].wait()
+        gathered = [torch.empty_like(out) for _ in range(WORLD)]
+        dist.all_gather(gathered, out)
+        assert torch.equal(gathered[0], gathered[1]), f"{kind}/{fmt}: ranks disagree"
+        expected_ratio = {"fp32": 1.0, "bf16": 2.0, "fp8": 4.0}[kind]
+        assert report.compression == pytest.approx(expected_ratio, rel=0.01), (kind, report)
+    # Non-finite gradients must not become finite.
+    bad = grad.clone()
+    if rank == 1:
+        bad[7] = float("inf")
+    for kind in ("fp32", "bf16", "fp8"):
+        out = reduce_mean(bad, kind)[0].wait()
+        assert not torch.isfinite(out).all(), kind
+
+
+def test_hooks_match_fp32_allreduce_within_format_bounds():
+    _spawn(_hooks_worker)
+
+
+# ---- DDP training vs single process ------------------------------------------------------------
+
+
+def _ddp_worker(rank: int) -> None:
+    for kind, min_db in DDP_GRAD_SQNR_DB.items():
+        ref = _tiny_model()
+        model = DDP(_tiny_model())
+        state = register_grad_comm_hook(model, kind)
+        opt = AdamW(model.parameters(), lr=1e-2)
+        opt_ref = AdamW(ref.parameters(), lr=1e-2)
+        losses = []
+        x, y = _batch(0)  # one batch, so the loss must fall
+        for step in range(4):
+            if kind == "fp32":  # identical gradients keep the two models (nearly) identical
+                for p_ref, p in zip(ref.parameters(), model.module.parameters(), strict=True):
+                    torch.testing.assert_close(p, p_ref, rtol=1e-5, atol=1e-6)
+            else:  # compare each step's gradients at the same point
+                ref.load_state_dict(model.module.state_dict())
+            _loss(ref, x, y).backward()
+            loss = _loss(model, _shard(x, rank), _shard(y, rank))
+            loss.backward()
+            for p_ref, p in zip(ref.parameters(), model.module.parameters(), strict=True):
+                assert _sqnr_db(p_ref.grad, p.grad) >= min_db, (kind, step)
+            opt_ref.step()
+            opt.step()
+            opt_ref.zero_grad()
+            opt.zero_grad()
+            dist.all_reduce(loss.detach_(), op=dist.ReduceOp.AVG)
+            losses.append(loss.item())
+        assert state.calls >= 4 and state.bytes_sent > 0
+        assert losses[-1] < losses[0] - 0.05, (kind, losses)
+
+
+def test_ddp_training_matches_single_process():
+    _spawn(_ddp_worker)
+
+
+# ---- FSDP2 training vs single process ----------------------------------------------------------
+
+
+def _fsdp_worker(rank: int) -> None:
+    ref = _tiny_model()
+    model = apply_fsdp(_tiny_model(), reduce_dtype=fsdp_reduce_dtype("fp32"))
+    assert type(model.layers[0].attention.wq.weight).__name__ == "DTensor"
+    opt_ref = AdamW(ref.parameters(), lr=3e-3)
+    opt = AdamW(model.parameters(), lr=3e-3)
+    for step in range(4):
+        x, y = _batch(step)
+        ref_loss = _loss(ref, x, y)
+        ref_loss.backward()
+        loss = _loss(model, _shard(x, rank), _shard(y, rank))
+        loss.backward()
+        for p_ref, p in zip(ref.parameters(), model.parameters(), strict=True):
+            assert _sqnr_db(p_ref.grad, p.grad.full_tensor()) >= DDP_GRAD_SQNR_DB["fp32"], step
+        opt_ref.step()
+        opt.step()
+        opt_ref.zero_grad()
+        opt.zero_grad()
+    for p_ref, p in zip(ref.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(p.full_tensor(), p_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_training_matches_single_process():
+    _spawn(_fsdp_worker)
+
+
+def _fsdp_lowp_states_worker(rank: int) -> None:
+    # fp8/fp16 states on DTensor shards (small_numel=0 so every tensor uses them) and a bf16
+    # reduce-scatter: the loss must fall as fast as fp32 states to within a small margin.
+    model = apply_fsdp(_tiny_model(), reduce_dtype=fsdp_reduce_dtype("bf16"))
+    ref = _tiny_model()
+    opt = AdamW(
+        model.parameters(), lr=1e-2, exp_avg_dtype="fp8", exp_avg_sq_dtype="fp16", small_numel=0
+    )
+    opt_ref = AdamW(ref.parameters(), lr=1e-2)
+    x, y = _batch(0)
+    for _ in range(8):
+        loss = _loss(model, _shard(x, rank), _shard(y, rank))
+        loss.backward()
+        ref_loss = _loss(ref, x, y)
+        ref_loss.backward()
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+    state = opt.state[model.layers[0].attention.wq.weight]
+    assert state["exp_avg"].dtype == torch.float8_e4m3fn
+    full = torch.cat([_loss(model, _shard(x, r), _shard(y, r)).reshape(1) for r in range(WORLD)])
+    final = full.mean().item()
+    assert abs(final - _loss(ref, x, y).item()) < 0.05, final
+
+
+def test_fsdp_low_precision_states_and_bf16_reduce():
+    _spawn(_fsdp_lowp_states_worker)
+
+
+def _converted_worker(rank: int) -> None:
+    # fp4 recipe (QuantLinear layers, emulated on CPU) under FSDP2 and under DDP with the fp8
+    # hook: sharding and hooks must work on converted models, and the loss must fall.
+    x, y = _batch(0)
+    for parallel in ("fsdp", "ddp"):
+        model = _tiny_model()
+        report = convert(model, "fp4")
+        assert isinstance(model.layers[0].attention.wq, QuantLinear) and report.converted
+        if parallel == "fsdp":
+            model = apply_fsdp(model)
+            assert type(model.layers[0].attention.wq.weight).__name__ == "DTensor"
+        else:
+            model = DDP(model)
+            register_grad_comm_hook(model, "fp8")
+        opt = AdamW(model.parameters(), lr=1e-2, **OPTIM_STATE_PRESETS["fp8-fp16"])
+        losses = []
+        for _ in range(6):
+            loss = _loss(model, _shard(x, rank), _shard(y, rank))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            dist.all_reduce(loss.detach_(), op=dist.ReduceOp.AVG)
+            losses.append(loss.item())
+        assert losses[-1] < losses[0] - 0.1, (parallel, losses)
+
+
+def test_fsdp_and_ddp_train_quantlinear_models():
+    _spawn(_converted_worker)
+
+
+def _fsdp_checkpoint_worker(rank: int) -> None:
+    # Full (gathered) optimizer state dict through torch.distributed.checkpoint, as the trainer
+    # saves it, loaded into a fresh sharded model: training resumes where it stopped.
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    x, y = _batch(0)
+    kwargs = dict(lr=1e-2, exp_avg_dtype="fp8", exp_avg_sq_dtype="fp16", small_numel=0)
+
+    def make():
+        model = apply_fsdp(_tiny_model())
+        return model, AdamW(model.parameters(), **kwargs)
+
+    def steps(model, opt, n: int) -> None:
+        for _ in range(n):
+            _loss(model, _shard(x, rank), _shard(y, rank)).backward()
+            opt.step()
+            opt.zero_grad()
+
+    model, opt = make()
+    steps(model, opt, 3)
+    model_sd, optim_sd = get_state_dict(model, opt, options=options)
+    if rank == 0:
+        key = "layers.0.attention.wq.weight"
+        assert optim_sd["state"][key]["exp_avg"].shape == (32, 32)  # gathered, full shape
+    # Rank 0 holds the gathered dicts; every rank reads the checkpoint file when resuming.
+    shared = copy.deepcopy([model_sd, optim_sd])  # detach from the live optimizer state
+    dist.broadcast_object_list(shared, src=0)
+    model_sd, optim_sd = shared
+    steps(model, opt, 2)
+    model2, opt2 = make()
+    set_state_dict(
+        model2, opt2, model_state_dict=model_sd, optim_state_dict=optim_sd, options=options
+    )
+    steps(model2, opt2, 2)
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        # Saved as fp32 and re-encoded: decode -> encode reproduces the fp8/fp16 payloads.
+        assert _sqnr_db(a.full_tensor(), b.full_tensor()) >= 100.0
+
+
+def test_fsdp_full_checkpoint_round_trip():
+    _spawn(_fsdp_checkpoint_worker)
+
+
+def test_fsdp_rejects_fp8_reduce():
+    with pytest.raises(ValueError, match="DDP only"):
+        fsdp_reduce_dtype("fp8")

@@ -1,0 +1,301 @@
+"""minifloat.optim: AdamW with low-precision states, state formats, presets, memory math."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from minifloat.optim import (
+    OPTIM_STATE_PRESETS,
+    STATE_FORMATS,
+    AdamW,
+    bytes_per_param,
+    get_state_format,
+)
+from minifloat.optim.codecs import stochastic_round_bf16, stochastic_round_e4m3
+
+# Minimum SQNR (dB) of one encode/decode round trip, per state format, on the test's data.
+CODEC_SQNR_DB = {
+    "fp32": 200.0,  # stored as is
+    "bf16": 45.0,  # 8-bit significand: ~2^-9 relative rounding error
+    "fp16": 60.0,  # 11-bit significand, block scale keeps values normal
+    "fp8": 27.0,  # e4m3 with a scale per 128 elements: ~2^-5 relative error
+    "fp8-sr": 22.0,  # stochastic rounding doubles the error variance, unbiased
+    "fp8-sqrt": 24.0,  # squaring doubles the relative error of the stored sqrt
+    "fp8-sqrt-sr": 19.0,  # both of the above
+}
+# Minimum SQNR (dB) of parameters after 20 AdamW steps, low-precision states vs fp32 states.
+TRAJECTORY_SQNR_DB = {
+    "bf16": 40.0,  # state rounding ~2^-9 per step
+    "fp16": 45.0,
+    "fp8": 25.0,  # m in e4m3: its error enters every update directly
+    "fp8-sqrt": 25.0,
+}
+
+
+def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    err = (out.double() - ref.double()).norm()
+    return float("inf") if err == 0 else (20 * torch.log10(ref.double().norm() / err)).item()
+
+
+def _params(seed: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(64, 96), (96,), (8, 8), (130, 70)]  # 2-D big, 1-D, small, ragged blocks
+    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+
+
+def _grads(params: list[torch.Tensor], step: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    # Magnitudes over many binades per tensor, as real gradients have.
+    return [
+        torch.randn(p.shape, generator=gen) * torch.exp(torch.randn(p.shape, generator=gen))
+        for p in params
+    ]
+
+
+def _run(opt: torch.optim.Optimizer, params: list[torch.Tensor], steps: range) -> None:
+    for step in steps:
+        for p, g in zip(params, _grads(params, step), strict=True):
+            p.grad = g.to(p.dtype)
+        opt.step()
+
+
+# ---- reference semantics -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_fp32_states_match_torch_adamw_bitwise(foreach, weight_decay):
+    ours, theirs = _params(0), _params(0)
+    kw = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+    opt = AdamW([{"params": ours[:2]}, {"params": ours[2:], "lr": 1e-3}], **kw)
+    ref = torch.optim.AdamW(
+        [{"params": theirs[:2]}, {"params": theirs[2:], "lr": 1e-3}], foreach=foreach, **kw
+    )
+    _run(opt, ours, range(10))
+    _run(ref, theirs, range(10))
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_small_and_1d_tensors_keep_fp32_state():
+    params = _params(0)
+    opt = AdamW(params, exp_avg_dtype="fp8", exp_avg_sq_dtype="fp8-sqrt")
+    _run(opt, params, range(1))
+    formats = [opt.state[p]["exp_avg_format"] for p in params]
+    assert formats == ["fp8", "fp32", "fp32", "fp8"]
+    assert opt.state[params[0]]["exp_avg_sq"].dtype == torch.float8_e4m3fn
+
+
+# ---- state formats -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(STATE_FORMATS))
+def test_state_format_round_trip(name):
+    fmt = get_state_format(name)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 1000, generator=gen) * torch.exp(torch.randn(3, 1000, generator=gen))
+    if fmt.sqrt_domain:
+        x = x.square()
+    payload, scale = fmt.encode(x, generator=torch.Generator().manual_seed(1))
+    assert payload.dtype == fmt.storage_dtype
+    out = fmt.decode(payload, scale, x.shape)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    assert _sqnr_db(x, out) >= CODEC_SQNR_DB[name]
+    bad = x.clone()
+    bad[1, 5] = float("nan")
+    assert torch.isnan(fmt.decode(*fmt.encode(bad), x.shape)).any()
+
+
+def test_stochastic_rounding_is_unbiased():
+    x = torch.full((200_000,), 1.0 + 1 / 3)  # between bf16 and e4m3 grid points
+    gen = torch.Generator().manual_seed(0)
+    assert stochastic_round_bf16(x, generator=gen).float().mean().item() == pytest.approx(
+        x[0].item(), rel=1e-4
+    )
+    e4m3 = stochastic_round_e4m3(-x, generator=gen).float()
+    assert set(e4m3.unique().tolist()) == {-1.375, -1.25}
+    assert e4m3.mean().item() == pytest.approx(-x[0].item(), rel=1e-3)
+    tiny = torch.full((100_000,), 2.0**-10)  # below the smallest e4m3 subnormal 2^-9
+    assert stochastic_round_e4m3(tiny, generator=gen).float().mean().item() == pytest.approx(
+        2.0**-10, rel=0.03
+    )
+
+
+def test_unknown_format_lists_names():
+    with pytest.raises(ValueError, match="fp8-sqrt"):
+        AdamW(_params(0), exp_avg_dtype="int3")
+    with pytest.raises(ValueError, match="exp_avg_sq"):
+        AdamW(_params(0), exp_avg_dtype="fp8-sqrt")
+
+
+# ---- low-precision states stay close to fp32 states ------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(TRAJECTORY_SQNR_DB))
+def test_low_precision_states_track_fp32(name):
+    ref_params, params = _params(0), _params(0)
+    ref = AdamW(ref_params, lr=1e-2)
+    sq = "fp8-sqrt" if name == "fp8" else name
+    opt = AdamW(params, lr=1e-2, exp_avg_dtype=name.replace("-sqrt", ""), exp_avg_sq_dtype=sq)
+    _run(ref, ref_params, range(20))
+    _run(opt, params, range(20))
+    for p0, a, b in zip(_params(0), ref_params, params, strict=True):
+        assert _sqnr_db(a - p0, b - p0) >= TRAJECTORY_SQNR_DB[name], name
+
+
+def test_fp32_master_for_bf16_params():
+    params = _params(0, torch.bfloat16)
+    opt = AdamW(params, lr=1e-3)
+    _run(opt, params, range(3))
+    for p in params:
+        master = opt.state[p]["master"]
+        assert master.dtype == torch.float32
+        assert torch.equal(p, master.to(torch.bfloat16))
+    # The master accumulates updates too small to move a bf16 weight.
+    ref = _params(0)
+    _run(AdamW(ref, lr=1e-3), ref, range(3))
+    assert torch.equal(opt.state[params[0]]["master"], ref[0]) is False
+    assert _sqnr_db(ref[0], opt.state[params[0]]["master"]) > 50
+
+
+def test_masterless_stochastic_rounding_is_deterministic_and_unbiased():
+    def train(seed: int) -> list[torch.Tensor]:
+        params = _params(0, torch.bfloat16)
+        _run(AdamW(params, lr=1e-4, master_weights="none", seed=seed), params, range(5))
+        return params
+
+    a, b, c = train(0), train(0), train(1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+    # Steps of 1e-4 are below half a bf16 ulp for most weights: round-to-nearest would stall,
+    # stochastic rounding follows the fp32 trajectory on average (regression slope ~1).
+    ref = _params(0, torch.bfloat16)
+    ref = [p.float().detach().requires_grad_() for p in ref]
+    start = [p.detach().clone() for p in ref]
+    _run(AdamW(ref, lr=1e-4), ref, range(5))
+    moved = (a[0].float() - start[0]).flatten()
+    target = (ref[0] - start[0]).flatten().detach()
+    slope = (moved @ target / (target @ target)).item()
+    assert 0.8 < slope < 1.2, slope
+
+
+def test_nonfinite_gradient_propagates():
+    params = _params(0)
+    opt = AdamW(params, exp_avg_dtype="fp8", exp_avg_sq_dtype="fp8-sqrt")
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    params[0].grad[0, 0] = float("nan")
+    opt.step()
+    assert torch.isnan(params[0]).any()
+
+
+# ---- checkpoints -----------------------------------------------------------------------------
+
+
+def _save_load(sd: dict) -> dict:
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+@pytest.mark.parametrize("preset", sorted(OPTIM_STATE_PRESETS))
+def test_state_dict_round_trip_resumes_exactly(preset):
+    kwargs = dict(OPTIM_STATE_PRESETS[preset])
+    dtype = torch.bfloat16 if kwargs["master_weights"] == "none" else torch.float32
+    full = _params(0, dtype)
+    _run(AdamW(full, lr=1e-3, **kwargs), full, range(6))
+    part = _params(0, dtype)
+    opt = AdamW(part, lr=1e-3, **kwargs)
+    _run(opt, part, range(3))
+    sd = _save_load(opt.state_dict())
+    resumed = [p.detach().clone().requires_grad_() for p in part]
+    opt2 = AdamW(resumed, lr=1e-3, **kwargs)
+    opt2.load_state_dict(sd)
+    _run(opt2, resumed, range(3, 6))
+    assert all(torch.equal(a, b) for a, b in zip(full, resumed, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("src", "dst"), [("fp32", "fp8-fp16"), ("fp8-fp16", "fp32"), ("bf16", "lean")]
+)
+def test_state_dict_loads_across_state_dtypes(src, dst):
+    params = _params(0)
+    opt = AdamW(params, lr=1e-3, **{**OPTIM_STATE_PRESETS[src], "master_weights": "fp32"})
+    _run(opt, params, range(3))
+    kwargs = {**OPTIM_STATE_PRESETS[dst], "master_weights": "fp32"}
+    opt2 = AdamW([p.detach().clone() for p in params], lr=1e-3, **kwargs)
+    opt2.load_state_dict(_save_load(opt.state_dict()))
+    p_src, p_dst = params[0], opt2.param_groups[0]["params"][0]
+    s_src, s_dst = opt.state[p_src], opt2.state[p_dst]
+    assert s_dst["exp_avg_format"] == kwargs["exp_avg_dtype"]
+    assert float(s_dst["step"]) == 3.0
+    for key in ("exp_avg", "exp_avg_sq"):
+        a = opt._load_moment(s_src, key, p_src.shape)
+        b = opt2._load_moment(s_dst, key, p_dst.shape)
+        assert _sqnr_db(a, b) >= 24.0, key  # one encode in the coarser of the two formats
+    _run(opt2, opt2.param_groups[0]["params"], range(3, 4))  # and it steps
+
+
+def test_loads_torch_adamw_state_dict():
+    theirs, ours = _params(0), _params(0)
+    ref = torch.optim.AdamW(theirs, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    _run(ref, theirs, range(3))
+    ours = [p.detach().clone().requires_grad_() for p in theirs]
+    opt = AdamW(ours, lr=1e-3)
+    opt.load_state_dict(_save_load(ref.state_dict()))
+    _run(ref, theirs, range(3, 5))
+    _run(opt, ours, range(3, 5))
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours, strict=True))
+
+
+# ---- memory accounting -------------------------------------------------------------------------
+
+EXPECTED_BYTES = {
+    "fp32": 16.0,  # fp32 weights, grads, m, v
+    "bf16": 12.0,  # fp32 weights and grads, bf16 m, v
+    "fp8-fp16": 4 + 4 + (1 + 4 / 128) + (2 + 4 / 128),
+    "lean": 2 + 2 + 2 * (1 + 4 / 128),  # bf16 weights and grads, 8-bit m and v
+}
+
+
+@pytest.mark.parametrize("preset", sorted(OPTIM_STATE_PRESETS))
+def test_bytes_per_param_matches_allocated_state(preset):
+    kwargs = dict(OPTIM_STATE_PRESETS[preset])
+    table = bytes_per_param(preset)
+    assert table["total"] == pytest.approx(EXPECTED_BYTES[preset])
+    dtype = torch.bfloat16 if kwargs["master_weights"] == "none" else torch.float32
+    p = torch.zeros(256, 1024, dtype=dtype, requires_grad=True)
+    p.grad = torch.ones_like(p)
+    opt = AdamW([p], **kwargs)
+    opt.step()
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for k, t in opt.state[p].items()
+        if isinstance(t, torch.Tensor) and k != "step"
+    )
+    expected = table["exp_avg"] + table["exp_avg_sq"] + table["master"]
+    assert state_bytes / p.numel() == pytest.approx(expected)
+    assert table["weights"] == p.element_size()
+
+
+def test_bytes_per_param_bf16_params_with_master():
+    table = bytes_per_param("fp8-fp16", param_dtype="bf16")
+    assert table["master"] == 4.0 and table["weights"] == 2.0
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp8", "fp8-sqrt"])
+def test_underflowed_second_moment_decodes_to_block_floor(name):
+    fmt = get_state_format(name)
+    v = torch.zeros(256)
+    v[0], v[1] = 1.0, 1e-30  # v[1] underflows in its block; v[128:] is a genuinely zero block
+    payload, scale = fmt.encode(v)
+    plain = fmt.decode(payload, scale, v.shape)
+    floored = fmt.decode(payload, scale, v.shape, floor_underflow=True)
+    assert plain[1] == 0 and 0 < floored[1] < 1e-3
+    assert torch.equal(floored[0], plain[0])
+    # An all-zero block (scale 1 by convention) holds exact zeros and stays zero.
+    assert torch.equal(floored[128:], torch.zeros(128))

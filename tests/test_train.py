@@ -1,0 +1,242 @@
+"""End-to-end tests of minifloat.train on a very small model (CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minifloat.checkpoint import CheckpointError
+from minifloat.data import build_dataset
+from minifloat.train import Trainer, train
+from minifloat.train_config import ConfigError, TrainConfig
+
+# One layer of width 32 at seq_len 32: a few milliseconds per step on a CPU.
+SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory):
+    """A byte-tokenized slice of the stdlib corpus (no tokenizer training, built once)."""
+    cache = tmp_path_factory.mktemp("data_cache")
+    return build_dataset("stdlib", tokenizer="byte", max_bytes=400_000, cache_dir=cache,
+                         progress=False)  # fmt: skip
+
+
+def _config(tmp_path: Path, **changes) -> TrainConfig:
+    base = TrainConfig(
+        recipe="fp32",
+        model="tiny",
+        model_overrides=SMALL,
+        data="stdlib",
+        steps=8,
+        batch_size=4,
+        seq_len=32,
+        lr=3e-3,
+        eval_every=4,
+        eval_batches=2,
+        log_every=2,
+        out_dir=str(tmp_path / "run"),
+        device="cpu",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_loss_falls_and_metrics_are_written(tmp_path: Path, dataset) -> None:
+    result = train(_config(tmp_path, recipe="bf16", steps=40, eval_every=20), dataset=dataset,
+                   progress=False)  # fmt: skip
+    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
+    assert last < first - 1.0, (first, last)
+    assert result.final_val_loss is not None and result.final_val_loss < math.log(257)
+    assert result.steps == 40 and result.tokens == 40 * 4 * 32
+    assert result.skipped_steps == 0 and result.tokens_per_s > 0
+    records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(2, 41, 2))
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "skipped"):
+        assert all(key in r for r in records)
+    assert [r["step"] for r in records if "val_loss" in r] == [20, 40]
+    assert result.checkpoint_path is not None and result.checkpoint_path.is_file()
+
+
+# fp8-delayed keeps an amax history (a non-persistent buffer) and fp4 quantizes every GEMM: both
+# must resume exactly too.
+@pytest.mark.parametrize("recipe", ["fp32", "bf16", "fp16", "fp8-delayed", "fp4"])
+def test_resume_is_bit_exact(tmp_path: Path, dataset, recipe: str) -> None:
+    full = train(_config(tmp_path / "a", recipe=recipe), dataset=dataset, progress=False)
+    config = _config(tmp_path / "b", recipe=recipe)
+    half = train(dataclasses.replace(config, stop_after=4), dataset=dataset, progress=False)
+    assert half.steps == 4 and half.losses == full.losses[:4]
+    rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+    assert rest.losses == full.losses  # exact float equality, every step
+    assert rest.val_losses == full.val_losses
+    steps = [json.loads(x)["step"] for x in rest.metrics_path.read_text().splitlines()]
+    assert steps == [2, 4, 6, 8]  # the resumed run appends to the log
+
+
+def test_resume_with_low_precision_optimizer_states(tmp_path: Path, dataset) -> None:
+    full = train(_config(tmp_path / "a", optim_states="bf16"), dataset=dataset, progress=False)
+    config = _config(tmp_path / "b", optim_states="bf16")
+    train(dataclasses.replace(config, stop_after=3), dataset=dataset, progress=False)
+    rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+    assert rest.losses == full.losses
+
+
+def test_mismatched_missing_and_corrupt_checkpoints(tmp_path: Path, dataset) -> None:
+    config = _config(tmp_path, stop_after=2)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+    train(config, dataset=dataset, progress=False)
+    mismatches = [
+        ({"recipe": "bf16"}, "recipe"),
+        ({"lr": 1e-3}, "lr"),
+        ({"model_overrides": {**SMALL, "dim": 64}}, "model_overrides"),
+    ]
+    for change, field in mismatches:
+        bad = dataclasses.replace(config, resume=True, stop_after=None, **change)
+        with pytest.raises(CheckpointError, match=field):
+            train(bad, dataset=dataset, progress=False)
+    path = Path(config.out_dir) / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="corrupt"):
+        train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+
+
+def _snapshot(trainer: Trainer) -> tuple[list[torch.Tensor], dict]:
+    params = [p.detach().clone() for p in trainer.raw_model.parameters()]
+    state = {k: {n: t.clone() for n, t in v.items() if torch.is_tensor(t)}
+             for k, v in trainer.optimizer.state.items()}  # fmt: skip
+    return params, state
+
+
+def _assert_unchanged(trainer: Trainer, snapshot: tuple[list[torch.Tensor], dict]) -> None:
+    params, state = snapshot
+    for before, after in zip(params, trainer.raw_model.parameters(), strict=True):
+        assert torch.equal(before, after)
+    for key, tensors in state.items():
+        for name, value in tensors.items():
+            assert torch.equal(value, trainer.optimizer.state[key][name])
+
+
+def test_guard_skips_nan_and_spike_without_touching_weights(tmp_path: Path, dataset) -> None:
+    trainer = Trainer(_config(tmp_path, steps=20, spike_warmup=4), dataset=dataset, progress=False)
+    try:
+        for _ in range(6):
+            assert trainer.train_step()["skip_reason"] == ""
+        head = trainer.raw_model.output
+        # Inject a NaN into the logits of one step.
+        handle = head.register_forward_hook(lambda _m, _i, out: out * float("nan"))
+        snapshot = _snapshot(trainer)
+        metrics = trainer.train_step()
+        handle.remove()
+        assert "non-finite" in metrics["skip_reason"] and math.isnan(metrics["loss"])
+        _assert_unchanged(trainer, snapshot)
+        # Inject a loss spike: logits blown up 30x give a far larger (finite) loss.
+        handle = head.register_forward_hook(lambda _m, _i, out: out * 30.0)
+        snapshot = _snapshot(trainer)
+        metrics = trainer.train_step()
+        handle.remove()
+        assert "spike" in metrics["skip_reason"] and math.isfinite(metrics["loss"])
+        _assert_unchanged(trainer, snapshot)
+        assert trainer.guard.skipped == 2
+        assert trainer.train_step()["skip_reason"] == ""  # training carries on
+        assert not torch.equal(snapshot[0][0], next(trainer.raw_model.parameters()))
+    finally:
+        trainer.close()
+
+
+def test_accumulation_z_loss_and_embedding_shrink_run(tmp_path: Path, dataset) -> None:
+    result = train(
+        _config(tmp_path, grad_accum=2, z_loss=1e-4, embed_grad_shrink=0.1, steps=6),
+        dataset=dataset,
+        progress=False,
+    )
+    assert result.tokens == 6 * 2 * 4 * 32
+    assert all(math.isfinite(v) for v in result.losses)
+    assert result.losses[-1] < result.losses[0]
+
+
+def test_quantized_recipe_trains(tmp_path: Path, dataset) -> None:
+    pytest.importorskip("minifloat.convert")
+    result = train(_config(tmp_path, recipe="fp8-tensorwise", steps=6), dataset=dataset,
+                   progress=False)  # fmt: skip
+    assert all(math.isfinite(v) for v in result.losses)
+    assert result.losses[-1] < result.losses[0]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"steps": 0}, "steps must be positive"),
+        ({"steps": 5, "tokens": 100}, "either steps or tokens"),
+        ({"parallel": "tp"}, "parallel must be one of"),
+        ({"embed_grad_shrink": 0.0}, "embed-grad-shrink"),
+        ({"warmup_fraction": 1.5}, "warmup-fraction"),
+    ],
+)
+def test_invalid_config_values(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**changes)
+
+
+def test_unknown_names_fail_before_data_work(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown recipe"):
+        train(_config(tmp_path, recipe="fp3"), progress=False)
+    with pytest.raises(ConfigError, match="unknown model"):
+        train(_config(tmp_path, model="huge"), progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_tokens_convert_to_steps() -> None:
+    config = TrainConfig(model="tiny", tokens=10_000, batch_size=4, seq_len=32, grad_accum=2)
+    assert config.total_steps() == math.ceil(10_000 / (4 * 32 * 2))
+    assert config.total_steps(world_size=2) == math.ceil(10_000 / (4 * 32 * 2 * 2))
+
+
+DDP_TOML = """
+model = "tiny"
+tokenizer = "byte"
+data_max_bytes = 200000
+batch_size = 2
+seq_len = 32
+steps = 4
+eval_every = 2
+eval_batches = 1
+device = "cpu"
+parallel = "ddp"
+grad_comm = "bf16"
+
+[model_overrides]
+dim = 32
+n_layers = 1
+n_heads = 2
+ffn_dim = 64
+"""
+
+
+def _torchrun(tmp_path: Path, *args: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--standalone", "-m", "minifloat", "train", "--config", "ddp.toml",
+               "--cache-dir", "cache", "--quiet", *args]  # fmt: skip
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_ddp_under_torchrun_resumes_exactly(tmp_path: Path) -> None:
+    """Two CPU ranks (gloo): per-rank data and RNG state survive a checkpoint."""
+    (tmp_path / "ddp.toml").write_text(DDP_TOML)
+    _torchrun(tmp_path, "--out", "full")
+    _torchrun(tmp_path, "--out", "split", "--stop-after", "2")
+    _torchrun(tmp_path, "--out", "split", "--resume")
+    full, split = (
+        [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        for run in ("full", "split")
+    )
+    assert [r["step"] for r in full] == [2, 4]
+    assert [(r["loss"], r["val_loss"]) for r in full] == [(r["loss"], r["val_loss"]) for r in split]
