@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python -m minifloat.sqnr
 	$(BIN)/minifloat compare --recipes bf16,fp8-tensorwise,fp4 --model tiny --data stdlib --steps 150 --out runs/demo
 
 test: $(STAMP) lint
@@ -34,7 +35,7 @@ gpu-test:
 	PYTHONPATH=src $(PYTHON) -m pytest -q -m gpu tests
 
 bench:
-	PYTHONPATH=src $(PYTHON) benchmarks/linear.py
+	bash benchmarks/gpu_all.sh
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

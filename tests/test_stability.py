@@ -43,9 +43,11 @@ def test_spikes_skipped_only_after_warmup() -> None:
     guard = _warm_guard()
     decision = guard.check(30.0, 1.0)
     assert decision.skip and "loss spike" in decision.reason
+    assert not guard.check(3.0, 50.0).skip  # grad-norm spikes are left to clipping by default
+    guard = _warm_guard(grad_norm_spike_k=6.0)
     decision = guard.check(3.0, 50.0)
     assert decision.skip and "grad-norm spike" in decision.reason
-    assert guard.skipped_spike == 2
+    assert guard.skipped_spike == 1
     assert not guard.check(3.01, 1.02).skip
 
 

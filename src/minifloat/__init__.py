@@ -1,7 +1,19 @@
-"""minifloat: train large language models in FP4, FP8 and mixed precision with PyTorch."""
+"""minifloat: train large language models in FP4, FP8 and mixed precision with PyTorch.
+
+    import minifloat
+    report = minifloat.convert(model, "fp4")   # swap nn.Linear for QuantLinear, in place
+
+Core numerics are importable from here; the trainer, models, data, optimizer and distributed
+helpers live in their own modules (`minifloat.train`, `minifloat.models`, `minifloat.data`,
+`minifloat.optim`, `minifloat.distributed`).
+"""
 
 from minifloat import formats, recipes
+from minifloat.convert import AlreadyConvertedError, ConversionReport, convert
+from minifloat.dge import dge_derivative
+from minifloat.linear import QuantLinear
 from minifloat.quantize import PackedQTensor, QTensor, fake_quantize, quantize
+from minifloat.sqnr import sqnr_db
 
 __all__ = [
     "formats",
@@ -10,5 +22,11 @@ __all__ = [
     "fake_quantize",
     "QTensor",
     "PackedQTensor",
+    "convert",
+    "ConversionReport",
+    "AlreadyConvertedError",
+    "QuantLinear",
+    "dge_derivative",
+    "sqnr_db",
 ]
 __version__ = "0.1.0"

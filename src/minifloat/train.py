@@ -283,9 +283,13 @@ class Trainer:
         if cfg.parallel != "none" and not runtime.distributed:
             raise ConfigError(f"parallel={cfg.parallel} needs a torchrun launch (WORLD_SIZE > 1)")
         if cfg.parallel == "fsdp":
-            from minifloat.distributed import apply_fsdp
+            from minifloat.distributed import apply_fsdp, fsdp_reduce_dtype
 
-            model = apply_fsdp(model)
+            try:
+                reduce_dtype = fsdp_reduce_dtype(cfg.grad_comm)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+            model = apply_fsdp(model, reduce_dtype=reduce_dtype)
         forward_module = torch.compile(model) if cfg.compile else model
         if cfg.parallel == "ddp" or (runtime.distributed and cfg.parallel == "none"):
             from torch.nn.parallel import DistributedDataParallel
