@@ -58,6 +58,9 @@ def _entry(rank: int, fn, port: int, args: tuple) -> None:  # noqa: ANN001
     )
     try:
         fn(rank, *args)
+        # Both ranks leave together: tearing gloo down while the peer still has collectives in
+        # flight aborted a process once ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -66,8 +66,12 @@ class EmulatedBackend:
         values = fmt.round(xf / scale, rounding=spec.rounding)
         return QOperand(values, scale, spec.fmt, "tensor")
 
+    def _transposed_data(self, q: QOperand) -> torch.Tensor:
+        """q's values transposed and contiguous (backends may keep or copy them faster)."""
+        return q.data.t().contiguous()
+
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
-        data = q.data.t().contiguous()
+        data = self._transposed_data(q)
         if unit_scale:
             ones = torch.ones(1, 1, dtype=torch.float32, device=q.scale.device)
             return QOperand(data, ones, q.fmt, "tensor")

@@ -144,22 +144,14 @@ class HopperBackend(EmulatedBackend):
             values, s, spec.fmt, spec.granularity, values_t if transposed_copy else None
         )
 
-    def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
-        data_t = getattr(q, "data_t", None)
-        if data_t is None and q.data.dtype in smm.FP8_DTYPES:
+    def _transposed_data(self, q: QOperand) -> torch.Tensor:
+        data_t = getattr(q, "data_t", None)  # written by the quantizer when asked for
+        if data_t is not None:
+            return data_t
+        if q.data.dtype in smm.FP8_DTYPES:
             # A byte copy: FP8 values move bit for bit, whatever the dtype's copy kernel does.
-            data_t = q.data.view(torch.uint8).t().contiguous().view(q.data.dtype)
-        if data_t is None:
-            return super().transpose(q, unit_scale=unit_scale)
-        if unit_scale:
-            ones = torch.ones(1, 1, dtype=torch.float32, device=q.scale.device)
-            return QOperand(data_t, ones, q.fmt, "tensor")
-        if q.granularity == "tensor":
-            return QOperand(data_t, q.scale, q.fmt, "tensor")
-        if isinstance(q.granularity, tuple):
-            br, bc = q.granularity
-            return QOperand(data_t, q.scale.t().contiguous(), q.fmt, (bc, br))
-        raise ValueError(f"cannot transpose a {q.granularity!r}-scaled operand keeping its scale")
+            return q.data.view(torch.uint8).t().contiguous().view(q.data.dtype)
+        return super()._transposed_data(q)
 
     def scaled_mm(
         self,
