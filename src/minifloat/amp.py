@@ -13,7 +13,6 @@ recipe runs unchanged on CPU and GPU; on CPU it is an emulation of the precision
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -129,15 +128,6 @@ class LossScaler:
             self._scale = min(self._scale * cfg.growth_factor, cfg.max_scale)
             self._clean_steps = 0
         return True
-
-    @staticmethod
-    def grads_finite(params: Iterable[torch.nn.Parameter]) -> bool:
-        """True if every local gradient is finite (a local check; prefer a global grad norm)."""
-        total = 0.0
-        for p in params:
-            if p.grad is not None:
-                total += float(p.grad.float().abs().sum())
-        return math.isfinite(total)
 
     def state_dict(self) -> dict[str, Any]:
         return {
