@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from minifloat.models.llama import Llama, get_config
 from minifloat.optim import AdamW, bytes_per_param
+from minifloat.sqnr import sqnr_db
 
 # name -> (AdamW state kwargs, parameter dtype)
 CONFIGS: dict[str, tuple[dict, torch.dtype]] = {
@@ -87,10 +88,7 @@ def update_fidelity(steps: int = 300, numel: int = 64 * 1024) -> dict[str, dict[
         if step % 10 == 0:
             ref = updates["fp32"].double()
             for name, u in updates.items():
-                err = (u.double() - ref).norm()
-                sqnr[name].append(
-                    float("inf") if err == 0 else (20 * torch.log10(ref.norm() / err)).item()
-                )
+                sqnr[name].append(sqnr_db(ref, u))
     return {
         name: {"mean_sqnr_db": statistics.mean(v), "min_sqnr_db": min(v)}
         for name, v in sqnr.items()

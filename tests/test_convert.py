@@ -14,6 +14,7 @@ from minifloat.convert import AlreadyConvertedError, ConversionReport, convert
 from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, LlamaConfig
 from minifloat.occ import occ_activation
+from minifloat.sqnr import sqnr_db
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, ffn_dim=128, vocab_size=64, max_seq_len=32)
 TRAIN = LlamaConfig(dim=128, n_layers=2, n_heads=4, ffn_dim=256, vocab_size=64, max_seq_len=32)
@@ -195,7 +196,7 @@ def _train(recipe: str, steps: int = 40) -> tuple[list[float], float]:
     def hook(module, args, output):
         x = args[0].detach().reshape(-1, args[0].shape[-1])
         x_hat = occ_activation(x, r.fprop.lhs.fmt, r.fprop.lhs.granularity, r.occ)
-        sqnrs.append(float(20 * torch.log10(x.norm() / (x - x_hat).norm())))
+        sqnrs.append(sqnr_db(x, x_hat))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, QuantLinear)]
     with torch.no_grad():

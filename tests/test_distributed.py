@@ -23,6 +23,7 @@ from minifloat.distributed import (
 from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, get_config
 from minifloat.optim import OPTIM_STATE_PRESETS, AdamW
+from minifloat.sqnr import sqnr_db
 
 WORLD = 2
 
@@ -63,11 +64,6 @@ def _entry(rank: int, fn, port: int, args: tuple) -> None:  # noqa: ANN001
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    err = (out.double() - ref.double()).norm()
-    return float("inf") if err == 0 else (20 * torch.log10(ref.double().norm() / err)).item()
 
 
 def _tiny_model(seed: int = 0) -> Llama:
@@ -144,7 +140,7 @@ def _ddp_worker(rank: int) -> None:
             loss = _loss(model, _shard(x, rank), _shard(y, rank))
             loss.backward()
             for p_ref, p in zip(ref.parameters(), model.module.parameters(), strict=True):
-                assert _sqnr_db(p_ref.grad, p.grad) >= min_db, (kind, step)
+                assert sqnr_db(p_ref.grad, p.grad) >= min_db, (kind, step)
             opt_ref.step()
             opt.step()
             opt_ref.zero_grad()
@@ -175,7 +171,7 @@ def _fsdp_worker(rank: int) -> None:
         loss = _loss(model, _shard(x, rank), _shard(y, rank))
         loss.backward()
         for p_ref, p in zip(ref.parameters(), model.parameters(), strict=True):
-            assert _sqnr_db(p_ref.grad, p.grad.full_tensor()) >= DDP_GRAD_SQNR_DB["fp32"], step
+            assert sqnr_db(p_ref.grad, p.grad.full_tensor()) >= DDP_GRAD_SQNR_DB["fp32"], step
         opt_ref.step()
         opt.step()
         opt_ref.zero_grad()
@@ -289,7 +285,7 @@ def _fsdp_checkpoint_worker(rank: int) -> None:
     steps(model2, opt2, 2)
     for a, b in zip(model.parameters(), model2.parameters(), strict=True):
         # Saved as fp32 and re-encoded: decode -> encode reproduces the fp8/fp16 payloads.
-        assert _sqnr_db(a.full_tensor(), b.full_tensor()) >= 100.0
+        assert sqnr_db(a.full_tensor(), b.full_tensor()) >= 100.0
 
 
 def test_fsdp_full_checkpoint_round_trip():

@@ -16,6 +16,7 @@ from minifloat.linear import QuantLinear
 from minifloat.occ import clamp
 from minifloat.quantize import quantize, tensor_quantiles
 from minifloat.recipes import QuantRecipe
+from minifloat.sqnr import sqnr_db
 
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
 U = 2.0**-24  # fp32 unit roundoff
@@ -42,11 +43,6 @@ SQNR_FLOORS = {
     "fp4-w4a8": (19.5, 16.0, 22.0),
     "fp4-w8a4": (19.5, 22.0, 16.0),
 }
-
-
-def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.detach().double(), out.detach().double()
-    return float(20 * torch.log10(ref.norm() / (out - ref).norm()))
 
 
 # ---------------------------------------------------------------------------------------------

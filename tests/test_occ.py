@@ -12,6 +12,7 @@ from minifloat.linear import QuantLinear
 from minifloat.occ import clamp, clipped_fraction, occ_activation, outliers, thresholds
 from minifloat.quantize import quantize
 from minifloat.recipes import OCCConfig
+from minifloat.sqnr import sqnr_db
 
 
 def heavy_tailed(m: int, k: int, seed: int, n_outlier_channels: int = 2) -> torch.Tensor:
@@ -24,11 +25,6 @@ def heavy_tailed(m: int, k: int, seed: int, n_outlier_channels: int = 2) -> torc
     magnitude = 12.0 * (1 + 0.2 * torch.randn(m, n_outlier_channels, generator=gen)).abs()
     x[:, cols] = sign * magnitude
     return x
-
-
-def snr_db(x: torch.Tensor, x_hat: torch.Tensor) -> float:
-    x, x_hat = x.detach(), x_hat.detach()
-    return float(10 * torch.log10(x.pow(2).sum() / (x - x_hat).pow(2).sum()))
 
 
 @pytest.mark.parametrize("alpha", [0.999, 0.99, 0.97])
@@ -50,7 +46,7 @@ def test_snr_ordering_as_in_paper_table_1():
         OCCConfig(alpha=0.99),
         OCCConfig(alpha=0.97),
     ]
-    snrs = [snr_db(x, occ_activation(x, "e2m1", "row", cfg)) for cfg in settings]
+    snrs = [sqnr_db(x, occ_activation(x, "e2m1", "row", cfg)) for cfg in settings]
     for lower, higher in zip(snrs[:-1], snrs[1:], strict=True):
         assert higher > lower + 0.5, snrs
 
@@ -109,7 +105,7 @@ def test_layer_output_is_clamped_gemm_plus_compensation():
     torch.testing.assert_close(y[False], main, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(y[True], main + comp, rtol=1e-6, atol=1e-5)
     exact = x.double() @ w.double().t()
-    assert snr_db(exact, y[True]) > snr_db(exact, y[False]) + 3
+    assert sqnr_db(exact, y[True]) > sqnr_db(exact, y[False]) + 3
 
 
 def test_wgrad_gets_compensation_term_and_dgrad_is_ste():

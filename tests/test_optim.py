@@ -15,6 +15,7 @@ from minifloat.optim import (
     get_state_format,
 )
 from minifloat.optim.codecs import stochastic_round_bf16, stochastic_round_e4m3
+from minifloat.sqnr import sqnr_db
 
 # Minimum SQNR (dB) of one encode/decode round trip, per state format, on the test's data.
 CODEC_SQNR_DB = {
@@ -33,11 +34,6 @@ TRAJECTORY_SQNR_DB = {
     "fp8": 25.0,  # m in e4m3: its error enters every update directly
     "fp8-sqrt": 25.0,
 }
-
-
-def _sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    err = (out.double() - ref.double()).norm()
-    return float("inf") if err == 0 else (20 * torch.log10(ref.double().norm() / err)).item()
 
 
 def _params(seed: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -103,7 +99,7 @@ def test_state_format_round_trip(name):
     assert payload.dtype == fmt.storage_dtype
     out = fmt.decode(payload, scale, x.shape)
     assert out.shape == x.shape and out.dtype == torch.float32
-    assert _sqnr_db(x, out) >= CODEC_SQNR_DB[name]
+    assert sqnr_db(x, out) >= CODEC_SQNR_DB[name]
     bad = x.clone()
     bad[1, 5] = float("nan")
     assert torch.isnan(fmt.decode(*fmt.encode(bad), x.shape)).any()
@@ -143,7 +139,7 @@ def test_low_precision_states_track_fp32(name):
     _run(ref, ref_params, range(20))
     _run(opt, params, range(20))
     for p0, a, b in zip(_params(0), ref_params, params, strict=True):
-        assert _sqnr_db(a - p0, b - p0) >= TRAJECTORY_SQNR_DB[name], name
+        assert sqnr_db(a - p0, b - p0) >= TRAJECTORY_SQNR_DB[name], name
 
 
 def test_fp32_master_for_bf16_params():
@@ -158,7 +154,7 @@ def test_fp32_master_for_bf16_params():
     ref = _params(0)
     _run(AdamW(ref, lr=1e-3), ref, range(3))
     assert torch.equal(opt.state[params[0]]["master"], ref[0]) is False
-    assert _sqnr_db(ref[0], opt.state[params[0]]["master"]) > 50
+    assert sqnr_db(ref[0], opt.state[params[0]]["master"]) > 50
 
 
 def test_masterless_stochastic_rounding_is_deterministic_and_unbiased():
@@ -236,7 +232,7 @@ def test_state_dict_loads_across_state_dtypes(src, dst):
     for key in ("exp_avg", "exp_avg_sq"):
         a = opt._load_moment(s_src, key, p_src.shape)
         b = opt2._load_moment(s_dst, key, p_dst.shape)
-        assert _sqnr_db(a, b) >= 24.0, key  # one encode in the coarser of the two formats
+        assert sqnr_db(a, b) >= 24.0, key  # one encode in the coarser of the two formats
     _run(opt2, opt2.param_groups[0]["params"], range(3, 4))  # and it steps
 
 

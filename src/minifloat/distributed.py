@@ -28,6 +28,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from minifloat.sqnr import sqnr_db
+
 __all__ = [
     "GRAD_COMM_KINDS",
     "GradCommReport",
@@ -267,7 +269,7 @@ def measure_grad_comm(
         numel=grad.numel(),
         bytes_sent=sent,
         bytes_sent_fp32=ref_sent,
-        sqnr_db=(20 * torch.log10(ref_norm / err)).item() if err > 0 else math.inf,
+        sqnr_db=sqnr_db(ref, out),
         max_abs_error=(out - ref).abs().max().item(),
         rel_error=(err / ref_norm).item() if ref_norm > 0 else err.item(),
     )
