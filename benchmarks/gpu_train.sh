@@ -2,7 +2,7 @@
 # One GPU call for the trainer: a 125M bf16 throughput run on the carried `english` corpus, then a
 # short same-seed convergence comparison of recipes on the 50M model. Results/logs go to $OUT.
 #
-#   minifloat data export english .carry/english.xz   # on the CPU machine (24 MB)
+#   minifloat data export english --out .carry/english.xz   # on the CPU machine (24 MB)
 #   bash benchmarks/gpu_train.sh                      # on the GPU machine, carry .carry
 set -uo pipefail
 cd "$(dirname "$0")/.."
