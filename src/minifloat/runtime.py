@@ -7,6 +7,7 @@ itself). Parallelism stays out of the model: the trainer wraps it with DDP or FS
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ class Runtime:
     def close(self) -> None:
         """Destroy the process group if :func:`setup` created it."""
         if self.owns_process_group and dist.is_initialized():
+            # Release finished async work (DDP hook futures hold Python objects) before the
+            # group goes: gloo threads freeing them during interpreter shutdown can abort.
+            gc.collect()
             dist.destroy_process_group()
 
 
