@@ -20,6 +20,7 @@ import contextlib
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,15 +83,21 @@ class TrainResult:
 
 
 def train(
-    config: TrainConfig, *, dataset: Any = None, progress: bool | str = "auto"
+    config: TrainConfig,
+    *,
+    dataset: Any = None,
+    progress: bool | str = "auto",
+    model_transform: Callable[[nn.Module], Any] | None = None,
 ) -> TrainResult:
     """Run training as configured and return its summary.
 
     ``dataset``: an already built ``TokenDataset`` (skips ``build_dataset``; e.g. to train
     several recipes on the same data). ``progress``: True/"auto" (rich bar on a terminal, plain
-    lines otherwise), "plain", or False/"off".
+    lines otherwise), "plain", or False/"off". ``model_transform``: called on the (converted)
+    model before FSDP/compile/DDP wrap it, to swap in another library's layers (e.g. torchao's
+    float8 for a same-trainer comparison); it changes the model in place.
     """
-    trainer = Trainer(config, dataset=dataset, progress=progress)
+    trainer = Trainer(config, dataset=dataset, progress=progress, model_transform=model_transform)
     try:
         return trainer.run()
     finally:
@@ -199,9 +206,15 @@ class Trainer:
     """One training run; :func:`train` is the usual entry point."""
 
     def __init__(
-        self, config: TrainConfig, *, dataset: Any = None, progress: bool | str = "auto"
+        self,
+        config: TrainConfig,
+        *,
+        dataset: Any = None,
+        progress: bool | str = "auto",
+        model_transform: Callable[[nn.Module], Any] | None = None,
     ) -> None:
         self.config = config.resolved()
+        self.model_transform = model_transform
         check_names(self.config)
         self.recipe = recipes.get(self.config.recipe)
         self.runtime: Runtime = setup_runtime(self.config.device)
@@ -263,6 +276,8 @@ class Trainer:
             from minifloat.convert import convert
 
             convert(model, self.recipe)
+        if self.model_transform is not None:
+            self.model_transform(model)
         if cfg.embed_grad_shrink < 1.0:
             attach_embedding_grad_shrink(model.tok_embeddings, cfg.embed_grad_shrink)
         self.raw_model = model
