@@ -7,7 +7,7 @@ import torch
 
 import minifloat
 from minifloat import formats
-from minifloat.quantize import group_amax, quantize, tensor_quantiles
+from minifloat.quantize import _quantiles, group_amax, quantize, tensor_quantiles
 
 SHAPES = [(7,), (5, 33), (3, 130, 257), (256, 128)]
 GRANULARITIES = ["tensor", "row", "column", (1, 16), (1, 32), (1, 128), (16, 16), (128, 128)]
@@ -133,6 +133,27 @@ def test_stochastic_quantize_unbiased_and_reproducible(granularity):
     # Each error is bounded by spacing x scale, so the mean must vanish like 1/sqrt(n).
     bound = 5 * (2 * a.expand_scale()).double().pow(2).mean().sqrt() / math.sqrt(x.numel())
     assert abs(err.mean().item()) < bound.item()
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 4099])
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("select", ["sort", "kthvalue"])
+def test_quantiles_by_sort_and_by_selection_match_torch_quantile(n, ties, select):
+    # The sort path is what CUDA uses; on CPU it must give the very same values as kthvalue.
+    g = torch.Generator().manual_seed(n)
+    flat = torch.randn(n, generator=g)
+    if ties:
+        flat = flat.round()  # many equal values, including both zeros
+    qs = (0.01, 0.03, 0.5, 0.97, 0.99)
+    got = torch.stack(_quantiles(flat, qs, select=select))
+    other = torch.stack(_quantiles(flat, qs, select={"sort": "kthvalue"}.get(select, "sort")))
+    assert torch.equal(got, other)
+    torch.testing.assert_close(got, torch.quantile(flat, torch.tensor(qs)), rtol=1e-6, atol=1e-6)
+
+
+def test_quantiles_reject_unknown_selection():
+    with pytest.raises(ValueError, match="select"):
+        _quantiles(torch.randn(10), (0.5,), select="median")
 
 
 def test_clip_quantile_clamps_two_sided_and_keeps_non_finite():

@@ -100,27 +100,50 @@ def expand_scale(scale: torch.Tensor, shape: torch.Size, granularity: Granularit
 def tensor_quantiles(x: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The [1-alpha, alpha] quantiles of the finite entries of x (linear interpolation).
 
-    Matches `torch.quantile`'s default but works on any size (two `kthvalue` selections, no full
-    sort) and ignores non-finite entries.
+    Matches `torch.quantile`'s default but works on any size and ignores non-finite entries.
     """
     flat = x.detach().float().flatten()
     flat = flat[torch.isfinite(flat)]
     if flat.numel() == 0:
         nan = torch.tensor(float("nan"), device=x.device)
         return nan, nan
-    return _quantile(flat, 1.0 - alpha), _quantile(flat, alpha)
+    return _quantiles(flat, (1.0 - alpha, alpha))
 
 
-def _quantile(flat: torch.Tensor, q: float) -> torch.Tensor:
+def _quantiles(
+    flat: torch.Tensor, qs: tuple[float, ...], *, select: str = "auto"
+) -> tuple[torch.Tensor, ...]:
+    """Linearly interpolated quantiles of 1-D `flat` from its order statistics.
+
+    `select`: "kthvalue" (a selection per order statistic, fastest on CPU), "sort" (one sort
+    for all of them: CUDA's kthvalue runs one thread block per slice, ~20x slower than a sort on
+    a long 1-D tensor, pytorch/pytorch#75599), or "auto" (sort on CUDA). Both give the same
+    values: an order statistic does not depend on how it is found.
+    """
     n = flat.numel()
-    pos = q * (n - 1)
-    lo = int(pos)
-    frac = pos - lo
-    v_lo = torch.kthvalue(flat, lo + 1).values
-    if frac == 0.0 or lo + 1 >= n:
-        return v_lo
-    v_hi = torch.kthvalue(flat, lo + 2).values
-    return v_lo + (v_hi - v_lo) * frac
+    positions = [q * (n - 1) for q in qs]
+    ranks = sorted({min(int(p) + d, n - 1) for p in positions for d in (0, 1)})
+    if select == "auto":
+        select = "sort" if flat.is_cuda else "kthvalue"
+    if select == "sort":
+        ordered = torch.sort(flat).values
+        stats = dict(
+            zip(ranks, ordered[torch.tensor(ranks, device=flat.device)].unbind(0), strict=True)
+        )
+    elif select == "kthvalue":
+        stats = {r: torch.kthvalue(flat, r + 1).values for r in ranks}
+    else:
+        raise ValueError(f"select must be 'auto', 'sort' or 'kthvalue', got {select!r}")
+    out = []
+    for pos in positions:
+        lo = int(pos)
+        frac = pos - lo
+        v_lo = stats[lo]
+        if frac == 0.0 or lo + 1 >= n:
+            out.append(v_lo)
+        else:
+            out.append(v_lo + (stats[lo + 1] - v_lo) * frac)
+    return tuple(out)
 
 
 @dataclass
