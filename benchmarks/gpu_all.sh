@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_all.sh            # everything
 #   SKIP_TESTS=1 bash benchmarks/gpu_all.sh
 #   BENCH_ARGS="--shapes 7b" bash benchmarks/gpu_all.sh
+#   SKIP_TESTS=1 SKIP_EAGER=1 bash benchmarks/gpu_all.sh    # compiled layer benchmark only
 #
 # torchao (for the comparison rows) is installed from wheels in .whl/ if that folder exists.
 set -uo pipefail
@@ -24,6 +25,8 @@ if [ -z "${SKIP_TESTS:-}" ]; then
 fi
 if [ -z "${SKIP_BENCH:-}" ]; then
   python3 benchmarks/kernels.py 2>&1 | tee "$OUT/kernels.log"
-  python3 benchmarks/linear.py --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/linear.log"
+  [ -z "${SKIP_EAGER:-}" ] && python3 benchmarks/linear.py --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/linear.log"
+  # Every layer compiled (the fair torchao comparison; host overhead removed), 7B shapes only.
+  python3 benchmarks/linear.py --out-dir "$OUT" --compile --shapes 7b 2>&1 | tee "$OUT/linear_compiled.log"
 fi
 exit "$status"

@@ -1,6 +1,6 @@
 """Time fprop + dgrad + wgrad of one linear layer per recipe against BF16 nn.Linear and torchao.
 
-    PYTHONPATH=src python benchmarks/linear.py [--shapes 7b] [--recipes fp4,fp8-rowwise]
+    PYTHONPATH=src python benchmarks/linear.py [--shapes 7b] [--recipes fp4,fp8-rowwise] [--compile]
 
 M = 16384 tokens; (K, N) in (4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632),
 (2048, 2048). Every layer runs under bf16 autocast with fp32 master weights (as in training).
@@ -8,6 +8,11 @@ The end-to-end time of one forward + backward is the median of CUDA-event timing
 flushed; the breakdown times the backend calls linear.py makes (quantization, the three GEMMs,
 DGE, OCC) one group at a time. Saved bytes count every tensor autograd saves for the backward
 except the parameters themselves. Results: benchmarks/results/linear_<gpu>_<date>.md + .json.
+
+`--compile` wraps every layer (bf16 nn.Linear, torchao, QuantLinear) in torch.compile, as the
+trainer's `--compile` does: the fair comparison with torchao, which is meant to be compiled, and
+the measure of how much of eager mode's quantization time is host overhead (many small launches)
+rather than GPU work. Its results go to linear_compiled_<gpu>_<date>.
 """
 
 from __future__ import annotations
@@ -175,19 +180,23 @@ def breakdown(recipe, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dic
 # ---------------------------------------------------------------------------------------------
 
 
-def bench_shape(k: int, n: int, names: list[str], torchao_compile: bool) -> list[dict]:
+def maybe_compile(module: nn.Module, compile_it: bool) -> nn.Module:
+    return torch.compile(module) if compile_it else module
+
+
+def bench_shape(k: int, n: int, names: list[str], compile_all: bool, torchao_compile: bool):
     x, w, dy = make_inputs(k, n)
     records = []
     base = nn.Linear(k, n, bias=False, device="cuda")
     base.weight.data.copy_(w)
-    bf16_ms = time_ms(step_fn(base, x, dy))
+    bf16_ms = time_ms(step_fn(maybe_compile(base, compile_all), x, dy))
     bf16_saved = saved_bytes(base, x)
     records.append(dict(recipe="bf16", K=k, N=n, M=M, ms=bf16_ms, speedup_vs_bf16=1.0,
                         peak_saved_bytes=bf16_saved))  # fmt: skip
     for ao in ("tensorwise", "rowwise"):
         name = f"torchao-{ao}" + ("-compiled" if torchao_compile else "")
         try:
-            mod = torchao_module(k, n, w, ao, torchao_compile)
+            mod = torchao_module(k, n, w, ao, torchao_compile or compile_all)
             ms = time_ms(step_fn(mod, x, dy))
             rec = dict(recipe=name, K=k, N=n, M=M, ms=ms, speedup_vs_bf16=bf16_ms / ms,
                        peak_saved_bytes=saved_bytes(mod, x))  # fmt: skip
@@ -199,7 +208,8 @@ def bench_shape(k: int, n: int, names: list[str], torchao_compile: bool) -> list
         recipe = get_recipe(rname)
         layer = QuantLinear(k, n, bias=False, recipe=recipe, backend="hopper", device="cuda")
         layer.weight.data.copy_(w)
-        ms = time_ms(step_fn(layer, x, dy))
+        ms = time_ms(step_fn(maybe_compile(layer, compile_all), x, dy))
+        torch._dynamo.reset()
         rec = dict(recipe=rname, K=k, N=n, M=M, ms=ms, speedup_vs_bf16=bf16_ms / ms,
                    peak_saved_bytes=saved_bytes(layer, x))  # fmt: skip
         rec["saved_vs_bf16"] = rec["peak_saved_bytes"] / bf16_saved
@@ -207,12 +217,14 @@ def bench_shape(k: int, n: int, names: list[str], torchao_compile: bool) -> list
         records.append(rec)
         print(f"K={k} N={n} {rname:18s} {ms:7.3f} ms  x{bf16_ms / ms:.2f}", flush=True)
     print(f"K={k} N={n} {'bf16':18s} {bf16_ms:7.3f} ms", flush=True)
-    return records
+    return [r | {"compiled": compile_all} for r in records]
 
 
-def markdown(records: list[dict]) -> str:
+def markdown(records: list[dict], compiled: bool = False) -> str:
+    mode = "every layer under torch.compile" if compiled else "eager"
     lines = [
-        f"M = {M} tokens; one forward + backward (fprop, dgrad, wgrad) under bf16 autocast; "
+        f"M = {M} tokens; one forward + backward (fprop, dgrad, wgrad) under bf16 autocast, "
+        f"{mode}; the breakdown is eager in both modes; "
         "median ms, L2 flushed. Breakdown columns time the backend's calls group by group "
         "(their sum differs from the end-to-end time by autograd and PyTorch glue).",
         "",
@@ -252,6 +264,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="all", help="'all', '7b', or K:N,K:N")
     ap.add_argument("--recipes", default=",".join(RECIPES))
+    ap.add_argument("--compile", action="store_true", help="torch.compile every layer")
     ap.add_argument("--torchao-compile", action="store_true", help="torch.compile torchao layers")
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--date", default=None)
@@ -265,10 +278,11 @@ def main() -> None:
     print(environment(), flush=True)
     records = []
     for k, n in shapes:
-        records += bench_shape(k, n, args.recipes.split(","), args.torchao_compile)
+        records += bench_shape(k, n, args.recipes.split(","), args.compile, args.torchao_compile)
         torch.cuda.empty_cache()
     kw = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
-    md, js = write_results("linear", records, markdown(records), **kw)
+    name = "linear_compiled" if args.compile else "linear"
+    md, js = write_results(name, records, markdown(records, args.compile), **kw)
     print(md.read_text())
     print(f"wrote {md} and {js}")
 
