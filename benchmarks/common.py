@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["time_ms", "environment", "gpu_tag", "write_results", "RESULTS_DIR"]
+__all__ = ["time_ms", "kernel_ms", "environment", "gpu_tag", "write_results", "RESULTS_DIR"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -35,6 +35,28 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> flo
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def kernel_ms(fn: Callable[[], object], *, reps: int = 10) -> float | None:
+    """GPU kernel milliseconds per call of `fn`: the sum of its kernels' durations (profiler).
+
+    Against :func:`time_ms` this separates device work from host overhead: a call whose event
+    time is well above its kernel time is bound by Python and launch costs, not by the GPU.
+    None where the profiler reports no CUDA kernels.
+    """
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not kernels:
+        return None
+    return sum(e.device_time_total for e in kernels) / 1000.0 / reps
 
 
 def environment() -> dict[str, str]:
