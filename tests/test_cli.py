@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.cli import main
+from minifloat.cli import _train_config, build_parser, main
 
 SMALL_TOML = """
 model = "tiny"
@@ -91,6 +91,10 @@ def test_bad_input_is_one_line_exit_2(workdir: Path, args: list[str], fragment: 
         (["train", "--config", "unknown_key.toml"], "unknown setting 'colour'"),
         (["train", "--model-override", "dim"], "expected KEY=VALUE"),
         (["compare", "--recipes", "bf16,fp5"], "unknown recipe 'fp5'"),
+        (["compare", "--recipes", "bf16,fp4:k=3"], "unknown variant key 'k'"),
+        (["train", "--recipe", "fp4:occ.alpha=2"], "alpha must lie in (0.5, 1)"),
+        (["train", "--sqnr-every", "-1"], "sqnr-every must be >= 0"),
+        (["train", "--sqnr-every", "5", "--parallel", "fsdp"], "sqnr-every needs whole layers"),
     ],
 )
 def test_bad_input_in_process(
@@ -145,11 +149,25 @@ def test_compare_prints_table_and_plot_path(workdir: Path) -> None:
 def test_recipes_lists_per_gemm_precisions(workdir: Path) -> None:
     proc = _run("recipes", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
-    header, *rows = proc.stdout.splitlines()
+    table, variants = proc.stdout.split("\n\n")
+    header, *rows = table.splitlines()
     assert header.split()[:4] == ["recipe", "fprop", "dgrad", "wgrad"]
     names = [row.split()[0] for row in rows]
     assert {"fp32", "fp16", "bf16"} <= set(names)
     assert rows[names.index("bf16")].split()[1:4] == ["bf16", "bf16", "bf16"]
+    assert variants.startswith("variants: BASE:KEY=VALUE")
+    assert {"dge.k", "occ.alpha", "scaling"} <= {line.split()[0] for line in variants.splitlines()}
+
+
+def test_sqnr_every_and_variants_reach_the_config(workdir: Path) -> None:
+    argv = ["compare", "--recipes", "bf16,fp4:dge.k=3", "--sqnr-every", "7"]
+    args = build_parser().parse_args([*argv, "--config", str(workdir / "small.toml")])
+    config = _train_config(args)
+    assert config.sqnr_every == 7 and config.model == "tiny"
+    args = build_parser().parse_args(["train", "--recipe", "fp4:scaling=tensor", "--steps", "3"])
+    assert (
+        _train_config(args).recipe == "fp4:scaling=tensor" and _train_config(args).sqnr_every == 0
+    )
 
 
 def test_data_info_and_export(workdir: Path) -> None:

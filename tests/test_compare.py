@@ -11,21 +11,21 @@ from minifloat.compare import compare
 from minifloat.train_config import TrainConfig
 
 
-def test_compare_writes_plot_table_and_json(tmp_path: Path) -> None:
-    config = TrainConfig(
+def _config(tmp_path: Path, **changes) -> TrainConfig:
+    return TrainConfig(
         model="tiny",
         model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
         data="stdlib",
         tokenizer="byte",
         data_max_bytes=300_000,
         cache_dir=str(tmp_path / "cache"),
-        steps=6,
-        batch_size=4,
-        seq_len=32,
-        eval_every=3,
-        eval_batches=2,
         device="cpu",
+        **changes,
     )
+
+
+def test_compare_writes_plot_table_and_json(tmp_path: Path) -> None:
+    config = _config(tmp_path, steps=6, batch_size=4, seq_len=32, eval_every=3, eval_batches=2)
     result = compare(["fp32", "bf16"], config, out_dir=tmp_path / "out", progress=False)
     assert result.plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = result.markdown_path.read_text()
@@ -46,3 +46,24 @@ def test_compare_rejects_unknown_recipe_before_training(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown recipe"):
         compare(["bf16", "fp5"], TrainConfig(), out_dir=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_runs_recipe_variants_by_name(tmp_path: Path) -> None:
+    names = ["fp4-direct", "fp4-direct:scaling=tensor", "fp4-direct:dge.k=3"]
+    config = _config(tmp_path, steps=4, batch_size=2, seq_len=32, eval_every=0, eval_batches=1,
+                     sqnr_every=4)  # fmt: skip
+    result = compare(names, config, out_dir=tmp_path / "out", progress=False)
+    assert [r.recipe for r in result.results] == names
+    for name in names:  # one run directory per variant, named by the full string
+        lines = (tmp_path / "out" / name / "metrics.jsonl").read_text().splitlines()
+        records = [json.loads(x) for x in lines]
+        sqnr = [r["layer_sqnr"] for r in records if "layer_sqnr" in r]
+        assert len(sqnr) == 1 and len(sqnr[0]) == 7
+    # Per-tensor scaling of the FP4 operands loses signal against per-row scaling.
+    last = {n: json.loads((tmp_path / "out" / n / "metrics.jsonl").read_text().splitlines()[-1])
+            for n in names[:2]}  # fmt: skip
+    row, tensor = (last[n]["layer_sqnr"]["layers.0.attention.wq"]["weight"] for n in names[:2])
+    assert tensor < row
+    # DGE changes the trajectory but not the first forward.
+    losses = {r.recipe: r.losses for r in result.results}
+    assert losses[names[2]][0] == losses[names[0]][0] and losses[names[2]] != losses[names[0]]

@@ -13,20 +13,11 @@ import pytest
 import torch
 
 from minifloat.checkpoint import CheckpointError
-from minifloat.data import build_dataset
 from minifloat.train import Trainer, train
 from minifloat.train_config import ConfigError, TrainConfig
 
 # One layer of width 32 at seq_len 32: a few milliseconds per step on a CPU.
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory):
-    """A byte-tokenized slice of the stdlib corpus (no tokenizer training, built once)."""
-    cache = tmp_path_factory.mktemp("data_cache")
-    return build_dataset("stdlib", tokenizer="byte", max_bytes=400_000, cache_dir=cache,
-                         progress=False)  # fmt: skip
 
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:
@@ -240,3 +231,52 @@ def test_ddp_under_torchrun_resumes_exactly(tmp_path: Path) -> None:
     )
     assert [r["step"] for r in full] == [2, 4]
     assert [(r["loss"], r["val_loss"]) for r in full] == [(r["loss"], r["val_loss"]) for r in split]
+
+
+def test_model_transform_runs_on_the_converted_model(tmp_path: Path, dataset) -> None:
+    """The hook sees the converted model before wrapping, and its changes shape the run: a
+    frozen all-zero head makes every logit 0, so every loss is exactly ln(vocab)."""
+    from minifloat.linear import QuantLinear
+
+    seen: list[str] = []
+
+    def freeze_zero_head(model: torch.nn.Module) -> None:
+        seen.extend(type(m).__name__ for m in model.modules() if isinstance(m, QuantLinear))
+        with torch.no_grad():
+            model.output.weight.zero_()
+        model.output.weight.requires_grad_(False)
+
+    config = _config(tmp_path, recipe="fp4-direct", steps=4, eval_every=0, eval_batches=1)
+    result = train(config, dataset=dataset, progress=False, model_transform=freeze_zero_head)
+    assert seen == ["QuantLinear"] * 7  # one block: wq, wk, wv, wo, w1, w2, w3
+    expected = math.log(dataset.tokenizer.vocab_size)
+    assert result.losses == pytest.approx([expected] * 4, rel=1e-6)
+    assert result.final_val_loss == pytest.approx(expected, rel=1e-6)
+    untouched = train(dataclasses.replace(config, out_dir=str(tmp_path / "plain")),
+                      dataset=dataset, progress=False)  # fmt: skip
+    assert untouched.losses[-1] < expected - 0.1  # without the hook the model learns
+
+
+def test_sqnr_every_logs_records_and_may_change_on_resume(tmp_path: Path, dataset) -> None:
+    full = train(_config(tmp_path / "a", recipe="fp4-direct", steps=6), dataset=dataset,
+                 progress=False)  # fmt: skip
+    config = _config(tmp_path / "b", recipe="fp4-direct", steps=6)
+    train(dataclasses.replace(config, stop_after=3), dataset=dataset, progress=False)
+    # sqnr_every is not part of the trajectory: a resumed run may turn the diagnostic on.
+    rest = train(dataclasses.replace(config, resume=True, sqnr_every=2), dataset=dataset,
+                 progress=False)  # fmt: skip
+    assert rest.losses == full.losses
+    records = [json.loads(x) for x in rest.metrics_path.read_text().splitlines()]
+    assert [r["step"] for r in records if "layer_sqnr" in r] == [4, 6]
+    assert not any(
+        "layer_sqnr" in json.loads(x) for x in full.metrics_path.read_text().splitlines()
+    )
+
+
+def test_sqnr_every_validation() -> None:
+    assert TrainConfig().sqnr_every == 0
+    with pytest.raises(ConfigError, match="sqnr-every must be >= 0"):
+        TrainConfig(sqnr_every=-1)
+    with pytest.raises(ConfigError, match="sqnr-every needs whole layers"):
+        TrainConfig(sqnr_every=10, parallel="fsdp")
+    assert "sqnr_every" not in TrainConfig(sqnr_every=5).trajectory_fields(1)

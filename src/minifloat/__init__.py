@@ -5,7 +5,7 @@
 
 Core numerics are importable from here; the trainer, models, data, optimizer and distributed
 helpers live in their own modules (`minifloat.train`, `minifloat.models`, `minifloat.data`,
-`minifloat.optim`, `minifloat.distributed`).
+`minifloat.optim`, `minifloat.distributed`, `minifloat.diagnostics`).
 """
 
 from minifloat import formats, recipes

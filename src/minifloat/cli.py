@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "parse_override"]
 
 EXIT_USAGE = 2
 
@@ -36,7 +36,9 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _override(text: str) -> tuple[str, Any]:
+def parse_override(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` of a `--model-override` flag: dashes in KEY become underscores, VALUE an
+    int or float where it parses as one, else the string."""
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
@@ -77,6 +79,7 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--z-loss", "z_loss", {"type": float, "help": "z-loss coefficient (e.g. 1e-4; 0: off)"}),
     ("--embed-grad-shrink", "embed_grad_shrink", {"type": float, "help": "alpha (1: off)"}),
     ("--spike-k", "spike_k", {"type": float, "help": "skip steps above mean + k*std (0: off)"}),
+    ("--sqnr-every", "sqnr_every", {"type": int, "help": "per-layer SQNR every N steps (0: off)"}),
 ]
 
 
@@ -88,7 +91,7 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-override",
         dest="model_overrides",
-        type=_override,
+        type=parse_override,
         action="append",
         metavar="KEY=VALUE",
         help="change a model-preset field, e.g. --model-override dim=64 (repeatable)",
@@ -113,12 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.set_defaults(func=_cmd_train)
 
     p_cmp = sub.add_parser("compare", help="train the same run under several recipes")
-    p_cmp.add_argument("--recipes", required=True, help="comma-separated recipe names")
+    p_cmp.add_argument("--recipes", required=True, help="comma-separated recipes or variants")
     _add_shared(p_cmp)
     p_cmp.add_argument("--out", dest="out_dir", default="runs/compare", help="output directory")
     p_cmp.set_defaults(func=_cmd_compare)
 
-    p_rec = sub.add_parser("recipes", help="list precision recipes")
+    p_rec = sub.add_parser("recipes", help="list precision recipes and variant keys")
     p_rec.set_defaults(func=_cmd_recipes)
 
     p_data = sub.add_parser("data", help="build and inspect corpora")
@@ -228,6 +231,10 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     for row in rows:
         cells = [str(cell).ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
         print("  ".join([*cells, str(row[4])]).rstrip())
+    print("\nvariants: BASE:KEY=VALUE[:KEY=VALUE...] of a quantized recipe, e.g. fp4:dge.k=3")
+    width = max(len(key) for key in recipes.VARIANT_KEYS)
+    for key, meaning in recipes.VARIANT_KEYS.items():
+        print(f"  {key.ljust(width)}  {meaning}")
     return 0
 
 

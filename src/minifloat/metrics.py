@@ -2,7 +2,9 @@
 
 Only rank 0 writes; other ranks get a disabled logger. The JSONL file (``metrics.jsonl`` in the
 run directory) has one JSON object per log step with the keys ``step``, ``loss``, ``lr``,
-``grad_norm``, ``tokens_per_s``, ``skipped`` and, on evaluation steps, ``val_loss``.
+``grad_norm``, ``tokens_per_s``, ``skipped`` and, on evaluation steps, ``val_loss``. With
+``sqnr_every`` the diagnostic records ``{"step": ..., "layer_sqnr": {layer: {operand: dB}}}``
+(see diagnostics.py) are interleaved; readers select records by their keys.
 """
 
 from __future__ import annotations
@@ -40,11 +42,17 @@ def peak_flops(device: torch.device) -> float | None:
     return None
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None) -> float | None:
-    """Model FLOPs utilization: achieved model FLOP/s over the device's peak (None if unknown)."""
+def mfu(
+    flops_per_token: float, tokens_per_s: float, peak: float | None, *, devices: int = 1
+) -> float | None:
+    """Model FLOPs utilization: achieved model FLOP/s over the peak of `devices` devices.
+
+    `tokens_per_s` is the rate of all `devices` together and `peak` one device's peak FLOP/s;
+    None if the peak is unknown.
+    """
     if peak is None or peak <= 0:
         return None
-    return flops_per_token * tokens_per_s / peak
+    return flops_per_token * tokens_per_s / (peak * devices)
 
 
 class MetricsLogger:
@@ -87,8 +95,8 @@ class MetricsLogger:
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, int | float) and value is not None:
+            for key, value in _scalars(record).items():
+                if key != "step":
                     self._tb.add_scalar(key, value, record["step"])
 
     def close(self) -> None:
@@ -98,6 +106,17 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a record, nested keys joined by '/' (TensorBoard tags)."""
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(_scalars(value, f"{prefix}{key}/"))
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            out[prefix + key] = value
+    return out
 
 
 def _fmt(fields: dict[str, Any]) -> str:

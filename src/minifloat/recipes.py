@@ -6,6 +6,11 @@ each of the three GEMMs is quantized. `get(name)` returns one; `dataclasses.repl
 
     r = dataclasses.replace(recipes.get("fp4"), name="fp4-k3", dge=recipes.DGEConfig(k=3.0))
 
+Ablations are also nameable as strings (for `--recipe` and `minifloat compare --recipes`):
+`BASE:KEY=VALUE[:KEY=VALUE...]`, e.g. "fp4:dge.k=3", "fp4:occ.alpha=0.97", "fp4:scaling=tensor";
+`get()` parses them into a variant of the registered BASE whose `.name` is the whole string (see
+`VARIANT_KEYS`).
+
 GEMM convention (see DESIGN.md): every GEMM is `out = a @ bᵀ` with both operands laid out as
 [rows, contraction]. fprop: a = input x [M,K], b = weight w [N,K]; dgrad: a = grad_output dy
 [M,N], b = wᵀ [K,N]; wgrad: a = dyᵀ [N,M], b = xᵀ [K,M]. An operand's granularity is relative to
@@ -14,7 +19,9 @@ that layout: "row" is one scale per row along the contraction dim.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +37,7 @@ __all__ = [
     "OCCConfig",
     "DelayedScaling",
     "QuantRecipe",
+    "VARIANT_KEYS",
     "get",
     "names",
     "register",
@@ -266,13 +274,21 @@ def names() -> list[str]:
 
 
 def get(name: str | Recipe) -> Recipe:
-    """The recipe called `name` (a Recipe passes through)."""
+    """The recipe called `name` (a Recipe passes through).
+
+    `name` is a registered name or a variant `BASE:KEY=VALUE[:KEY=VALUE...]` of one (keys in
+    `VARIANT_KEYS`); a variant is built with `dataclasses.replace` and named by the whole string.
+    """
     if isinstance(name, Recipe):
         return name
-    try:
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; valid: {', '.join(_REGISTRY)}") from None
+    if isinstance(name, str) and ":" in name:
+        return _variant(name)
+    raise ValueError(
+        f"unknown recipe {name!r}; valid: {', '.join(_REGISTRY)} "
+        "(or a variant BASE:KEY=VALUE, e.g. fp4:dge.k=3)"
+    )
 
 
 register(Recipe(name="fp32", description="full fp32 (reference)", autocast_dtype=None))
@@ -362,3 +378,133 @@ for _r in (
 ):
     register(_r)
 del _r
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants: "BASE:KEY=VALUE[:KEY=VALUE...]"
+# ---------------------------------------------------------------------------------------------
+
+# ':' separates the overrides because ',' separates recipes in `compare --recipes`; the whole
+# string names the run directory, so only these characters are allowed (no '/', no spaces).
+_NAME_CHARS = re.compile(r"[A-Za-z0-9._+=:-]+")
+_ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
+_SCALINGS = ("row", "tensor")
+
+VARIANT_KEYS: dict[str, str] = {
+    "dge": "on|off: the DGE weight-gradient correction (on: k=5, cap=3)",
+    "dge.k": "DGE sharpness k > 0 (turns DGE on)",
+    "dge.cap": "DGE derivative cap > 0 (turns DGE on)",
+    "occ": "on|off: outlier clamping + compensation (on: alpha=0.99, sampled thresholds)",
+    "occ.alpha": "OCC clamp quantile alpha in (0.5, 1) (turns OCC on)",
+    "occ.compensate": "on|off: add the clipped remainder back through a high-precision GEMM",
+    "occ.threshold": "exact|sampled quantiles",
+    "occ.sample_eps": "rank error bound of sampled thresholds, in (0, 1)",
+    "scaling": "row|tensor: scale granularity of both input and weight, in every GEMM",
+    "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
+    "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
+    "scaling.grad_output": "row|tensor: scale granularity of the output gradient dy",
+}
+
+
+def _number(key: str, value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
+    return number
+
+
+def _switch(key: str, value: str) -> bool:
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError(f"{key} must be one of {'|'.join(_ON + _OFF)}, got {value!r}")
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {'|'.join(choices)}, got {value!r}")
+    return value
+
+
+def _set_granularity(r: QuantRecipe, operand: str, g: str) -> QuantRecipe:
+    """`operand` ("input", "weight", "grad_output") at granularity g in every GEMM it enters.
+
+    Reused backward operands keep the fprop values (and their scale), so only the GEMMs that
+    quantize the tensor themselves change.
+    """
+    rep = dataclasses.replace
+    if operand == "input":
+        wgrad = r.wgrad if r.wgrad.rhs.reuse else rep(r.wgrad, rhs=rep(r.wgrad.rhs, granularity=g))
+        return rep(r, fprop=rep(r.fprop, lhs=rep(r.fprop.lhs, granularity=g)), wgrad=wgrad)
+    if operand == "weight":
+        dgrad = r.dgrad if r.dgrad.rhs.reuse else rep(r.dgrad, rhs=rep(r.dgrad.rhs, granularity=g))
+        return rep(r, fprop=rep(r.fprop, rhs=rep(r.fprop.rhs, granularity=g)), dgrad=dgrad)
+    return rep(
+        r,
+        dgrad=rep(r.dgrad, lhs=rep(r.dgrad.lhs, granularity=g)),
+        wgrad=rep(r.wgrad, lhs=rep(r.wgrad.lhs, granularity=g)),
+    )
+
+
+def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
+    """One override; range checks are those of DGEConfig / OCCConfig / QuantRecipe."""
+    rep = dataclasses.replace
+    if key == "dge":
+        return rep(r, dge=(r.dge or DGEConfig()) if _switch(key, value) else None)
+    if key == "occ":
+        on = _switch(key, value)
+        return rep(r, occ=(r.occ or OCCConfig(threshold="sampled")) if on else None)
+    group, _, field = key.partition(".")
+    if group == "dge":
+        return rep(r, dge=rep(r.dge or DGEConfig(), **{field: _number(key, value)}))
+    if group == "occ":
+        if field == "compensate":
+            parsed: object = _switch(key, value)
+        elif field == "threshold":
+            parsed = _choice(key, value, OCC_THRESHOLDS)
+        else:
+            parsed = _number(key, value)
+        return rep(r, occ=rep(r.occ or OCCConfig(threshold="sampled"), **{field: parsed}))
+    g = _choice(key, value, _SCALINGS)
+    for operand in ("input", "weight") if key == "scaling" else (field,):
+        r = _set_granularity(r, operand, g)
+    return r
+
+
+def _parse_overrides(name: str, items: list[str]) -> dict[str, str]:
+    overrides: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"expected KEY=VALUE after ':', got {item!r}")
+        if key not in VARIANT_KEYS:
+            raise ValueError(f"unknown variant key {key!r}; valid: {', '.join(VARIANT_KEYS)}")
+        if key in overrides:
+            raise ValueError(f"variant key {key!r} is given twice")
+        overrides[key] = value
+    for switch in ("dge", "occ"):
+        fields = [k for k in overrides if k.startswith(switch + ".")]
+        if fields and switch in overrides and not _switch(switch, overrides[switch]):
+            raise ValueError(f"{switch}=off contradicts {', '.join(fields)}")
+    return overrides
+
+
+def _variant(name: str) -> Recipe:
+    """Parse `BASE:KEY=VALUE[:KEY=VALUE...]` into a variant of the registered BASE."""
+    base_name, *items = name.split(":")
+    base = get(base_name)
+    try:
+        if not _NAME_CHARS.fullmatch(name):
+            raise ValueError("a variant name may hold only letters, digits and . _ + = : -")
+        if not isinstance(base, QuantRecipe):
+            raise ValueError(f"variants need a quantized base recipe; {base_name} is autocast only")
+        overrides = _parse_overrides(name, items)
+        recipe: QuantRecipe = base
+        for key, value in overrides.items():
+            recipe = _apply(recipe, key, value)
+        description = f"{base.description}; variant {':'.join(items)}"
+        return dataclasses.replace(recipe, name=name, description=description)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"recipe {name!r}: {err}") from None

@@ -8,7 +8,7 @@ clipping. Each step:
 2. backward of the (loss-scaled, for fp16) loss, accumulated over ``grad_accum`` micro-batches;
 3. unscale, clip and measure the global gradient norm; the loss scaler and the step guard
    decide whether the update is applied (a skipped step leaves weights and optimizer untouched);
-4. log, evaluate and checkpoint on schedule (rank 0 only).
+4. log, evaluate, measure per-layer quantization SQNR and checkpoint on schedule (rank 0 only).
 
 Under torchrun the model is wrapped with DDP (plus a gradient-communication hook) or FSDP2; the
 model itself knows nothing about parallelism.
@@ -497,6 +497,16 @@ class Trainer:
             )
         return min(cfg.batch_size, fits)
 
+    def _log_layer_sqnr(self) -> None:
+        """Per-layer quantization SQNR on a fixed validation batch (rank 0; diagnostics.py)."""
+        from minifloat.diagnostics import layer_sqnr_record
+
+        probe = (self.dataset.val_tokens, self._eval_batch_size(), self.config.seq_len)
+        record = layer_sqnr_record(self.raw_model, *probe, self.runtime.device, step=self.step,
+                                   recipe=self.recipe)  # fmt: skip
+        if record is not None:
+            self.logger.log(record)
+
     def _due(self, every: int) -> bool:
         return every > 0 and (self.step % every == 0)
 
@@ -561,10 +571,15 @@ class Trainer:
                 record["loss"] = sum(v for v, _ in window) / len(window)
                 span = sum(t for _, t in window)
                 record["tokens_per_s"] = self.tokens_per_step * len(window) / max(span, 1e-9)
-                record["mfu"] = mfu(flops_per_token, record["tokens_per_s"], peak)
+                record["mfu"] = mfu(
+                    flops_per_token, record["tokens_per_s"], peak, devices=self.runtime.world_size
+                )
                 self.logger.log({k: v for k, v in record.items() if v is not None})
                 window = []
             display.update(self.step, _display_fields(record), force="val_loss" in record)
+            last = cfg.sqnr_every and self.step == self.total_steps
+            if self.runtime.is_main and (self._due(cfg.sqnr_every) or last):
+                self._log_layer_sqnr()
             if cfg.save_checkpoints and (self._due(cfg.ckpt_every) or self.step == stop):
                 self.save()
         return step_times

@@ -100,6 +100,7 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 4
     log_every: int = 10
+    sqnr_every: int = 0  # per-layer quantization SQNR every N steps (0: off; diagnostics.py)
     ckpt_every: int = 0
     save_checkpoints: bool = True
     out_dir: str = "runs/train"
@@ -124,7 +125,7 @@ class TrainConfig:
         for name in ("grad_accum", "eval_batches", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
-        for name in ("eval_every", "ckpt_every", "spike_warmup"):
+        for name in ("eval_every", "ckpt_every", "spike_warmup", "sqnr_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
         if self.lr is not None and not self.lr > 0:
@@ -139,6 +140,8 @@ class TrainConfig:
             raise ConfigError("z-loss, weight-decay and grad-clip must be >= 0")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.sqnr_every and self.parallel == "fsdp":
+            raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError("stop-after must be at least 1")
         for name, allowed in CHOICES.items():
@@ -188,13 +191,14 @@ class TrainConfig:
     def trajectory_fields(self, world_size: int) -> dict[str, Any]:
         """Settings that determine the training trajectory (a checkpoint's fingerprint).
 
-        Output paths, logging/eval cadence, device, compile and stop_after are left out: they
-        do not change which update is applied at which step.
+        Output paths, logging/eval/diagnostic cadence, device, compile and stop_after are left
+        out: they do not change which update is applied at which step.
         """
         cfg = self.resolved()
         skip = {
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
+            "sqnr_every",
         }  # fmt: skip
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}
         fields["total_steps"] = cfg.total_steps(world_size)

@@ -1,0 +1,291 @@
+#!/usr/bin/env bash
+# Issue #8, the convergence study, as device calls of at most 10 minutes that resume from
+# checkpoints. Headline: 125M preset, seq 1024, batch 32 (32,768 tokens/step), 9,156 steps =
+# 300.0M tokens, bf16 / fp8-tensorwise / fp8-blockwise / fp4. Ablations: 50M preset, same batch,
+# 400 steps = 13.1M tokens (the 50M pilot's length), every run with --sqnr-every (per-layer
+# quantization SQNR).
+#
+# Device commands (tool `run`, kind nvidia-h100-x1 or nvidia-h200, carry [".carry"], timeout_s 600):
+#   once, on the CPU machine:  .venv/bin/minifloat data export english --out .carry/english.xz
+#   each call:                 bash benchmarks/convergence.sh run N     (N = 1, 2, 3: call in lease)
+#   after each call, here:     mkdir -p runs/issue8 && tar xzf FILES_AT/issue8_runs.tar.gz \
+#                                -C runs/issue8 && cp FILES_AT/issue8_done.txt .carry/
+#   at the end, here (CPU):    bash benchmarks/convergence.sh report runs/issue8
+# `bash benchmarks/convergence.sh plan` prints the estimates below (no GPU needed).
+#
+# Why this shape: a checkpoint lives only on the machine that wrote it (125M: ~1.2 GB, far over
+# what comes back from $OUT or travels in carry), and a machine goes back after 30 s idle or 30
+# minutes held. So a run must start and finish inside one lease of <= 3 back-to-back calls; the
+# scheduler below starts a run only if its estimated time fits in what is left of the lease
+# (3 - N + 1 calls of BUDGET s), resumes it on the next call with --resume, and sizes each chunk's
+# --stop-after from the speed the run measured so far (the estimate before that). --ckpt-every
+# bounds what a `timeout` kill loses. Finished runs go to issue8_done.txt, which travels back in
+# .carry so a fresh machine skips them.
+#
+# Planning speeds (tokens/s, eager, one H200): bf16 125M 450k (603k measured with --compile,
+# results/train_125M_h200_2026-11-22.md); the quantized recipes scaled by the 50M pilot's measured
+# ratios (results/convergence_h200_2026-11-22.md: fp8-tensorwise 0.56x, fp4-direct 0.49x, fp4
+# with OCC 0.056x of bf16). fp8-blockwise was not measured end to end: assumed like tensorwise.
+# The pilot's OCC ran before quantiles moved from CUDA kthvalue to one sort (commit e5238fb), so
+# OCC runs are likely faster than planned; each run's measured speed replaces the estimate after
+# its first chunk. With these, `plan` gives 5 leases (sessions of 30 device-minutes) for
+# everything but the fp4 headline, which cannot finish in a lease while its compensation GEMMs
+# are dense fp32 (docs/training.md, "Convergence study"). `run N fp4-125M` runs it for what a
+# lease allows (partial; the report compares all runs at the common step). NPROC=2 (kind
+# nvidia-h200-x2) runs each job as DDP on two GPUs with the same global batch: 3 leases.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"  # venv: CPU side
+OUT="${OUT:-gpu_out}"
+RUNS="${RUNS:-/tmp/minifloat_issue8}"          # run dirs with checkpoints (stay on the machine)
+DONE_FILE="${DONE_FILE:-.carry/issue8_done.txt}"
+DATA="${DATA:-.carry/english.xz}"
+BUDGET="${BUDGET:-540}"                         # seconds of work per call (device limit: 600)
+CALLS_PER_LEASE="${CALLS_PER_LEASE:-3}"
+OVERHEAD="${OVERHEAD:-60}"                      # start, data, first-step JIT, final eval, save
+MIN_LEFT="${MIN_LEFT:-90}"                      # start no chunk with less time left than this
+BATCH="${BATCH:-32}" SEQ="${SEQ:-1024}"         # global batch (sequences) and sequence length
+TOKENS_PER_STEP=$((BATCH * SEQ))
+NPROC="${NPROC:-1}"                             # GPUs per run: >1 runs DDP under torchrun, with
+                                                # BATCH/NPROC per rank (kind nvidia-h200-x2)
+EXTRA="${EXTRA:-}"                              # more train flags (the CPU smoke test's --device)
+# Per group: model, steps, peak LR, eval/log/sqnr cadence.
+H_MODEL="${H_MODEL:-125M}" H_STEPS="${H_STEPS:-9156}" H_LR=6e-4 H_EVAL=1000 H_LOG=50 H_SQNR=500
+A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-400}" A_LR=1e-3 A_EVAL=250 A_LOG=25 A_SQNR=100
+# Queue order = priority. group recipe planning-tokens/s. DGE k is ablated on fp4-dge and the
+# per-tensor scaling also on fp4-direct: no OCC there, so ~10x cheaper, and each knob isolated.
+TABLE="
+a bf16 637000
+a fp4-direct 314000
+a fp4-dge 314000
+a fp4-w4a8 314000
+a fp4-w8a4 314000
+a fp4-dge:dge.k=3 314000
+a fp4-dge:dge.k=10 314000
+a fp4-direct:scaling=tensor 314000
+h bf16 450000
+h fp8-tensorwise 340000
+h fp8-blockwise 320000
+a fp4 36000
+a fp4-occ 36000
+a fp4:occ.alpha=0.999 36000
+a fp4:occ.alpha=0.97 36000
+a fp4:scaling=tensor 36000
+h fp4 30000
+"
+# Smoke scale for a CPU check of this script (tiny model, stdlib corpus, a few steps).
+if [ -n "${SMOKE:-}" ]; then
+  DATA=stdlib BATCH=4 SEQ=64 TOKENS_PER_STEP=256 H_MODEL=tiny A_MODEL=tiny A_STEPS=6
+  H_STEPS="${SMOKE_STEPS:-12}" H_EVAL=6 A_EVAL=3 H_LOG=2 A_LOG=2 H_SQNR=4 A_SQNR=3
+  OVERHEAD=5 MIN_LEFT=15
+  TABLE=$'\nh bf16 400\na fp4-dge:dge.k=3 300\nh fp4 20\n'
+  EXTRA="--device cpu --tokenizer byte --data-max-bytes 300000 $EXTRA"
+fi
+TABLE="${QUEUE:-$TABLE}"                        # another queue: lines "group recipe tokens/s"
+
+g() { local v="${1^^}_$2"; echo "${!v}"; }     # g h STEPS -> $H_STEPS
+# A planning speed for NPROC GPUs (90 % DDP scaling assumed; measured speeds replace it).
+scaled() { echo $(( NPROC > 1 ? $1 * NPROC * 9 / 10 : $1 )); }
+# Training seconds of a whole run at `speed`, and what a call of `left` seconds trains: its time
+# minus OVERHEAD, 85 % of it (evaluations, SQNR probes and checkpoint saves are not in the
+# trainer's tokens/s).
+train_seconds() { echo $(( $(g "$1" STEPS) * TOKENS_PER_STEP / $2 )); }
+capacity() { local c=$(( ($1 - OVERHEAD) * 85 / 100 )); echo $(( c > 0 ? c : 0 )); }
+# Does a run that has not started finish within this call's `left` seconds plus `calls` more?
+fits() {
+  [ "$(train_seconds "$1" "$2")" -le $(( $(capacity "$3") + $4 * $(capacity "$BUDGET") )) ]
+}
+key() { echo "${1}_$(g "$1" MODEL)/$2"; }        # h_125M/bf16: the run's directory under RUNS
+is_done() {
+  local k; k="$(key "$1" "$2")"
+  [ -f "$RUNS/$k/DONE" ] || { [ -f "$DONE_FILE" ] && grep -qxF "$k" "$DONE_FILE"; }
+}
+
+# "STEP TOKENS_PER_S" of a run dir: its checkpoint's step (0: none) and the median speed of its
+# logged windows (0: none yet).
+progress() {
+  "$PY" - "$1" <<'EOF'
+import json, statistics, sys
+from pathlib import Path
+import torch
+run = Path(sys.argv[1])
+step, speed = 0, 0
+if (run / "checkpoint.pt").is_file():
+    body = torch.load(run / "checkpoint.pt", map_location="cpu", mmap=True, weights_only=True)
+    step = int(body["state"]["step"])
+if (run / "metrics.jsonl").is_file():
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    speeds = [r["tokens_per_s"] for r in rows if "loss" in r and "skip_reason" not in r]
+    speed = int(statistics.median(speeds[1:] or speeds)) if speeds else 0
+print(step, speed)
+EOF
+}
+
+# One chunk of one run, sized to fit `left` seconds. Returns 0 when the run is finished, 1 when
+# it should go on, 2 when it cannot go on in this call (no time, or it failed).
+chunk() {
+  local grp="$1" recipe="$2" speed="$3" left="$4" dir steps step measured fit stop every
+  dir="$RUNS/$(key "$grp" "$recipe")" steps="$(g "$grp" STEPS)"
+  read -r step measured < <(progress "$dir")
+  [ "$step" -ge "$steps" ] && { touch "$dir/DONE"; return 0; }
+  [ "$measured" -gt 0 ] && speed="$measured"
+  # Better still: the speed of earlier chunks from wall time (start, evaluations, SQNR probes,
+  # checkpoints and lost work included), scaled so that capacity()'s 85 % cancels.
+  [ -f "$dir/wall_speed" ] && speed=$(( $(cat "$dir/wall_speed") * 100 / 85 ))
+  fit=$(( $(capacity "$left") * speed / TOKENS_PER_STEP ))
+  [ "$fit" -lt 1 ] && return 2
+  stop=$(( step + fit < steps ? step + fit : steps ))
+  every=$(( speed * 150 / TOKENS_PER_STEP ))       # a checkpoint every ~150 s of training,
+  every=$(( every > fit / 3 ? fit / 3 : every ))   # at least three per chunk
+  every=$(( every < 10 ? 10 : every ))
+  local args=(--model "$(g "$grp" MODEL)" --recipe "$recipe" --data "$DATA" --steps "$steps"
+    --batch-size "$(( BATCH / NPROC ))" --seq-len "$SEQ" --lr "$(g "$grp" LR)"
+    --eval-every "$(g "$grp" EVAL)"
+    --eval-batches 20 --log-every "$(g "$grp" LOG)" --sqnr-every "$(g "$grp" SQNR)"
+    --ckpt-every "$every" --stop-after "$stop" --out "$dir" --quiet)
+  [ -f "$dir/checkpoint.pt" ] && args+=(--resume)
+  local launch=("$PY" -m minifloat)
+  if [ "$NPROC" -gt 1 ]; then
+    launch=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m minifloat)
+    args+=(--parallel ddp)
+  fi
+  mkdir -p "$dir"
+  local t0=$SECONDS
+  echo "== $(date +%T) $grp $recipe: steps $step -> $stop of $steps (~$speed tok/s, ${left}s left)"
+  # shellcheck disable=SC2086
+  timeout $(( left > 15 ? left - 10 : 5 )) "${launch[@]}" train "${args[@]}" $EXTRA \
+    >>"$dir/train.log" 2>&1 </dev/null
+  local rc=$? done_step
+  tail -n 2 "$dir/train.log"
+  done_step="$(progress "$dir" | cut -d' ' -f1)"
+  [ "$done_step" -gt "$step" ] && echo $(( (done_step - step) * TOKENS_PER_STEP /
+    (SECONDS - t0 > 0 ? SECONDS - t0 : 1) )) >"$dir/wall_speed"
+  if [ "$rc" -eq 0 ]; then
+    [ "$stop" -lt "$steps" ] && return 1
+    touch "$dir/DONE"
+    return 0
+  fi
+  echo "   exit status $rc (124: time limit, resumes from its last checkpoint; else see train.log)"
+  return 2
+}
+
+pack() {
+  mkdir -p "$OUT" "$RUNS"
+  { [ -f "$DONE_FILE" ] && cat "$DONE_FILE"
+    (cd "$RUNS" && find . -name DONE | sed 's|^\./||; s|/DONE$||'); } |
+    sort -u >"$OUT/issue8_done.txt"
+  tar czf "$OUT/issue8_runs.tar.gz" -C "$RUNS" --exclude=checkpoint.pt --exclude='.checkpoint*' \
+    --exclude=tensorboard .
+  status | tee "$OUT/issue8_status.txt"
+}
+
+status() {
+  while read -r grp recipe speed; do
+    [ -z "$grp" ] && continue
+    local state="todo" dir; dir="$RUNS/$(key "$grp" "$recipe")"
+    if is_done "$grp" "$recipe"; then state="done"
+    elif [ -f "$dir/checkpoint.pt" ]; then state="at step $(progress "$dir" | cut -d' ' -f1)"; fi
+    printf '%-4s %-6s %-28s %s\n' "$grp" "$(g "$grp" MODEL)" "$recipe" "$state"
+  done <<<"$TABLE"
+}
+
+# The scheduler of `run`, simulated with the planning speeds: which runs each call of each lease
+# does, and how many leases (sessions) the study takes.
+plan() {
+  local -a grps recipes speeds rem
+  local n=0 per_call; per_call="$(capacity "$BUDGET")"
+  while read -r grp recipe speed; do
+    [ -z "$grp" ] && continue
+    speed="$(scaled "$speed")"
+    grps[n]=$grp recipes[n]=$recipe speeds[n]=$speed rem[n]=$(train_seconds "$grp" "$speed")
+    fits "$grp" "$speed" "$BUDGET" $(( CALLS_PER_LEASE - 1 )) || {
+      echo "blocked: $grp $(g "$grp" MODEL) $recipe needs ${rem[n]}s of training, a lease" \
+        "gives $(( CALLS_PER_LEASE * per_call ))s (run N fp4-125M runs it partially)"; rem[n]=0; }
+    n=$((n + 1))
+  done <<<"$TABLE"
+  local lease=0
+  while :; do
+    local todo=0 i; for ((i = 0; i < n; i++)); do [ "${rem[i]}" -gt 0 ] && todo=1; done
+    [ "$todo" -eq 0 ] || [ "$lease" -ge 20 ] && break
+    lease=$((lease + 1))
+    local -a started=()
+    for ((call = 1; call <= CALLS_PER_LEASE; call++)); do
+      local left=$BUDGET line=""
+      for ((i = 0; i < n; i++)); do
+        [ "${rem[i]}" -le 0 ] && continue
+        if [ -z "${started[i]:-}" ]; then
+          [ "$left" -lt "$MIN_LEFT" ] && continue
+          fits "${grps[i]}" "${speeds[i]}" "$left" $(( CALLS_PER_LEASE - call )) || continue
+          started[i]=${rem[i]}
+        fi
+        while [ "$left" -ge "$MIN_LEFT" ] && [ "${rem[i]}" -gt 0 ]; do
+          local use; use=$(capacity "$left"); [ "$use" -gt "${rem[i]}" ] && use=${rem[i]}
+          rem[i]=$(( rem[i] - use )) left=$(( left - OVERHEAD - use * 100 / 85 ))
+        done
+        line+=" $(key "${grps[i]}" "${recipes[i]}")"
+        [ "${rem[i]}" -gt 0 ] && line+="(cont.)"
+      done
+      echo "lease $lease, call $call:${line:- (nothing fits)}"
+    done
+    for ((i = 0; i < n; i++)); do  # unfinished at the lease's end: its checkpoint is gone
+      [ -n "${started[i]:-}" ] && [ "${rem[i]}" -gt 0 ] && rem[i]=${started[i]}
+    done
+  done
+  echo "=> $lease leases (sessions) of $CALLS_PER_LEASE calls of ${BUDGET}s"
+}
+
+# run N [fp4-125M]: work through the queue for BUDGET seconds; N = this call's index in the lease.
+run() {
+  local call="${1:-1}" partial="${2:-}" start=$SECONDS
+  mkdir -p "$OUT" "$RUNS"
+  [ "$DATA" != stdlib ] && [ ! -f "$DATA" ] && { echo "missing $DATA (carry .carry)"; exit 2; }
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
+  while read -r grp recipe speed; do
+    [ -z "$grp" ] && continue
+    local left=$(( BUDGET - (SECONDS - start) )) dir; dir="$RUNS/$(key "$grp" "$recipe")"
+    speed="$(scaled "$speed")"
+    [ "$left" -lt "$MIN_LEFT" ] && break
+    is_done "$grp" "$recipe" && continue
+    if [ -n "$partial" ]; then                    # only the fp4 headline, as far as it gets
+      [ "$grp/$recipe" != h/fp4 ] && continue
+    elif [ ! -f "$dir/checkpoint.pt" ] && \
+         ! fits "$grp" "$speed" "$left" $(( CALLS_PER_LEASE - call )); then
+      continue                                    # would not finish before the lease ends
+    fi
+    # Keep chunking this run until it finishes, fails, or the call's budget is spent.
+    while [ $(( BUDGET - (SECONDS - start) )) -ge "$MIN_LEFT" ]; do
+      chunk "$grp" "$recipe" "$speed" "$(( BUDGET - (SECONDS - start) ))"
+      [ $? -ne 1 ] && break
+    done
+  done <<<"$TABLE"
+  pack
+}
+
+report() {
+  local dir="${1:-runs/issue8}" date; date="$(date +%F)"
+  local h_order a_order
+  h_order="$(awk '$1 == "h" {print $2}' <<<"$TABLE" | paste -sd,)"
+  a_order="$(awk '$1 == "a" {print $2}' <<<"$TABLE" | paste -sd,)"
+  for grp in h a; do
+    local model runs name order=""; model="$(g "$grp" MODEL)" runs="$dir/${grp}_$(g "$grp" MODEL)"
+    [ -d "$runs" ] || continue
+    [ "$grp" = h ] && name="convergence_${model}" || name="ablations_${model}"
+    for r in $( [ "$grp" = h ] && tr ',' ' ' <<<"$h_order" || tr ',' ' ' <<<"$a_order" ); do
+      [ -f "$runs/$r/metrics.jsonl" ] && order="${order:+$order,}$r"
+    done
+    "$PY" benchmarks/convergence_report.py "$runs" --model "$model" --order "$order" \
+      --tokens-per-step "$TOKENS_PER_STEP" --layer-sqnr --name "${name}_${date}" \
+      ${REPORT_DIR:+--out-dir "$REPORT_DIR"}
+    "$PY" benchmarks/layer_sqnr_report.py "$runs" --name "${name}_layer_sqnr_${date}" \
+      ${REPORT_DIR:+--out-dir "$REPORT_DIR"} || true
+  done
+}
+
+case "${1:-plan}" in
+  plan) plan ;;
+  status) status ;;
+  run) shift; run "$@" ;;
+  report) shift; report "$@" ;;
+  *) echo "usage: $0 plan | status | run N [fp4-125M] | report RUNS_DIR" >&2; exit 2 ;;
+esac

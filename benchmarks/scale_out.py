@@ -1,0 +1,617 @@
+"""Scale-out training benchmark: FSDP2 + torch.compile, one recipe per run, in resumable chunks.
+
+Each run trains one model under one recipe with the reference trainer for ``warmup + measure``
+steps, split into chunks that each fit a short job: every ``run`` (under torchrun) continues from
+the run's checkpoint and stops after ``--chunk-steps`` more steps (0: the whole run at once).
+``report`` reads every run directory and writes a markdown table, its JSON twin and loss curves.
+
+    torchrun --standalone --nproc-per-node 8 benchmarks/scale_out.py run --model 7B \
+        --recipe fp8-rowwise --data .carry/english.xz --seq-len 2048 --batch-size 4 \
+        --warmup-steps 20 --measure-steps 200 --chunk-steps 0 --no-checkpoint --runs runs/scale_out
+    python benchmarks/scale_out.py report --runs runs/scale_out      # -> benchmarks/results/
+
+Recipes: any minifloat recipe, or ``torchao-float8-tensorwise``: minifloat's ``bf16`` plus
+torchao's float8 training layers swapped in through the trainer's ``model_transform`` hook (torchao
+is no dependency of minifloat; it is imported for that recipe only).
+
+Measured per run: tokens/s per GPU and MFU over the steady-state steps only (after the first
+``--warmup-steps``, minus the first ``--rewarm-steps`` of every resumed chunk, whose new process
+compiles again); peak GPU memory (max over ranks and chunks); every step's training loss.
+``benchmarks/scale_out.sh`` drives the runs on the GPU machine, one <= 10-minute job at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, environment, gpu_tag  # noqa: E402
+from minifloat.cli import parse_override  # noqa: E402
+from minifloat.metrics import mfu, peak_flops  # noqa: E402
+from minifloat.models.llama import PRESETS, get_config  # noqa: E402
+from minifloat.train import TrainResult, load_dataset, train  # noqa: E402
+from minifloat.train_config import TrainConfig  # noqa: E402
+
+__all__ = ["TORCHAO_RECIPE", "main", "timed_steps", "torchao_float8_tensorwise", "write_report"]
+
+TORCHAO_RECIPE = "torchao-float8-tensorwise"
+RECORDS_NAME = "scale_out.jsonl"  # one "start" and one "end" record per chunk (rank 0 writes)
+DONE_NAME = "DONE"
+CHECKPOINT_NAME = "checkpoint.pt"
+BASELINE_RECIPE = "bf16"
+# FP8 tensor cores need both GEMM dims of a layer in multiples of 16 (torchao asserts it).
+FLOAT8_ALIGN = 16
+
+
+# ---- the torchao comparison recipe -------------------------------------------------------------
+
+
+def torchao_float8_tensorwise(model: nn.Module) -> list[str]:
+    """Swap the model's plain nn.Linear layers for torchao float8 layers (tensorwise scaling).
+
+    The output head stays high precision (as in every minifloat recipe), and so do layers whose
+    in/out features are not multiples of 16. Returns the names of the swapped layers.
+    """
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as err:
+        raise RuntimeError(
+            f"recipe {TORCHAO_RECIPE} needs torchao, which minifloat does not depend on: "
+            "pip install --no-deps --target /tmp/site .whl/torchao-*.whl and add /tmp/site to "
+            "PYTHONPATH (see benchmarks/scale_out.sh)"
+        ) from err
+    swapped: list[str] = []
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        # type() rather than isinstance: minifloat's QuantLinear subclasses nn.Linear.
+        ok = (
+            type(module) is nn.Linear
+            and fqn != "output"
+            and module.in_features % FLOAT8_ALIGN == 0
+            and module.out_features % FLOAT8_ALIGN == 0
+        )
+        if ok:
+            swapped.append(fqn)
+        return ok
+
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    convert_to_float8_training(model, config=config, module_filter_fn=keep)
+    return swapped
+
+
+def _recipe_parts(name: str) -> tuple[str, bool]:
+    """(minifloat recipe, whether torchao's float8 layers are swapped in) for a benchmark recipe."""
+    return (BASELINE_RECIPE, True) if name == TORCHAO_RECIPE else (name, False)
+
+
+# ---- run: one chunk under torchrun -------------------------------------------------------------
+
+
+def run_dir(runs: Path, model: str, recipe: str) -> Path:
+    return Path(runs) / f"{model}_{recipe}"
+
+
+def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainConfig:
+    recipe, _ = _recipe_parts(args.recipe)
+    total = args.warmup_steps + args.measure_steps
+    stop = start + args.chunk_steps if args.chunk_steps > 0 else total
+    return TrainConfig(
+        recipe=recipe,
+        model=args.model,
+        model_overrides=dict(args.model_overrides or []),
+        data=args.data,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size or PRESETS[args.model].vocab_size,
+        data_max_bytes=args.data_max_bytes,
+        cache_dir=args.cache_dir,
+        steps=total,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        grad_accum=args.grad_accum,
+        lr=args.lr,
+        seed=args.seed,
+        device=args.device,
+        compile=args.compile,
+        parallel="fsdp",
+        grad_comm=args.grad_comm,
+        eval_every=0,  # evaluation only at the last step (the trainer always does that one)
+        eval_batches=args.eval_batches,
+        log_every=1,  # one metrics record per step: the report needs every step's time
+        ckpt_every=args.ckpt_every,
+        save_checkpoints=not args.no_checkpoint,
+        out_dir=str(out),
+        resume=start > 0,
+        stop_after=stop if stop < total else None,
+    )
+
+
+def _checkpoint_step(path: Path) -> int:
+    """Step stored in a trainer checkpoint, read without loading its tensors (mmap)."""
+    try:
+        body = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return int(body["state"]["step"])
+    except Exception as exc:
+        raise SystemExit(
+            f"scale_out: cannot read the step of {path} ({type(exc).__name__}: {exc}); "
+            "start the run again with --fresh"
+        ) from exc
+
+
+def _chunk_start(out: Path, fresh: bool) -> int | None:
+    """Step this chunk starts from (0: a new run), or None when the run is already complete."""
+    if fresh:
+        for name in (DONE_NAME, CHECKPOINT_NAME, RECORDS_NAME):
+            (out / name).unlink(missing_ok=True)
+    if (out / DONE_NAME).is_file():
+        return None
+    checkpoint = out / CHECKPOINT_NAME
+    if not checkpoint.is_file():
+        # A new run (or one that never saved): earlier chunk records describe nothing kept.
+        (out / RECORDS_NAME).unlink(missing_ok=True)
+        return 0
+    return _checkpoint_step(checkpoint)
+
+
+def _join_process_group(device: str) -> torch.device:
+    """Join torchrun's process group ourselves, so it outlives train() for the gathers below."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise SystemExit("scale_out run: launch it with torchrun --nproc-per-node N, N >= 2")
+    cuda = device != "cpu" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # Rank 0 alone writes a checkpoint while the others wait: allow slow saves.
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
+def _load_dataset_rank0_first(config: TrainConfig, progress: bool) -> Any:
+    # Rank 0 builds and caches the tokenized corpus; the others then read the cache.
+    main = dist.get_rank() == 0
+    if not main:
+        dist.barrier()
+    dataset = load_dataset(config, progress=progress and main)
+    if main:
+        dist.barrier()
+    return dataset
+
+
+def _command_line() -> str:
+    nproc = os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))
+    script = os.path.relpath(Path(__file__).resolve(), Path.cwd())
+    return shlex.join(
+        ["torchrun", "--standalone", "--nproc-per-node", nproc, script, *sys.argv[1:]]
+    )
+
+
+def _append_record(out: Path, record: dict[str, Any]) -> None:
+    with (out / RECORDS_NAME).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _start_record(args: argparse.Namespace, config: TrainConfig, dataset: Any, start: int,
+                  device: torch.device, started: float) -> dict[str, Any]:  # fmt: skip
+    cfg = config.resolved()
+    overrides = {"vocab_size": dataset.tokenizer.vocab_size, **cfg.model_overrides}
+    model_config = get_config(cfg.model, **overrides)
+    world = dist.get_world_size()
+    return {
+        "event": "start",
+        "time": time.time(),
+        "model": args.model,
+        "recipe": args.recipe,
+        "minifloat_recipe": cfg.recipe,
+        "gpus": world,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpu_tag": gpu_tag() if device.type == "cuda" else "cpu",
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "grad_accum": cfg.grad_accum,
+        "vocab_size": model_config.vocab_size,
+        "num_params": model_config.num_params(),
+        "tokens_per_step_per_gpu": cfg.batch_size * cfg.seq_len * cfg.grad_accum,
+        "flops_per_token": model_config.flops_per_token(cfg.seq_len),
+        "peak_flops": peak_flops(device),
+        "warmup_steps": args.warmup_steps,
+        "measure_steps": args.measure_steps,
+        "total_steps": cfg.steps,
+        "chunk_steps": args.chunk_steps,
+        "compile": cfg.compile,
+        "grad_comm": cfg.grad_comm,
+        "start_step": start,
+        "stop_step": cfg.stop_after or cfg.steps,
+        "setup_s": time.time() - started,
+        "command": _command_line(),
+        "env": environment(),
+    }
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """One chunk of one run (every rank runs this under torchrun)."""
+    started = time.time()
+    device = _join_process_group(args.device)
+    try:
+        code = _run_chunk(args, device, started)
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: a failed peer never reaches it
+        raise
+    gc.collect()  # release finished async work before the group goes (gloo teardown)
+    dist.barrier()  # ranks leave together
+    dist.destroy_process_group()
+    return code
+
+
+def _run_chunk(args: argparse.Namespace, device: torch.device, started: float) -> int:
+    main = dist.get_rank() == 0
+    out = run_dir(args.runs, args.model, args.recipe)
+    box: list[Any] = [None]
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        box[0] = _chunk_start(out, args.fresh)
+    dist.broadcast_object_list(box, src=0)
+    start = box[0]
+    if start is None:
+        if main:
+            print(f"scale_out: {out} is complete; nothing to do (--fresh starts it again)")
+        return 0
+    config = _train_config(args, out, start=start)
+    if start >= config.steps:  # the last chunk saved but was stopped before it marked the run
+        if main:
+            (out / DONE_NAME).write_text(f"{start}\n")
+        return 0
+    dataset = _load_dataset_rank0_first(config, args.progress != "off")
+    if main:
+        _append_record(out, _start_record(args, config, dataset, start, device, started))
+    swapped: list[str] = []
+    _, use_torchao = _recipe_parts(args.recipe)
+    transform: Callable[[nn.Module], Any] | None = None
+    if use_torchao:
+        transform = lambda model: swapped.extend(torchao_float8_tensorwise(model))  # noqa: E731
+    result = train(config, dataset=dataset, progress=args.progress, model_transform=transform)
+    peaks: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(peaks, result.peak_memory_bytes)
+    if not main:
+        return 0
+    known = [p for p in peaks if p is not None]
+    end = {
+        "event": "end",
+        "time": time.time(),
+        "start_step": start,
+        "end_step": result.steps,
+        "wall_s": time.time() - started,
+        "peak_mem_bytes": max(known) if known else None,
+        "final_loss": result.final_loss,
+        "final_val_loss": result.final_val_loss,
+        "skipped_steps": result.skipped_steps,
+        "float8_layers": len(swapped) if use_torchao else None,
+    }
+    _append_record(out, end)
+    if result.steps >= config.steps:
+        (out / DONE_NAME).write_text(f"{result.steps}\n")
+    print(
+        f"scale_out: {args.model} {args.recipe} steps {start}->{result.steps} of {config.steps} "
+        f"in {end['wall_s']:.0f} s; {'complete' if result.steps >= config.steps else 'continues'}"
+    )
+    return 0
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """A run directory's chunk records and per-step metrics."""
+    records = [json.loads(x) for x in (path / RECORDS_NAME).read_text().splitlines() if x.strip()]
+    log = path / "metrics.jsonl"  # absent when the first chunk died before its first step
+    metrics = [json.loads(x) for x in log.read_text().splitlines() if x] if log.is_file() else []
+    starts = [r for r in records if r["event"] == "start"]
+    if not starts:
+        raise ValueError(f"{path}: no chunk records")
+    steps: dict[int, dict[str, Any]] = {}
+    for rec in metrics:  # one per step (log_every=1), skipped steps too; others are diagnostics
+        if "loss" in rec and "tokens_per_s" in rec:
+            steps[rec["step"]] = rec
+    return {
+        "name": path.name,
+        "info": starts[0],
+        "starts": starts,
+        "ends": [r for r in records if r["event"] == "end"],
+        "steps": steps,
+        "done": (path / DONE_NAME).is_file(),
+    }
+
+
+def timed_steps(steps: Sequence[int], chunk_starts: Sequence[int], *, warmup: int,
+                rewarm: int) -> list[int]:  # fmt: skip
+    """The steady-state steps: after ``warmup``, and not among the first ``rewarm`` steps of a
+    chunk that resumed from a checkpoint (its process compiles again).
+
+    A step is attributed to the last chunk that started before it: a chunk cut off by a time
+    limit leaves no records behind (the next chunk repeats its steps from the checkpoint).
+    """
+    out = []
+    for step in steps:
+        if step <= warmup:
+            continue
+        owner = max((s for s in chunk_starts if s < step), default=0)
+        if owner > 0 and step <= owner + rewarm:
+            continue
+        out.append(step)
+    return out
+
+
+def summarize(run: dict[str, Any], *, rewarm: int) -> dict[str, Any]:
+    """One results record: steady-state speed, MFU, peak memory, losses of one run."""
+    info, steps = run["info"], run["steps"]
+    starts = [s["start_step"] for s in run["starts"]]
+    timed = timed_steps(sorted(steps), starts, warmup=info["warmup_steps"], rewarm=rewarm)
+    tokens_per_step = info["tokens_per_step_per_gpu"] * info["gpus"]
+    # The trainer logs tokens per step over the step's wall time; invert it for the time.
+    times = [tokens_per_step / steps[s]["tokens_per_s"] for s in timed]
+    per_gpu = info["tokens_per_step_per_gpu"] * len(times) / sum(times) if times else None
+    peaks = [e["peak_mem_bytes"] for e in run["ends"] if e.get("peak_mem_bytes") is not None]
+    last_end = run["ends"][-1] if run["ends"] else {}
+    last_step = max(steps) if steps else 0
+    return {
+        "model": info["model"],
+        "recipe": info["recipe"],
+        "gpus": info["gpus"],
+        "device": info["device"],
+        "batch_size_per_gpu": info["batch_size"],
+        "seq_len": info["seq_len"],
+        "tokens_per_s_per_gpu": per_gpu,
+        "mfu": mfu(info["flops_per_token"], per_gpu, info["peak_flops"]) if per_gpu else None,
+        "peak_mem_gib": max(peaks) / 2**30 if peaks else None,
+        "steps": last_step,
+        "total_steps": info["total_steps"],
+        "complete": run["done"],
+        "steps_measured": len(times),
+        "step_ms_median": 1000 * statistics.median(times) if times else None,
+        "final_loss": last_end.get("final_loss"),
+        "final_val_loss": last_end.get("final_val_loss"),
+        "skipped_steps": steps[last_step].get("skipped", 0) if steps else 0,
+        "chunks": len(run["ends"]),
+        "chunk_wall_s": [round(e["wall_s"], 1) for e in run["ends"]],
+        "float8_layers": last_end.get("float8_layers"),
+    }
+
+
+def _curve(run: dict[str, Any], record: dict[str, Any]) -> TrainResult:
+    """A TrainResult holding a run's per-step losses, for minifloat.compare.plot_losses."""
+    steps = run["steps"]
+    losses = tuple(steps[s]["loss"] for s in sorted(steps))
+    vals = tuple((s, steps[s]["val_loss"]) for s in sorted(steps) if "val_loss" in steps[s])
+    out_dir = Path(run["name"])
+    return TrainResult(
+        recipe=f"{record['recipe']} ({record['model']}, {record['gpus']} GPUs)",
+        model=record["model"],
+        num_params=run["info"]["num_params"],
+        steps=record["steps"],
+        tokens=record["steps"] * run["info"]["tokens_per_step_per_gpu"] * record["gpus"],
+        final_loss=record["final_loss"] if record["final_loss"] is not None else float("nan"),
+        final_val_loss=record["final_val_loss"],
+        tokens_per_s=(record["tokens_per_s_per_gpu"] or 0.0) * record["gpus"],
+        peak_memory_bytes=None,
+        skipped_steps=record["skipped_steps"],
+        losses=losses,
+        val_losses=vals,
+        out_dir=out_dir,
+        metrics_path=out_dir / "metrics.jsonl",
+        checkpoint_path=None,
+    )
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0, suffix: str = "") -> str:
+    return "n/a" if value is None else format(value * scale, spec) + suffix
+
+
+def _table(records: list[dict[str, Any]]) -> str:
+    base = {
+        (r["model"], r["gpus"]): r["tokens_per_s_per_gpu"]
+        for r in records
+        if r["recipe"] == BASELINE_RECIPE
+    }
+    lines = [
+        "| model | recipe | GPUs | tokens/s per GPU | vs bf16 | MFU | peak memory GiB "
+        "| steps | steps timed | step ms (median) | final loss | val loss | skipped | chunks |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        ref = base.get((r["model"], r["gpus"]))
+        speed = r["tokens_per_s_per_gpu"]
+        ratio = speed / ref if speed and ref else None
+        steps = f"{r['steps']}" + ("" if r["complete"] else f" of {r['total_steps']}, incomplete")
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {r['gpus']} | {_fmt(speed, ',.0f')} "
+            f"| {_fmt(ratio, '.2f', suffix='x')} | {_fmt(r['mfu'], '.1f', 100, ' %')} "
+            f"| {_fmt(r['peak_mem_gib'], '.1f')} | {steps} | {r['steps_measured']} "
+            f"| {_fmt(r['step_ms_median'], '.0f')} | {_fmt(r['final_loss'], '.4f')} "
+            f"| {_fmt(r['final_val_loss'], '.4f')} | {r['skipped_steps']} "
+            f"| {r['chunks']} |"
+        )
+    return "\n".join(lines)
+
+
+def _merged_env(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Versions over all runs (e.g. torchao is on the path only for its own run)."""
+    keys = dict.fromkeys(k for run in runs for k in run["info"]["env"])
+    values = {k: sorted({str(run["info"]["env"].get(k)) for run in runs}) for k in keys}
+    return {k: " / ".join(v for v in vals if v != "none") or "none" for k, vals in values.items()}
+
+
+def _markdown(runs: list[dict[str, Any]], records: list[dict[str, Any]], *, rewarm: int,
+              png: str, jobs: list[str], day: str) -> str:  # fmt: skip
+    info = runs[0]["info"]
+    env = "; ".join(f"{k}: {v}" for k, v in _merged_env(runs).items())
+    commands = sorted({s["command"] for run in runs for s in run["starts"]})
+    setup = (
+        f"FSDP2 (fp32 weights, optimizer states and gradient reduce-scatter), "
+        f"{'torch.compile' if info['compile'] else 'eager'}, sequence {info['seq_len']}, "
+        f"{info['warmup_steps']} warm-up + {info['measure_steps']} measured steps per run; "
+        f"steps timed = steps after the warm-up minus the first {rewarm} steps of every resumed "
+        "chunk (recompilation). tokens/s per GPU = tokens of the timed steps / their summed "
+        "step times; MFU = model FLOPs (6N + attention) x tokens/s per GPU / dense bf16 peak "
+        "(989 TFLOP/s on H100/H200), for every recipe; peak memory = max_memory_allocated, "
+        "maximum over ranks and chunks. Final loss: mean of the last 10 steps."
+    )
+    parts = [
+        f"# Scale-out training benchmark ({day})",
+        "",
+        f"{info['device']}; {env}",
+        "",
+        setup,
+        "",
+        _table(records),
+        "",
+        f"![loss curves]({png})",
+        "",
+        "## Commands",
+        "",
+        "Each run directory continues from its checkpoint, so every chunk of a run is the same "
+        "command:",
+        "",
+        "```",
+        *commands,
+        "```",
+    ]
+    if jobs:
+        parts += ["", "Device jobs (`benchmarks/scale_out.sh`):", "", "```", *jobs, "```"]
+    return "\n".join(parts) + "\n"
+
+
+def write_report(runs_root: Path, results_dir: Path, *, rewarm: int,
+                 day: str | None = None) -> tuple[Path, Path, Path]:  # fmt: skip
+    """Summarize every run under ``runs_root``; write <stem>.md, .json and .png."""
+    from minifloat.compare import plot_losses
+
+    paths = sorted(p.parent for p in Path(runs_root).glob(f"*/{RECORDS_NAME}"))
+    if not paths:
+        raise SystemExit(f"scale_out report: no runs under {runs_root}")
+    runs = [load_run(p) for p in paths]
+    # bf16 first (the reference), then the order the recipes are usually listed in.
+    order = ["bf16", "fp8-tensorwise", "fp8-rowwise", "fp4", TORCHAO_RECIPE]
+    runs.sort(key=lambda r: (r["info"]["model"], r["info"]["gpus"],
+                             order.index(r["info"]["recipe"]) if r["info"]["recipe"] in order
+                             else len(order), r["info"]["recipe"]))  # fmt: skip
+    records = [summarize(run, rewarm=rewarm) for run in runs]
+    day = day or datetime.date.today().isoformat()
+    stem = f"scale_out_{runs[0]['info']['gpu_tag']}_{day}"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    png = plot_losses(
+        [_curve(run, rec) for run, rec in zip(runs, records, strict=True)],
+        results_dir / f"{stem}.png",
+        title=f"training loss, {runs[0]['info']['device']}, sequence {runs[0]['info']['seq_len']}",
+    )
+    jobs_file = Path(runs_root) / "jobs.txt"
+    jobs = jobs_file.read_text().splitlines() if jobs_file.is_file() else []
+    md = results_dir / f"{stem}.md"
+    md.write_text(_markdown(runs, records, rewarm=rewarm, png=png.name, jobs=jobs, day=day))
+    twin = {
+        "env": _merged_env(runs),
+        "rewarm_steps": rewarm,
+        "records": records,
+        "commands": sorted({s["command"] for run in runs for s in run["starts"]}),
+        "jobs": jobs,
+        "losses": {r["name"]: [r["steps"][s]["loss"] for s in sorted(r["steps"])] for r in runs},
+    }
+    js = results_dir / f"{stem}.json"
+    js.write_text(json.dumps(twin, indent=1) + "\n")
+    return md, js, png
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    md, js, png = write_report(args.runs, args.results_dir, rewarm=args.rewarm_steps, day=args.day)
+    print(md.read_text())
+    print(f"wrote {md}, {js}, {png}")
+    return 0
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--model", required=True, choices=sorted(PRESETS))
+    add("--recipe", required=True, help=f"a minifloat recipe, or {TORCHAO_RECIPE}")
+    add("--data", default="english", help="corpus name or path (e.g. .carry/english.xz)")
+    add("--seq-len", type=int, default=2048)
+    add("--batch-size", type=int, required=True, help="sequences per GPU per micro-batch")
+    add("--grad-accum", type=int, default=1)
+    add("--warmup-steps", type=int, default=20, help="untimed steps at the start of the run")
+    add("--measure-steps", type=int, default=200, help="steps after the warm-up")
+    add("--chunk-steps", type=int, default=0,
+        help="steps per invocation, each resuming the checkpoint (0: all at once)")  # fmt: skip
+    add("--ckpt-every", type=int, default=0, help="extra checkpoints inside a chunk (0: none)")
+    add("--no-checkpoint", action="store_true",
+        help="write no checkpoint (only with --chunk-steps 0)")  # fmt: skip
+    add("--fresh", action="store_true", help="discard the run's checkpoint and records first")
+    add("--runs", type=Path, default=Path("runs/scale_out"), help="root of the run directories")
+    add("--no-compile", dest="compile", action="store_false", help="eager mode (CPU tests)")
+    add("--device", default="auto", help="auto, cuda or cpu")
+    add("--vocab-size", type=int, default=None, help="BPE vocabulary (default: the preset's)")
+    add("--tokenizer", default="bpe", choices=("bpe", "byte"))
+    add("--data-max-bytes", type=int, default=None)
+    add("--cache-dir", default=None, help="tokenized-dataset cache (default: data_cache)")
+    add("--lr", type=float, default=None)
+    add("--seed", type=int, default=0)
+    add("--grad-comm", default="fp32", choices=("fp32", "bf16"), help="FSDP reduce dtype")
+    add("--eval-batches", type=int, default=2, help="validation batches at the last step")
+    add("--model-override", dest="model_overrides", type=parse_override, action="append",
+        metavar="KEY=VALUE", help="change a preset field, e.g. dim=64 (repeatable)")  # fmt: skip
+    add("--progress", default="plain", choices=("plain", "off"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: ``run`` (under torchrun) and ``report``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="train one chunk of one run (launch with torchrun)")
+    _add_run_args(p_run)
+    p_run.set_defaults(func=cmd_run)
+    p_rep = sub.add_parser("report", help="write the results tables, JSON and loss curves")
+    p_rep.add_argument("--runs", type=Path, default=Path("runs/scale_out"))
+    p_rep.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    p_rep.add_argument("--rewarm-steps", type=int, default=5,
+                       help="steps not timed at the start of every resumed chunk")  # fmt: skip
+    p_rep.add_argument("--day", default=None, help="date in the file names (default: today)")
+    p_rep.set_defaults(func=cmd_report)
+    return parser
+
+
+def _check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.no_checkpoint and args.chunk_steps:
+        parser.error("--no-checkpoint needs --chunk-steps 0: a later chunk resumes a checkpoint")
+    if min(args.warmup_steps, args.chunk_steps, args.ckpt_every) < 0 or args.measure_steps < 1:
+        parser.error("step counts must be >= 0 (--measure-steps >= 1)")
+    if args.recipe != TORCHAO_RECIPE:
+        from minifloat import recipes
+
+        try:
+            recipes.get(args.recipe)
+        except (KeyError, ValueError) as exc:
+            parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        _check_run_args(parser, args)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

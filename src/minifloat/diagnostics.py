@@ -1,0 +1,211 @@
+"""Per-layer quantization fidelity: the SQNR of every quantized operand of every QuantLinear.
+
+When a quantized run falls behind bf16, the question is which layers and which operands lose the
+signal. `measure_layer_sqnr` runs one forward and backward pass of the loss on a probe batch and
+measures, for each `QuantLinear`, the SQNR in dB (`minifloat.sqnr.sqnr_db`) of:
+
+- ``input``: x against what the fprop GEMM effectively multiplies, Q(x_c) plus, with OCC
+  compensation, the clipped remainder Δx (the paper's activation-fidelity measure; the
+  compensation term is multiplied by the unquantized weight);
+- ``weight``: the master weight against Q(w);
+- ``grad_output``: dy against dgrad's operand, dequantized (with the FP4 fold, Q(dy·diag(s_w))
+  divided by s_w again);
+- ``grad_output_t``: dy against wgrad's operand (quantized along the tokens; with the fold,
+  Q((diag(s_x)·dy)ᵀ)ᵀ divided by s_x);
+- ``output``: y against a float32 ``F.linear`` of the unquantized x, w and bias.
+
+Everything is observed from outside: a forward hook sees x and y, a tensor hook on y sees dy, and
+the quantizers are the reference backend's (bit-identical to the Hopper kernels), fed with the same
+OCC thresholds and delayed scales the layer uses. The backward is ``torch.autograd.grad`` with
+respect to the parameters, so no ``.grad`` is touched; RNG states and fp8-delayed amax histories
+are restored afterwards, so measuring does not change a training run (tested). A layer called
+more than once per forward is measured at its first call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minifloat import occ
+from minifloat.amp import autocast_context, full_precision
+from minifloat.kernels.emulated import EmulatedBackend
+from minifloat.linear import _GRAD_OUTPUT, _INPUT, _WEIGHT, QuantLinear, _delayed_scale
+from minifloat.recipes import QuantRecipe, Recipe
+from minifloat.sqnr import sqnr_db
+
+__all__ = ["OPERANDS", "layer_sqnr_record", "measure_layer_sqnr", "probe_batch", "summarize"]
+
+OPERANDS = ("input", "weight", "grad_output", "grad_output_t", "output")
+LayerSQNR = dict[str, dict[str, float | None]]
+_BACKEND = EmulatedBackend()
+
+
+def _db(ref: torch.Tensor, out: torch.Tensor) -> float | None:
+    """SQNR rounded to 0.001 dB; None where it is undefined (a zero reference, non-finite
+    values) or infinite (exact)."""
+    try:
+        value = sqnr_db(ref, out) if ref.double().norm().item() > 0 else math.nan
+    except ValueError:  # log10(0): non-finite noise
+        value = math.nan
+    return round(value, 3) if math.isfinite(value) else None
+
+
+def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class _LayerProbe:
+    """Hooks of one QuantLinear: forward-side SQNRs at its first call, gradient-side ones in a
+    tensor hook on its output. Keeps only the row scales the backward folds need."""
+
+    def __init__(self, layer: QuantLinear, history: torch.Tensor | None) -> None:
+        self.layer, self.recipe = layer, layer.recipe
+        self.history = history  # amax history before the probe's forward (fp8-delayed)
+        self.result: dict[str, float | None] = {}
+        self.x_scale: torch.Tensor | None = None
+        self.w_scale: torch.Tensor | None = None
+        self.called = False
+
+    def _delayed(self, row: int, t: torch.Tensor, fmt: str) -> torch.Tensor | None:
+        if self.recipe.delayed is None or self.history is None:
+            return None
+        return _delayed_scale(self.history.clone(), row, t, fmt, self.recipe.delayed)
+
+    def forward_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        if self.called or not args:  # measured at the first positional call only
+            return
+        self.called = True
+        r: QuantRecipe = self.recipe
+        x, w, b = args[0].detach(), module.weight.detach(), module.bias
+        with torch.no_grad(), full_precision(x.device):
+            x2 = x.reshape(-1, x.shape[-1])
+            clip = occ.thresholds(x2, r.occ) if r.occ is not None else None
+            s_x = self._delayed(_INPUT, x2, r.fprop.lhs.fmt)
+            x_q = _BACKEND.quantize(x2, r.fprop.lhs, clip=clip, scale=s_x)
+            x_eff = x_q.dequantize()
+            if clip is not None and r.occ.compensate:
+                xf = x2.float()
+                x_eff = x_eff + torch.where(xf.isfinite(), xf - occ.clamp(xf, *clip), 0.0)
+            w_q = _BACKEND.quantize(
+                w, r.fprop.rhs, scale=self._delayed(_WEIGHT, w, r.fprop.rhs.fmt)
+            )
+            ref = F.linear(x.float(), w.float(), None if b is None else b.detach().float())
+            self.result = {
+                "input": _db(x2, x_eff),
+                "weight": _db(w, w_q.dequantize()),
+                "output": _db(ref, output.detach()),
+            }
+            self.x_scale, self.w_scale = x_q.scale, w_q.scale
+        if output.requires_grad:
+            output.register_hook(self.grad_hook)
+
+    def grad_hook(self, dy: torch.Tensor) -> None:
+        r: QuantRecipe = self.recipe
+        with torch.no_grad():
+            dy2 = dy.detach().reshape(-1, dy.shape[-1])
+            s_g = self._delayed(_GRAD_OUTPUT, dy2, r.dgrad.lhs.fmt)
+            fold_w = self.w_scale.t() if r.folds("dgrad") else None
+            g_q = _BACKEND.quantize(dy2, r.dgrad.lhs, prescale=fold_w, scale=s_g)
+            g_eff = g_q.dequantize() if fold_w is None else g_q.dequantize() / fold_w
+            fold_x = self.x_scale if r.folds("wgrad") else None
+            h_q = _BACKEND.quantize(dy2, r.wgrad.lhs, prescale=fold_x, transpose=True, scale=s_g)
+            h_eff = h_q.dequantize().t() if fold_x is None else h_q.dequantize().t() / fold_x
+            self.result["grad_output"] = _db(dy2, g_eff)
+            self.result["grad_output_t"] = _db(dy2, h_eff)
+
+
+def measure_layer_sqnr(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    recipe: Recipe,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> LayerSQNR:
+    """SQNR (dB) of each quantized operand of every QuantLinear of `model`, on one batch.
+
+    Args:
+        model: the (unwrapped) model; left exactly as it was (parameters, .grad, buffers, RNG).
+        inputs, targets: one batch on the model's device (token ids for the LM default loss).
+        recipe: the run's recipe, for the autocast region of the forward pass.
+        loss_fn: loss of (model output, targets); default: next-token cross entropy in fp32.
+    Returns:
+        {layer name: {operand: dB or None}} with the operands of `OPERANDS`; empty when the model
+        holds no QuantLinear. Gradient operands are missing for layers no gradient reaches.
+    """
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+    if not layers:
+        return {}
+    loss_fn = loss_fn or _lm_loss
+    device = inputs.device
+    snapshots = {n: None if m.amax_history is None else m.amax_history.clone() for n, m in layers}
+    probes = {n: _LayerProbe(m, snapshots[n]) for n, m in layers}
+    handles = [m.register_forward_hook(probes[n].forward_hook) for n, m in layers]
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        rng_devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=rng_devices), torch.enable_grad():
+            with autocast_context(recipe, device):
+                out = model(inputs)
+            with full_precision(device):
+                loss = loss_fn(out, targets)
+            if params and loss.requires_grad:
+                torch.autograd.grad(loss, params, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+        with torch.no_grad():
+            for name, layer in layers:
+                if snapshots[name] is not None:
+                    layer.amax_history.copy_(snapshots[name])
+    return {name: probes[name].result for name, _ in layers if probes[name].called}
+
+
+def probe_batch(
+    tokens: Any, batch_size: int, seq_len: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first sequential batch of `tokens` (e.g. the validation split): a fixed probe, so
+    measurements compare across steps and recipes."""
+    from minifloat.data import BatchIterator
+
+    inputs, targets = BatchIterator(tokens, batch_size, seq_len, mode="sequential").next()
+    return inputs.to(device), targets.to(device)
+
+
+def layer_sqnr_record(
+    model: nn.Module,
+    tokens: Any,
+    batch_size: int,
+    seq_len: int,
+    device: torch.device | str,
+    *,
+    step: int,
+    recipe: Recipe,
+) -> dict[str, Any] | None:
+    """The metrics.jsonl record ``{"step": step, "layer_sqnr": {...}}`` measured on the probe
+    batch of `tokens`; None when the model has no quantized layer (nothing to measure)."""
+    inputs, targets = probe_batch(tokens, batch_size, seq_len, device)
+    layers = measure_layer_sqnr(model, inputs, targets, recipe=recipe)
+    return {"step": step, "layer_sqnr": layers} if layers else None
+
+
+def summarize(layers: LayerSQNR) -> dict[str, dict[str, Any]]:
+    """Per operand: mean and minimum SQNR over the layers, and the worst layer's name."""
+    summary: dict[str, dict[str, Any]] = {}
+    for operand in OPERANDS:
+        values = {n: v[operand] for n, v in layers.items() if v.get(operand) is not None}
+        if not values:
+            continue
+        worst = min(values, key=values.get)
+        summary[operand] = {
+            "mean_db": round(sum(values.values()) / len(values), 3),
+            "min_db": values[worst],
+            "worst_layer": worst,
+        }
+    return summary
