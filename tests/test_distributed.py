@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import os
 import socket
 import sys
@@ -306,3 +307,39 @@ def test_fsdp_full_checkpoint_round_trip():
 def test_fsdp_rejects_fp8_reduce():
     with pytest.raises(ValueError, match="DDP only"):
         fsdp_reduce_dtype("fp8")
+
+
+def _deferred_init_worker(rank: int, root: str) -> None:
+    # The trainer under FSDP builds on the meta device and initializes each shard after
+    # sharding: the weights must equal an eager, unsharded init, and training must run.
+    from minifloat.train import Trainer
+    from minifloat.train_config import TrainConfig
+    from minifloat.train_model import deferred_init
+
+    os.environ["WORLD_SIZE"] = str(WORLD)  # what torchrun sets; the group already exists
+    for recipe in ("bf16", "fp8-delayed"):
+        config = TrainConfig(
+            recipe=recipe, model="tiny", data="stdlib", tokenizer="byte", device="cpu",
+            model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
+            data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/{recipe}",
+            parallel="fsdp", steps=2, batch_size=2, seq_len=16, eval_every=0,
+            save_checkpoints=False,
+        )  # fmt: skip
+        trainer = Trainer(config, progress=False)
+        assert deferred_init(config, trainer.runtime)  # the meta-device path ran
+        eager = Llama(trainer.model_config)
+        eager.init_weights(config.seed)
+        sharded = dict(trainer.raw_model.named_parameters())
+        assert sharded.keys() == dict(eager.named_parameters()).keys()
+        for name, p in eager.named_parameters():
+            assert torch.equal(sharded[name].full_tensor(), p), (recipe, name)
+        histories = [m.amax_history for m in trainer.raw_model.modules()
+                     if isinstance(m, QuantLinear) and m.amax_history is not None]  # fmt: skip
+        assert len(histories) == (14 if recipe == "fp8-delayed" else 0)
+        assert all(not h.is_meta and bool((h == 0).all()) for h in histories)
+        result = trainer.run()
+        assert all(math.isfinite(v) for v in result.losses), (recipe, result.losses)
+
+
+def test_trainer_fsdp_initializes_shards_like_an_eager_init(tmp_path):
+    _spawn(_deferred_init_worker, str(tmp_path))

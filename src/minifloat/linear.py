@@ -245,6 +245,11 @@ class QuantLinear(nn.Linear):
         new.train(linear.training)
         return new
 
+    def reset_buffers(self) -> None:
+        """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
+        if self.amax_history is not None:
+            self.amax_history.zero_()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected last dim {self.in_features}, got shape {tuple(x.shape)}")

@@ -36,7 +36,7 @@ from minifloat.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
 from minifloat.runtime import Runtime, all_gather_objects, mean_across_ranks, seed_everything
 from minifloat.runtime import setup as setup_runtime
 from minifloat.schedule import lr_at
-from minifloat.stability import StepGuard, StepGuardConfig, attach_embedding_grad_shrink, z_loss
+from minifloat.stability import StepGuard, StepGuardConfig, z_loss
 from minifloat.train_config import ConfigError, TrainConfig
 from minifloat.train_state import extra_buffers, full_state, load_full_state, restore_buffers
 
@@ -261,60 +261,17 @@ class Trainer:
         return dataset
 
     def _build_model(self) -> None:
-        from minifloat.models.llama import PRESETS, Llama, get_config
+        from minifloat.train_model import build_model
 
-        cfg = self.config
-        overrides = {"vocab_size": self.dataset.tokenizer.vocab_size, **cfg.model_overrides}
-        preset_len = PRESETS[cfg.model].max_seq_len
-        overrides.setdefault("max_seq_len", max(preset_len, cfg.seq_len))
-        self.model_config = get_config(cfg.model, **overrides)
-        model = Llama(self.model_config).to(self.runtime.device)
-        model.init_weights(cfg.seed)
-        if self._param_dtype() == torch.bfloat16:
-            model.to(torch.bfloat16)
-        if self.recipe.quantized:
-            from minifloat.convert import convert
-
-            convert(model, self.recipe)
-        if self.model_transform is not None:
-            self.model_transform(model)
-        if cfg.embed_grad_shrink < 1.0:
-            attach_embedding_grad_shrink(model.tok_embeddings, cfg.embed_grad_shrink)
-        self.raw_model = model
-        self.num_params = sum(p.numel() for p in model.parameters())
-        self.model = self._wrap(model)
-
-    def _param_dtype(self) -> torch.dtype:
-        if self.config.optim_states == "fp32":
-            return torch.float32
-        from minifloat.optim import preset_param_dtype
-
-        bf16 = preset_param_dtype(self.config.optim_states) == "bf16"
-        return torch.bfloat16 if bf16 else torch.float32
-
-    def _wrap(self, model: nn.Module) -> nn.Module:
-        """Apply FSDP / torch.compile / DDP as configured; returns the module to call."""
-        cfg, runtime = self.config, self.runtime
-        if cfg.parallel != "none" and not runtime.distributed:
-            raise ConfigError(f"parallel={cfg.parallel} needs a torchrun launch (WORLD_SIZE > 1)")
-        if cfg.parallel == "fsdp":
-            from minifloat.distributed import apply_fsdp, fsdp_reduce_dtype
-
-            try:
-                reduce_dtype = fsdp_reduce_dtype(cfg.grad_comm)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
-            model = apply_fsdp(model, reduce_dtype=reduce_dtype)
-        forward_module = torch.compile(model) if cfg.compile else model
-        if cfg.parallel == "ddp" or (runtime.distributed and cfg.parallel == "none"):
-            from torch.nn.parallel import DistributedDataParallel
-
-            from minifloat.distributed import register_grad_comm_hook
-
-            device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-            forward_module = DistributedDataParallel(forward_module, device_ids=device_ids)
-            register_grad_comm_hook(forward_module, cfg.grad_comm)
-        return forward_module
+        built = build_model(
+            self.config,
+            self.recipe,
+            self.runtime,
+            vocab_size=self.dataset.tokenizer.vocab_size,
+            model_transform=self.model_transform,
+        )
+        self.model_config, self.raw_model, self.model = built
+        self.num_params = sum(p.numel() for p in self.raw_model.parameters())
 
     def _build_optimizer(self) -> None:
         cfg = self.config

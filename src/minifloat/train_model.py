@@ -1,0 +1,115 @@
+"""The trainer's model: a LLaMA preset in the run's dtype and recipe, wrapped for parallelism.
+
+Order matters and is the same for every run: build → (bf16 cast) → convert to the recipe →
+user transform → embedding-gradient shrink → FSDP / torch.compile / DDP. Under FSDP with fp32
+parameters the model is built on the meta device and each rank initializes only its own shard
+after sharding (torchtitan's pattern); the values equal the eager init's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from minifloat.models.llama import PRESETS, Llama, LlamaConfig, get_config
+from minifloat.recipes import Recipe
+from minifloat.runtime import Runtime
+from minifloat.stability import attach_embedding_grad_shrink
+from minifloat.train_config import ConfigError, TrainConfig
+
+__all__ = ["build_model", "param_dtype", "deferred_init"]
+
+
+def param_dtype(config: TrainConfig) -> torch.dtype:
+    """dtype of the stored parameters: bf16 for master-less optimizer presets, else fp32."""
+    if config.optim_states == "fp32":
+        return torch.float32
+    from minifloat.optim import preset_param_dtype
+
+    bf16 = preset_param_dtype(config.optim_states) == "bf16"
+    return torch.bfloat16 if bf16 else torch.float32
+
+
+def deferred_init(config: TrainConfig, runtime: Runtime) -> bool:
+    """Whether to build on the meta device and initialize after sharding.
+
+    Under FSDP every rank then materializes only its own shard, instead of initializing the
+    whole model on its CPU and copying it to its GPU (27 GB per rank at 7B). bf16 parameters keep
+    the eager path: their values come from rounding the fp32 init.
+    """
+    return (
+        config.parallel == "fsdp" and runtime.distributed and param_dtype(config) == torch.float32
+    )
+
+
+def build_model(
+    config: TrainConfig,
+    recipe: Recipe,
+    runtime: Runtime,
+    *,
+    vocab_size: int,
+    model_transform: Callable[[nn.Module], Any] | None = None,
+) -> tuple[LlamaConfig, nn.Module, nn.Module]:
+    """(model config, the model, the module to call): the last is the model wrapped by FSDP,
+    torch.compile and/or DDP as `config` asks; the model itself holds the parameters."""
+    overrides = {"vocab_size": vocab_size, **config.model_overrides}
+    overrides.setdefault("max_seq_len", max(PRESETS[config.model].max_seq_len, config.seq_len))
+    model_config = get_config(config.model, **overrides)
+    deferred = deferred_init(config, runtime)
+    with torch.device("meta") if deferred else contextlib.nullcontext():
+        model = Llama(model_config)
+    if not deferred:
+        model.to(runtime.device)
+        model.init_weights(config.seed)
+    if param_dtype(config) == torch.bfloat16:
+        model.to(torch.bfloat16)
+    if recipe.quantized:
+        from minifloat.convert import convert
+
+        convert(model, recipe)
+    if model_transform is not None:
+        model_transform(model)
+    if config.embed_grad_shrink < 1.0:
+        attach_embedding_grad_shrink(model.tok_embeddings, config.embed_grad_shrink)
+    return model_config, model, _wrap(model, config, runtime, deferred=deferred)
+
+
+def _materialize(model: nn.Module, device: torch.device, seed: int) -> None:
+    """Allocate the (sharded) meta parameters and buffers on `device` and initialize them."""
+    from minifloat.linear import QuantLinear
+
+    model.to_empty(device=device)
+    model.init_weights(seed)
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.reset_buffers()
+
+
+def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: bool) -> nn.Module:
+    """Apply FSDP / torch.compile / DDP as configured; returns the module to call."""
+    if config.parallel != "none" and not runtime.distributed:
+        raise ConfigError(f"parallel={config.parallel} needs a torchrun launch (WORLD_SIZE > 1)")
+    if config.parallel == "fsdp":
+        from minifloat.distributed import apply_fsdp, fsdp_reduce_dtype
+
+        try:
+            reduce_dtype = fsdp_reduce_dtype(config.grad_comm)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        model = apply_fsdp(model, reduce_dtype=reduce_dtype)
+        if deferred:
+            _materialize(model, runtime.device, config.seed)
+    forward_module = torch.compile(model) if config.compile else model
+    if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        from minifloat.distributed import register_grad_comm_hook
+
+        device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        forward_module = DistributedDataParallel(forward_module, device_ids=device_ids)
+        register_grad_comm_hook(forward_module, config.grad_comm)
+    return forward_module
