@@ -45,9 +45,10 @@
 #   unsharded fp32 layers in flight + ~5.3 MiB of activations per token (calibrated on the 1.3B
 #   anchor: 55 GiB at batch 8 on one GPU, no activation checkpointing) = ~60 GiB at batch 4,
 #   ~105-115 GiB at batch 8 (may fit 141 GB; fp4/fp8 keep extra quantized copies): BATCH=4.
-#   One job: start + imports ~20 s, tokenizer/corpus (first job only) ~30 s, model built on the
-#   CPU and moved (27 GB per rank, host memory grows ~3 s per 8 GiB here) 1-2 min, compile
-#   ~1.5 min, 220 steps ~3 min, final evaluation (compiles a no-grad graph) ~45 s: ~7.5 min.
+#   One job: start + imports ~20 s, tokenizer/corpus (first job only) ~30 s, model built on
+#   meta and each shard initialized on its GPU (the trainer's FSDP path; the full matrices are
+#   drawn on every GPU, seconds), compile ~1.5 min, 220 steps ~3 min, final evaluation
+#   (compiles a no-grad graph) ~45 s: ~6.5 min.
 #   fp4 steps are ~6x slower (OCC; README: fp4 layers run at 0.14x bf16), ~5 s per step: only
 #   WARMUP=5 MEASURE=40 fit one job.
 #   No checkpoints at 7B: a trainer checkpoint is the full fp32 state (6.74B x 12 B = 81 GB)
