@@ -568,7 +568,7 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     add("--lr", type=float, default=None)
     add("--seed", type=int, default=0)
     add("--grad-comm", default="fp32", choices=("fp32", "bf16"), help="FSDP reduce dtype")
-    add("--eval-batches", type=int, default=2, help="validation batches at the last step")
+    add("--eval-batches", type=int, default=2, help="validation batches at the last step (0: none)")
     add("--model-override", dest="model_overrides", type=parse_override, action="append",
         metavar="KEY=VALUE", help="change a preset field, e.g. dim=64 (repeatable)")  # fmt: skip
     add("--progress", default="plain", choices=("plain", "off"))

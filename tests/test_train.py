@@ -55,6 +55,15 @@ def test_loss_falls_and_metrics_are_written(tmp_path: Path, dataset) -> None:
     assert result.checkpoint_path is not None and result.checkpoint_path.is_file()
 
 
+def test_eval_batches_zero_skips_every_evaluation(tmp_path: Path, dataset) -> None:
+    # Benchmarks that only time training skip the final validation (a compiled no-grad graph).
+    config = _config(tmp_path, recipe="bf16", steps=4, eval_every=2, eval_batches=0)
+    result = train(config, dataset=dataset, progress=False)
+    assert result.final_val_loss is None and result.val_losses == ()
+    records = [json.loads(line) for line in result.metrics_path.read_text().splitlines()]
+    assert records and not any("val_loss" in r for r in records)
+
+
 # fp8-delayed keeps an amax history (a non-persistent buffer) and fp4 quantizes every GEMM: both
 # must resume exactly too.
 @pytest.mark.parametrize("recipe", ["fp32", "bf16", "fp16", "fp8-delayed", "fp4"])
@@ -168,6 +177,7 @@ def test_quantized_recipe_trains(tmp_path: Path, dataset) -> None:
         ({"parallel": "tp"}, "parallel must be one of"),
         ({"embed_grad_shrink": 0.0}, "embed-grad-shrink"),
         ({"warmup_fraction": 1.5}, "warmup-fraction"),
+        ({"eval_batches": -1}, "eval-batches must be >= 0"),
     ],
 )
 def test_invalid_config_values(changes: dict, message: str) -> None:

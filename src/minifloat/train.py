@@ -519,7 +519,7 @@ class Trainer:
             }
             if metrics["skip_reason"]:
                 record["skip_reason"] = metrics["skip_reason"]
-            if self._due(cfg.eval_every) or self.step == self.total_steps:
+            if cfg.eval_batches and (self._due(cfg.eval_every) or self.step == self.total_steps):
                 record["val_loss"] = self._evaluate()
             if self.scaler.enabled:
                 record["loss_scale"] = self.scaler.scale_value

@@ -98,7 +98,7 @@ class TrainConfig:
     grad_comm: str = "fp32"
     # Evaluation, logging, checkpoints.
     eval_every: int = 50
-    eval_batches: int = 4
+    eval_batches: int = 4  # 0: no validation at all (not even at the end)
     log_every: int = 10
     sqnr_every: int = 0  # per-layer quantization SQNR every N steps (0: off; diagnostics.py)
     ckpt_every: int = 0
@@ -122,10 +122,10 @@ class TrainConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be positive, got {value}")
         if self.steps is not None and self.tokens is not None:
             raise ConfigError("give either steps or tokens, not both")
-        for name in ("grad_accum", "eval_batches", "log_every"):
+        for name in ("grad_accum", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
-        for name in ("eval_every", "ckpt_every", "spike_warmup", "sqnr_every"):
+        for name in ("eval_every", "eval_batches", "ckpt_every", "spike_warmup", "sqnr_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
         if self.lr is not None and not self.lr > 0:
