@@ -8,7 +8,13 @@ the run's checkpoint and stops after ``--chunk-steps`` more steps (0: the whole 
     torchrun --standalone --nproc-per-node 8 benchmarks/scale_out.py run --model 7B \
         --recipe fp8-rowwise --data .carry/english.xz --seq-len 2048 --batch-size 4 \
         --warmup-steps 20 --measure-steps 200 --chunk-steps 0 --no-checkpoint --runs runs/scale_out
+    torchrun --standalone --nproc-per-node 8 benchmarks/scale_out.py run --model 7B \
+        --recipe fp4 ... --chunk-steps 45 --ckpt-format sharded      # repeat: one chunk per job
     python benchmarks/scale_out.py report --runs runs/scale_out      # -> benchmarks/results/
+
+``--ckpt-format sharded`` makes every rank save and load only its own FSDP shards (a
+``checkpoint.dcp`` directory; minifloat.sharded_checkpoint) instead of gathering the full state
+to rank 0: the format that lets 7B runs be split into chunks.
 
 Recipes: any minifloat recipe, or ``torchao-float8-tensorwise``: minifloat's ``bf16`` plus
 torchao's float8 training layers swapped in through the trainer's ``model_transform`` hook (torchao
@@ -28,6 +34,7 @@ import gc
 import json
 import os
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -53,6 +60,7 @@ TORCHAO_RECIPE = "torchao-float8-tensorwise"
 RECORDS_NAME = "scale_out.jsonl"  # one "start" and one "end" record per chunk (rank 0 writes)
 DONE_NAME = "DONE"
 CHECKPOINT_NAME = "checkpoint.pt"
+SHARDED_NAME = "checkpoint.dcp"  # --ckpt-format sharded: a directory, one shard file per rank
 BASELINE_RECIPE = "bf16"
 # FP8 tensor cores need both GEMM dims of a layer in multiples of 16 (torchao asserts it).
 FLOAT8_ALIGN = 16
@@ -133,6 +141,7 @@ def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainCo
         eval_batches=args.eval_batches,
         log_every=1,  # one metrics record per step: the report needs every step's time
         ckpt_every=args.ckpt_every,
+        checkpoint_format=args.ckpt_format,
         save_checkpoints=not args.no_checkpoint,
         out_dir=str(out),
         resume=start > 0,
@@ -141,8 +150,13 @@ def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainCo
 
 
 def _checkpoint_step(path: Path) -> int:
-    """Step stored in a trainer checkpoint, read without loading its tensors (mmap)."""
+    """Step stored in a trainer checkpoint, read without loading its tensors (full: mmap;
+    sharded: the manifest)."""
     try:
+        if path.name == SHARDED_NAME:
+            from minifloat.sharded_checkpoint import read_manifest
+
+            return int(read_manifest(path)["step"])
         body = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return int(body["state"]["step"])
     except Exception as exc:
@@ -152,15 +166,18 @@ def _checkpoint_step(path: Path) -> int:
         ) from exc
 
 
-def _chunk_start(out: Path, fresh: bool) -> int | None:
+def _chunk_start(out: Path, fresh: bool, ckpt_format: str = "full") -> int | None:
     """Step this chunk starts from (0: a new run), or None when the run is already complete."""
     if fresh:
         for name in (DONE_NAME, CHECKPOINT_NAME, RECORDS_NAME):
             (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / SHARDED_NAME, ignore_errors=True)
     if (out / DONE_NAME).is_file():
         return None
-    checkpoint = out / CHECKPOINT_NAME
-    if not checkpoint.is_file():
+    checkpoint = out / (SHARDED_NAME if ckpt_format == "sharded" else CHECKPOINT_NAME)
+    # A sharded save that crashed between its two renames leaves only the .old directory.
+    old = out / f".{SHARDED_NAME}.old"
+    if not checkpoint.exists() and not (ckpt_format == "sharded" and old.is_dir()):
         # A new run (or one that never saved): earlier chunk records describe nothing kept.
         (out / RECORDS_NAME).unlink(missing_ok=True)
         return 0
@@ -174,7 +191,7 @@ def _join_process_group(device: str) -> torch.device:
     cuda = device != "cpu" and torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    # Rank 0 alone writes a checkpoint while the others wait: allow slow saves.
+    # Rank 0 alone writes a full checkpoint while the others wait: allow slow saves.
     dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
@@ -261,7 +278,7 @@ def _run_chunk(args: argparse.Namespace, device: torch.device, started: float) -
     box: list[Any] = [None]
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        box[0] = _chunk_start(out, args.fresh)
+        box[0] = _chunk_start(out, args.fresh, args.ckpt_format)
     dist.broadcast_object_list(box, src=0)
     start = box[0]
     if start is None:
@@ -555,6 +572,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     add("--chunk-steps", type=int, default=0,
         help="steps per invocation, each resuming the checkpoint (0: all at once)")  # fmt: skip
     add("--ckpt-every", type=int, default=0, help="extra checkpoints inside a chunk (0: none)")
+    add("--ckpt-format", default="full", choices=("full", "sharded"),
+        help="full: one file via rank 0; sharded: one shard per rank, no gather (7B)")  # fmt: skip
     add("--no-checkpoint", action="store_true",
         help="write no checkpoint (only with --chunk-steps 0)")  # fmt: skip
     add("--fresh", action="store_true", help="discard the run's checkpoint and records first")

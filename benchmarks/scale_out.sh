@@ -7,12 +7,13 @@
 #
 # Device commands (the repo root is the cwd; carry .carry for the corpus, .whl for torchao):
 #
-#   7B on 8 GPUs: one run per job, no checkpoints (see below). Each call takes the next
-#   unfinished recipe of the default list (bf16, fp8-tensorwise, fp8-rowwise, torchao), then fp4
-#   with fewer steps, which are ~6x slower:
+#   7B on 8 GPUs, sharded checkpoints (CKPT_FORMAT=sharded, the 7B default): the default list
+#   (bf16, fp8-tensorwise, fp8-rowwise, torchao: one whole run each, no checkpoint) then fp4
+#   (~6x slower) in chunks of 45 steps, each job resuming the last one's sharded checkpoint.
+#   The same command continues where the last job stopped, about 9 times:
 #     run(kind="nvidia-h200-x8", carry=[".carry", ".whl"], timeout_s=600,
-#         command="MODEL=7B bash benchmarks/scale_out.sh")                       # x4
-#     command="MODEL=7B RECIPES=fp4 WARMUP=5 MEASURE=40 bash benchmarks/scale_out.sh"
+#         command="MODEL=7B bash benchmarks/scale_out.sh")
+#   Only fp4, shorter: command="MODEL=7B RECIPES=fp4:45 WARMUP=5 MEASURE=40 bash ..." (1 job).
 #   Fallback, 1.3B on 2 GPUs (the default list, fp4 in chunks of 110 steps); the same command
 #   continues where the last job stopped, about 4 times:
 #     run(kind="nvidia-h200-x2", carry=[".carry", ".whl"], timeout_s=600,
@@ -27,7 +28,8 @@
 # benchmarks/results/.
 #
 # A chunk that times out (rc=124) loses its steps since the last checkpoint: give that recipe a
-# smaller chunk (e.g. fp4:60) or add EXTRA="--ckpt-every 50" (a save costs ~40 s at 1.3B).
+# smaller chunk (e.g. fp4:60) or add EXTRA="--ckpt-every 50" (a save costs ~40 s at 1.3B with
+# the full format; sharded saves are faster, see below).
 #
 # Knobs (environment): MODEL (7B | 1.3B | any preset), RECIPES (comma list of NAME[:CHUNK_STEPS];
 # CHUNK_STEPS 0, the default, = the whole run in one go without a checkpoint; default lists in
@@ -36,7 +38,8 @@
 # MIN_START_S (do not start a run or chunk with less time left; after a run's first chunk, that
 # chunk's wall time + 30 s is used if larger), MAX_CHUNKS (per recipe per job;
 # default: as many as fit), DATA (.carry/english.xz), RUNS (runs/scale_out), EXTRA (more
-# scale_out.py run flags, e.g. "--no-compile"), KEEP_CKPT=1 (keep finished runs' checkpoints).
+# scale_out.py run flags, e.g. "--no-compile"), KEEP_CKPT=1 (keep finished runs' checkpoints),
+# CKPT_FORMAT (full | sharded; default sharded for 7B, full otherwise: `--ckpt-format`).
 #
 # Estimates (from shared/ANCHORS.md and flops_per_token; to be replaced by the first job's log):
 # - 7B (6.74B params, vocab 32000): 42.9 GFLOP/token at seq 2048. At 40-50 % MFU bf16 that is
@@ -49,12 +52,20 @@
 #   meta and each shard initialized on its GPU (the trainer's FSDP path; the full matrices are
 #   drawn on every GPU, seconds), compile ~1.5 min, 220 steps ~3 min, final evaluation
 #   (compiles a no-grad graph) ~45 s: ~6.5 min.
-#   fp4 steps are ~6x slower (OCC; README: fp4 layers run at 0.14x bf16), ~5 s per step: only
-#   WARMUP=5 MEASURE=40 fit one job.
-#   No checkpoints at 7B: a trainer checkpoint is the full fp32 state (6.74B x 12 B = 81 GB)
-#   gathered to rank 0, hashed (SHA-256) and written (~2-3 min), and a resume makes EVERY rank
-#   torch.load the whole file: 8 x 81 GB > the 560 GiB of host memory. Hence CHUNK_STEPS=0 and
-#   --no-checkpoint (each run must fit one job).
+#   fp4 steps are ~6x slower (OCC; README: fp4 layers run at 0.14x bf16), ~5 s per step: 220
+#   steps (~18 min) need ~5 jobs of 45 steps (~4 min of steps + ~4 min for start, compile,
+#   loading and saving the checkpoint): fp4:45, about 7.5-8.5 min per job.
+#   Checkpoints at 7B are sharded (--ckpt-format sharded; a full one is the fp32 state,
+#   6.74B x 12 B = 81 GB, gathered to rank 0, hashed and written, ~2-3 min, and its resume has
+#   EVERY rank torch.load the whole file: 8 x 81 GB > the 560 GiB of host memory). Sharded,
+#   each rank writes its own ~10 GB (weights + AdamW moments of its FSDP shard) through
+#   torch.distributed.checkpoint, in parallel, then hashes about one eighth of the files.
+#   ESTIMATE, not measured: 81 GB at an aggregate 2-5 GB/s of local disk = 16-40 s, plus ~7 s
+#   of SHA-256 (one ~10 GB file per rank at ~1.5 GB/s) = ~25-50 s per save, and about the same
+#   per resume (verify, then each rank reads only its ~10 GB). Disk: a save keeps the old
+#   checkpoint until the new one is complete, so ~162 GB at the peak of 235 GB (one run in
+#   flight at a time; a finished run's checkpoint is deleted). bf16/fp8/torchao runs still fit
+#   one job each and write no checkpoint (chunk 0).
 # - 1.3B (1.36B params): 9.0 GFLOP/token; anchor 57.7k tokens/s on one H200 at batch 8 (52 %
 #   MFU), so ~0.3 s per step at BATCH=8 per GPU, ~45 GiB per GPU. bf16/fp8/torchao: 220 steps
 #   ~75 s + start/compile/evaluation ~2.5 min = ~4 min, so two runs per job, no checkpoint.
@@ -76,10 +87,11 @@ MAX_CHUNKS="${MAX_CHUNKS:-1000}"
 EXTRA="${EXTRA:-}"
 FAST="bf16,fp8-tensorwise,fp8-rowwise,torchao-float8-tensorwise"
 case "$MODEL" in
-  7B) DEF_GPUS=8 DEF_BATCH=4 DEF_MIN_START=420 DEF_RECIPES="$FAST" ;;
-  1.3B) DEF_GPUS=2 DEF_BATCH=8 DEF_MIN_START=240 DEF_RECIPES="$FAST,fp4:110" ;;
-  *) DEF_GPUS=2 DEF_BATCH=8 DEF_MIN_START=120 DEF_RECIPES="$FAST,fp4" ;;
+  7B) DEF_GPUS=8 DEF_BATCH=4 DEF_MIN_START=420 DEF_RECIPES="$FAST,fp4:45" DEF_CKPT=sharded ;;
+  1.3B) DEF_GPUS=2 DEF_BATCH=8 DEF_MIN_START=240 DEF_RECIPES="$FAST,fp4:110" DEF_CKPT=full ;;
+  *) DEF_GPUS=2 DEF_BATCH=8 DEF_MIN_START=120 DEF_RECIPES="$FAST,fp4" DEF_CKPT=full ;;
 esac
+CKPT_FORMAT="${CKPT_FORMAT:-$DEF_CKPT}"
 RECIPES="${RECIPES:-$DEF_RECIPES}"
 NGPU="${NGPU:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}"
 [ "$NGPU" -ge 2 ] 2>/dev/null || NGPU=$DEF_GPUS
@@ -96,7 +108,7 @@ if [[ "$RECIPES" == *torchao* ]] && ls .whl/torchao-*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | sort | uniq -c
 echo "$(date -u +%FT%TZ) MODEL=$MODEL RECIPES=$RECIPES NGPU=$NGPU BATCH=$BATCH SEQ=$SEQ" \
-  "WARMUP=$WARMUP MEASURE=$MEASURE bash benchmarks/scale_out.sh" | tee -a "$RUNS/jobs.txt"
+  "WARMUP=$WARMUP MEASURE=$MEASURE CKPT_FORMAT=$CKPT_FORMAT bash benchmarks/scale_out.sh" | tee -a "$RUNS/jobs.txt"
 
 left() { echo $((JOB_S - (SECONDS - T0))); }
 # Time to allow for a run's next chunk: its last chunk's wall time plus 30 s (interpreter start),
@@ -114,7 +126,7 @@ status=0
 for spec in ${RECIPES//,/ }; do
   recipe="${spec%%:*}"
   chunk=$([ "$spec" = "$recipe" ] && echo 0 || echo "${spec#*:}")
-  flags=(--chunk-steps "$chunk")
+  flags=(--chunk-steps "$chunk" --ckpt-format "$CKPT_FORMAT")
   [ "$chunk" = 0 ] && flags+=(--no-checkpoint)
   dir="$RUNS/${MODEL}_${recipe}"
   for ((i = 0; i < MAX_CHUNKS; i++)); do
@@ -135,11 +147,12 @@ for spec in ${RECIPES//,/ }; do
     fi
   done
   if [ -f "$dir/DONE" ] && [ -z "${KEEP_CKPT:-}" ]; then
-    rm -f "$dir/checkpoint.pt"  # 16-81 GB each; a finished run needs it no more
+    rm -rf "$dir/checkpoint.pt" "$dir/checkpoint.dcp"  # 16-81 GB; a finished run needs none
   fi
 done
 python3 benchmarks/scale_out.py report --runs "$RUNS" --results-dir "$OUT" || status=1
 tar czf "$OUT/scale_out_runs.tgz" --exclude='checkpoint.pt' --exclude='.checkpoint.pt.*' \
+  --exclude='checkpoint.dcp' --exclude='.checkpoint.dcp.*' \
   --exclude='tensorboard' -C "$(dirname "$RUNS")" "$(basename "$RUNS")"
 echo "scale_out.sh: job took $((SECONDS - T0)) s"
 exit $status

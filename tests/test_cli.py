@@ -95,6 +95,8 @@ def test_bad_input_is_one_line_exit_2(workdir: Path, args: list[str], fragment: 
         (["train", "--recipe", "fp4:occ.alpha=2"], "alpha must lie in (0.5, 1)"),
         (["train", "--sqnr-every", "-1"], "sqnr-every must be >= 0"),
         (["train", "--sqnr-every", "5", "--parallel", "fsdp"], "sqnr-every needs whole layers"),
+        (["train", "--ckpt-format", "sharded"], "checkpoint-format sharded needs parallel=fsdp"),
+        (["train", "--ckpt-format", "zip"], "invalid choice"),
     ],
 )
 def test_bad_input_in_process(
@@ -168,6 +170,12 @@ def test_sqnr_every_and_variants_reach_the_config(workdir: Path) -> None:
     assert (
         _train_config(args).recipe == "fp4:scaling=tensor" and _train_config(args).sqnr_every == 0
     )
+
+
+def test_ckpt_format_reaches_the_config() -> None:
+    args = build_parser().parse_args(["train", "--parallel", "fsdp", "--ckpt-format", "sharded"])
+    assert _train_config(args).checkpoint_format == "sharded"
+    assert _train_config(build_parser().parse_args(["train"])).checkpoint_format == "full"
 
 
 def test_data_info_and_export(workdir: Path) -> None:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import copy
-import gc
 import math
-import os
-import socket
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gloo_ranks import WORLD, spawn
 from minifloat.convert import convert
 from minifloat.distributed import (
     apply_fsdp,
@@ -28,8 +24,6 @@ from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, get_config
 from minifloat.optim import OPTIM_STATE_PRESETS, AdamW
 from minifloat.sqnr import sqnr_db
-
-WORLD = 2
 
 # Minimum SQNR (dB) of a reduction against the fp32 all-reduce, per (kind, fp8 format).
 SQNR_DB = {
@@ -44,38 +38,6 @@ DDP_GRAD_SQNR_DB = {
     "bf16": 35.0,  # bf16 payloads
     "fp8": 18.0,  # fp8 payloads with a shared scale per bucket (small grads lose bits)
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(fn, *args) -> None:  # noqa: ANN001
-    mp.spawn(_entry, args=(fn, _free_port(), args), nprocs=WORLD, join=True)
-
-
-def _entry(rank: int, fn, port: int, args: tuple) -> None:  # noqa: ANN001
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
-    try:
-        fn(rank, *args)
-        # Both ranks leave together: tearing gloo down while the peer still has collectives in
-        # flight aborted a process once ("terminate called without an active exception").
-        dist.barrier()
-        # Drop finished async work (DDP hook futures hold Python objects) while the interpreter
-        # is fully alive; gloo worker threads releasing them during finalization abort.
-        gc.collect()
-    finally:
-        dist.destroy_process_group()
-    # Passed: leave without interpreter finalization, the other place that abort happened in CI
-    # (pytorch/pytorch#179291). A failure above still raises and mp.spawn reports it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def _tiny_model(seed: int = 0) -> Llama:
@@ -127,7 +89,7 @@ def _hooks_worker(rank: int) -> None:
 
 
 def test_hooks_match_fp32_allreduce_within_format_bounds():
-    _spawn(_hooks_worker)
+    spawn(_hooks_worker)
 
 
 # ---- DDP training vs single process ------------------------------------------------------------
@@ -164,7 +126,7 @@ def _ddp_worker(rank: int) -> None:
 
 
 def test_ddp_training_matches_single_process():
-    _spawn(_ddp_worker)
+    spawn(_ddp_worker)
 
 
 # ---- FSDP2 training vs single process ----------------------------------------------------------
@@ -193,7 +155,7 @@ def _fsdp_worker(rank: int) -> None:
 
 
 def test_fsdp_training_matches_single_process():
-    _spawn(_fsdp_worker)
+    spawn(_fsdp_worker)
 
 
 def _fsdp_lowp_states_worker(rank: int) -> None:
@@ -223,7 +185,7 @@ def _fsdp_lowp_states_worker(rank: int) -> None:
 
 
 def test_fsdp_low_precision_states_and_bf16_reduce():
-    _spawn(_fsdp_lowp_states_worker)
+    spawn(_fsdp_lowp_states_worker)
 
 
 def _converted_worker(rank: int) -> None:
@@ -253,7 +215,7 @@ def _converted_worker(rank: int) -> None:
 
 
 def test_fsdp_and_ddp_train_quantlinear_models():
-    _spawn(_converted_worker)
+    spawn(_converted_worker)
 
 
 def _fsdp_checkpoint_worker(rank: int) -> None:
@@ -301,7 +263,7 @@ def _fsdp_checkpoint_worker(rank: int) -> None:
 
 
 def test_fsdp_full_checkpoint_round_trip():
-    _spawn(_fsdp_checkpoint_worker)
+    spawn(_fsdp_checkpoint_worker)
 
 
 def test_fsdp_rejects_fp8_reduce():
@@ -316,7 +278,6 @@ def _deferred_init_worker(rank: int, root: str) -> None:
     from minifloat.train_config import TrainConfig
     from minifloat.train_model import deferred_init
 
-    os.environ["WORLD_SIZE"] = str(WORLD)  # what torchrun sets; the group already exists
     for recipe in ("bf16", "fp8-delayed"):
         config = TrainConfig(
             recipe=recipe, model="tiny", data="stdlib", tokenizer="byte", device="cpu",
@@ -342,4 +303,4 @@ def _deferred_init_worker(rank: int, root: str) -> None:
 
 
 def test_trainer_fsdp_initializes_shards_like_an_eager_init(tmp_path):
-    _spawn(_deferred_init_worker, str(tmp_path))
+    spawn(_deferred_init_worker, str(tmp_path))

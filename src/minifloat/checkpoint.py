@@ -32,7 +32,11 @@ __all__ = [
     "CHECKPOINT_VERSION",
     "CheckpointError",
     "capture_rng_state",
+    "check_header",
+    "content_digest",
+    "describe_mismatch",
     "fingerprint",
+    "fsync_dir",
     "load_checkpoint",
     "restore_rng_state",
     "save_checkpoint",
@@ -73,7 +77,8 @@ def _hash_into(h: Any, obj: Any) -> None:
         h.update(f"{type(obj).__name__}:{obj!r};".encode())
 
 
-def _content_digest(payload: Mapping[str, Any]) -> str:
+def content_digest(payload: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) over nested containers of tensors and scalars (bytes, dtypes, shapes)."""
     h = hashlib.sha256()
     _hash_into(h, payload)
     return h.hexdigest()
@@ -96,7 +101,7 @@ def save_checkpoint(
         "fingerprint": fingerprint(fields),
         "state": dict(state),
     }
-    body["digest"] = _content_digest(body)
+    body["digest"] = content_digest(body)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -108,11 +113,12 @@ def save_checkpoint(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory, so the renames inside it are durable (best effort)."""
     # Makes the rename itself durable; not supported on every platform/filesystem.
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -126,7 +132,26 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _describe_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+def check_header(body: Any, path: str | os.PathLike, *, fmt: str, version: int, what: str) -> None:
+    """Check a loaded checkpoint body's format, version and digest (popped from `body`).
+
+    `what` names the digested part in the error ("content", "manifest").
+    """
+    if not isinstance(body, dict) or body.get("format") != fmt:
+        kind = "checkpoint" if fmt == CHECKPOINT_FORMAT else "sharded checkpoint"
+        raise CheckpointError(f"{path} is not a minifloat {kind}")
+    if body.get("version") != version:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {body.get('version')}, "
+            f"this minifloat reads version {version}"
+        )
+    digest = body.pop("digest", None)
+    if digest != content_digest(body):
+        raise CheckpointError(f"checkpoint {path} is corrupt ({what} digest mismatch)")
+
+
+def describe_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> str:
+    """'field: checkpoint=..., now=...' for every setting that differs (saved in plain form)."""
     current = json.loads(json.dumps(dict(current), default=str))
     keys = sorted(set(saved) | set(current))
     diffs = [
@@ -153,20 +178,11 @@ def load_checkpoint(
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({first_line})") from exc
-    if not isinstance(body, dict) or body.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not a minifloat checkpoint")
-    if body.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(
-            f"checkpoint {path} has format version {body.get('version')}, "
-            f"this minifloat reads version {CHECKPOINT_VERSION}"
-        )
-    digest = body.pop("digest", None)
-    if digest != _content_digest(body):
-        raise CheckpointError(f"checkpoint {path} is corrupt (content digest mismatch)")
+    check_header(body, path, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_VERSION, what="content")
     if fields is not None and body["fingerprint"] != fingerprint(fields):
         raise CheckpointError(
             f"checkpoint {path} was written by a different run "
-            f"({_describe_mismatch(body['fields'], fields)})"
+            f"({describe_mismatch(body['fields'], fields)})"
         )
     return body["state"]
 

@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     p_train.add_argument("--out", dest="out_dir", default=None, help="run directory")
     p_train.add_argument("--resume", dest="resume", action="store_true", default=None)
     p_train.add_argument("--ckpt-every", dest="ckpt_every", type=int, default=None)
+    p_train.add_argument(
+        "--ckpt-format",
+        dest="checkpoint_format",
+        default=None,
+        choices=["full", "sharded"],
+        help="full: one file via rank 0; sharded: one shard per rank (FSDP)",
+    )
     p_train.add_argument("--stop-after", dest="stop_after", type=int, default=None,
                          help="stop (with a checkpoint) after this step")  # fmt: skip
     p_train.set_defaults(func=_cmd_train)
@@ -166,6 +173,7 @@ def _train_config(args: argparse.Namespace) -> Any:
         values.pop("tokens", None)
     flags = [dest for _, dest, _ in _SHARED_FLAGS]
     flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
+    flags += ["checkpoint_format"]
     for dest in flags:
         value = getattr(args, dest, None)
         if value is not None:

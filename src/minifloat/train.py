@@ -42,6 +42,7 @@ from minifloat.train_state import extra_buffers, full_state, load_full_state, re
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "SHARDED_CHECKPOINT_NAME",
     "TrainResult",
     "Trainer",
     "check_names",
@@ -51,6 +52,7 @@ __all__ = [
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
+SHARDED_CHECKPOINT_NAME = "checkpoint.dcp"  # a directory (checkpoint_format="sharded")
 # Final train loss is the mean over this many last steps: one step's loss is too noisy to rank
 # recipes by.
 FINAL_LOSS_WINDOW = 10
@@ -365,32 +367,38 @@ class Trainer:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.out_dir / CHECKPOINT_NAME
+        sharded = self.config.checkpoint_format == "sharded"
+        return self.out_dir / (SHARDED_CHECKPOINT_NAME if sharded else CHECKPOINT_NAME)
 
     def save(self) -> Path | None:
-        """Write the full training state (every rank takes part; rank 0 writes)."""
-        fsdp = self.config.parallel == "fsdp"
-        model_state, optim_state = full_state(self.raw_model, self.optimizer, fsdp=fsdp)
+        """Write the training state: gathered to rank 0 ("full") or one shard per rank
+        ("sharded", sharded_checkpoint.py); every rank takes part."""
         local = {
             "data": self.iterator.state_dict(),
             "rng": ckpt.capture_rng_state(),
             "buffers": extra_buffers(self.raw_model),
         }
-        per_rank = all_gather_objects(local, self.runtime)
-        if not self.runtime.is_main:
-            return None
         state = {
             "step": self.step,
-            "model": model_state,
-            "optimizer": optim_state,
             "scaler": self.scaler.state_dict(),
             "guard": self.guard.state_dict(),
-            "ranks": per_rank,
             "losses": list(self.losses),
             "val_losses": [list(v) for v in self.val_losses],
             "config": self.config.to_dict(),
         }
-        return ckpt.save_checkpoint(self.checkpoint_path, state, fields=self._fingerprint_fields())
+        fields = self._fingerprint_fields()
+        if self.config.checkpoint_format == "sharded":
+            from minifloat.sharded_checkpoint import save_sharded
+
+            model, optimizer = self.raw_model, self.optimizer
+            return save_sharded(self.checkpoint_path, model=model, optimizer=optimizer,
+                                global_state=state, rank_state=local, fields=fields)  # fmt: skip
+        fsdp = self.config.parallel == "fsdp"
+        state["model"], state["optimizer"] = full_state(self.raw_model, self.optimizer, fsdp=fsdp)
+        state["ranks"] = all_gather_objects(local, self.runtime)
+        if not self.runtime.is_main:
+            return None
+        return ckpt.save_checkpoint(self.checkpoint_path, state, fields=fields)
 
     def _fingerprint_fields(self) -> dict[str, Any]:
         fields = self.config.trajectory_fields(self.runtime.world_size)
@@ -398,23 +406,28 @@ class Trainer:
         fields["num_params"] = self.num_params
         return fields
 
+    def _load(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(global state, this rank's state) of the checkpoint; model and optimizer loaded."""
+        fields, model, optimizer = self._fingerprint_fields(), self.raw_model, self.optimizer
+        if self.config.checkpoint_format == "sharded":
+            from minifloat.sharded_checkpoint import load_sharded
+
+            return load_sharded(self.checkpoint_path, model=model, optimizer=optimizer,
+                                fields=fields)  # fmt: skip
+        state = ckpt.load_checkpoint(self.checkpoint_path, fields=fields)
+        fsdp = self.config.parallel == "fsdp"
+        load_full_state(model, optimizer, state["model"], state["optimizer"], fsdp=fsdp)
+        return state, state["ranks"][self.runtime.rank]
+
     def resume(self) -> None:
         """Restore the state saved in ``out_dir``; raises CheckpointError on any mismatch."""
-        state = ckpt.load_checkpoint(self.checkpoint_path, fields=self._fingerprint_fields())
         try:
-            load_full_state(
-                self.raw_model,
-                self.optimizer,
-                state["model"],
-                state["optimizer"],
-                fsdp=self.config.parallel == "fsdp",
-            )
+            state, local = self._load()
             self.scaler.load_state_dict(state["scaler"])
             self.guard.load_state_dict(state["guard"])
-            ranks = state["ranks"]
-            self.iterator.load_state_dict(ranks[self.runtime.rank]["data"])
-            ckpt.restore_rng_state(ranks[self.runtime.rank]["rng"])
-            restore_buffers(self.raw_model, ranks[self.runtime.rank]["buffers"])
+            self.iterator.load_state_dict(local["data"])
+            ckpt.restore_rng_state(local["rng"])
+            restore_buffers(self.raw_model, local["buffers"])
         except (KeyError, RuntimeError, ValueError, IndexError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise ckpt.CheckpointError(

@@ -48,6 +48,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel": ("none", "ddp", "fsdp"),
     "grad_comm": ("fp32", "bf16", "fp8"),
     "tokenizer": ("bpe", "byte"),
+    "checkpoint_format": ("full", "sharded"),
 }
 
 
@@ -102,6 +103,9 @@ class TrainConfig:
     log_every: int = 10
     sqnr_every: int = 0  # per-layer quantization SQNR every N steps (0: off; diagnostics.py)
     ckpt_every: int = 0
+    # "full": one file gathered to rank 0; "sharded" (FSDP only): one shard per rank, in a
+    # directory (sharded_checkpoint.py), for models whose full state is too big to gather.
+    checkpoint_format: str = "full"
     save_checkpoints: bool = True
     out_dir: str = "runs/train"
     resume: bool = False
@@ -150,6 +154,11 @@ class TrainConfig:
                     f"{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
                     f"got {getattr(self, name)!r}"
                 )
+        if self.checkpoint_format == "sharded" and self.parallel != "fsdp":
+            raise ConfigError(
+                "checkpoint-format sharded needs parallel=fsdp (other runs hold the whole "
+                "model on every rank: use the full format)"
+            )
 
     def resolved(self) -> TrainConfig:
         """A copy with every None default filled in from :data:`MODEL_DEFAULTS`."""
@@ -191,14 +200,14 @@ class TrainConfig:
     def trajectory_fields(self, world_size: int) -> dict[str, Any]:
         """Settings that determine the training trajectory (a checkpoint's fingerprint).
 
-        Output paths, logging/eval/diagnostic cadence, device, compile and stop_after are left
-        out: they do not change which update is applied at which step.
+        Output paths, logging/eval/diagnostic cadence, device, compile, checkpoint format and
+        stop_after are left out: they do not change which update is applied at which step.
         """
         cfg = self.resolved()
         skip = {
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
-            "sqnr_every",
+            "sqnr_every", "checkpoint_format",
         }  # fmt: skip
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}
         fields["total_steps"] = cfg.total_steps(world_size)

@@ -1,0 +1,392 @@
+"""Sharded training checkpoints for FSDP runs: every rank writes and reads only its own shards.
+
+A full checkpoint (:mod:`minifloat.checkpoint`) gathers the whole state to rank 0 and every rank
+reads the whole file back: at 7B (81 GB of fp32 weights and AdamW moments) that takes minutes
+and, on resume, world-size copies of the state in host memory. A sharded checkpoint is a
+directory (``<out>/checkpoint.dcp``)::
+
+    manifest.json      format, version, step, world size, fingerprinted settings and the
+                       SHA-256 of every other file (plus a digest of the manifest itself)
+    .metadata          torch.distributed.checkpoint's index of the shards
+    __<rank>_0.distcp  model (and torch AdamW) shards, written by each rank in parallel
+    train_state.pt     step, loss scaler, step guard, losses, config (rank 0)
+    rank<NNNNN>.pt     per rank: data position, RNG states, non-persistent buffers (e.g. the
+                       fp8-delayed amax history) and, for minifloat's AdamW, its local state
+
+The three properties of the full format hold:
+
+* **Atomic**: written to ``.checkpoint.dcp.tmp``; after a barrier rank 0 moves the old directory
+  aside, renames the new one into place and deletes the old one. A crash before the renames
+  leaves the previous checkpoint in place (a stale temp directory is ignored and later
+  replaced); a crash between them leaves ``.checkpoint.dcp.old``, which a resume falls back to.
+* **Verified**: every file is hashed (the ranks share the work) and checked on load; a flipped
+  bit, a missing file or a file the manifest does not list raises :class:`CheckpointError` on
+  every rank.
+* **Matched**: the trajectory fingerprint (:func:`minifloat.checkpoint.fingerprint`) and the
+  world size must match; a mismatch names the differing fields. There is no resharding: the
+  per-rank data positions, RNG states and amax histories belong to a rank.
+
+minifloat's AdamW stores low-precision payloads with rank-local block scales, and its portable
+``state_dict()`` decodes them to fp32 (re-encoding them on load is not bit-exact for scaled or
+stochastic formats). Its state is therefore saved as is, per rank, next to the DCP shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minifloat.checkpoint import (
+    CheckpointError,
+    check_header,
+    content_digest,
+    describe_mismatch,
+    fingerprint,
+    fsync_dir,
+)
+
+__all__ = [
+    "MANIFEST_NAME",
+    "SHARDED_FORMAT",
+    "SHARDED_VERSION",
+    "check_manifest",
+    "load_sharded",
+    "read_manifest",
+    "save_sharded",
+    "verify_files",
+]
+
+SHARDED_FORMAT = "minifloat-sharded-checkpoint"
+SHARDED_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+GLOBAL_NAME = "train_state.pt"
+_HASH_CHUNK = 16 << 20
+
+
+def _rank_name(rank: int) -> str:
+    return f"rank{rank:05d}.pt"
+
+
+def _tmp_dir(path: Path) -> Path:
+    return path.parent / f".{path.name}.tmp"
+
+
+def _old_dir(path: Path) -> Path:
+    return path.parent / f".{path.name}.old"
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _barrier() -> None:
+    if _world()[1] > 1:
+        dist.barrier()
+
+
+def _gather(obj: Any) -> list[Any]:
+    rank, world = _world()
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _from_rank0(obj: Any) -> Any:
+    if _world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _save_file(obj: Any, path: Path) -> None:
+    with path.open("wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _data_files(directory: Path) -> list[str]:
+    """Every file of a checkpoint directory except the manifest, sorted (rank-independent)."""
+    return sorted(
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and p.name != MANIFEST_NAME
+    )
+
+
+# ---- minifloat AdamW: its local state, byte for byte --------------------------------------------
+
+
+def _is_minifloat_adamw(optimizer: torch.optim.Optimizer) -> bool:
+    from minifloat.optim import AdamW
+
+    return isinstance(optimizer, AdamW)
+
+
+def _local_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """minifloat AdamW's rank-local state (payloads, scales, masters) keyed by parameter name."""
+    state: dict[str, dict[str, Any]] = {}
+    for name, p in model.named_parameters():
+        if p in optimizer.state:
+            state[name] = {
+                k: v.detach().cpu().clone() if torch.is_tensor(v) else v
+                for k, v in optimizer.state[p].items()
+            }
+    # The stochastic-rounding generators are part of the trajectory (AdamW keeps them private).
+    generators = {dev: gen.get_state() for dev, gen in optimizer._generators.items()}
+    return {"state": state, "generators": generators}
+
+
+def _restore_local_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]
+) -> None:
+    params = dict(model.named_parameters())
+    unknown = sorted(set(saved["state"]) - set(params))
+    if unknown:
+        raise CheckpointError(f"optimizer state for unknown parameters: {', '.join(unknown[:3])}")
+    optimizer.state.clear()
+    for name, values in saved["state"].items():
+        p = params[name]
+        local = p.to_local() if hasattr(p, "to_local") else p
+        optimizer.state[p] = {
+            # "step" lives on the CPU, as AdamW creates it.
+            k: (v if k == "step" else v.to(local.device)) if torch.is_tensor(v) else v
+            for k, v in values.items()
+        }
+    for dev, gen_state in saved["generators"].items():
+        optimizer._generator(torch.device(dev)).set_state(gen_state)
+
+
+# ---- the distributed (DCP) part -----------------------------------------------------------------
+
+
+def _dcp_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The state DCP saves/loads: sharded model, plus the optimizer unless it is minifloat's."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=False)
+    if _is_minifloat_adamw(optimizer):
+        return {"model": get_model_state_dict(model, options=options)}
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    return {"model": model_state, "optim": optim_state}
+
+
+def _set_dcp_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=False)
+    if "optim" in state:
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
+    else:
+        set_model_state_dict(model, state["model"], options=options)
+
+
+# ---- save ---------------------------------------------------------------------------------------
+
+
+def save_sharded(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    global_state: Mapping[str, Any],
+    rank_state: Mapping[str, Any],
+    fields: Mapping[str, Any],
+) -> Path:
+    """Write a sharded checkpoint directory at ``path``; every rank must call it.
+
+    ``global_state`` (identical on every rank; rank 0 writes it) must hold ``"step"``;
+    ``rank_state`` is this rank's own state. ``fields`` are the fingerprinted run settings.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    path = Path(path)
+    rank, world = _world()
+    tmp = _tmp_dir(path)
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that crashed
+        tmp.mkdir(parents=True)
+    _barrier()
+    dcp.save(_dcp_state(model, optimizer), checkpoint_id=str(tmp))
+    local = dict(rank_state)
+    if _is_minifloat_adamw(optimizer):
+        local["optimizer"] = _local_optimizer_state(model, optimizer)
+    _save_file(local, tmp / _rank_name(rank))
+    if rank == 0:
+        _save_file(dict(global_state), tmp / GLOBAL_NAME)
+    _barrier()
+    files = _data_files(tmp)
+    mine = {name: _file_sha256(tmp / name) for name in files[rank::world]}
+    hashes = {k: v for part in _gather(mine) for k, v in part.items()}
+    if rank == 0:
+        manifest = {
+            "format": SHARDED_FORMAT,
+            "version": SHARDED_VERSION,
+            "step": int(global_state["step"]),
+            "world_size": world,
+            "fields": json.loads(json.dumps(dict(fields), default=str)),
+            "fingerprint": fingerprint(fields),
+            "files": hashes,
+        }
+        manifest["digest"] = content_digest(manifest)
+        _save_text(json.dumps(manifest, indent=1, sort_keys=True), tmp / MANIFEST_NAME)
+        _swap_in(tmp, path)
+    _barrier()
+    return path
+
+
+def _save_text(text: str, path: Path) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """Replace ``path`` by ``tmp``: at every moment one complete checkpoint can be found."""
+    old = _old_dir(path)
+    fsync_dir(tmp)
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` (or of its ``.old`` copy left by a crash
+    between the two renames of a save), its own digest checked."""
+    path = _existing(Path(path))
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} has no readable manifest ({exc})") from exc
+    check_header(manifest, path, fmt=SHARDED_FORMAT, version=SHARDED_VERSION, what="manifest")
+    manifest["path"] = str(path)
+    return manifest
+
+
+def _existing(path: Path) -> Path:
+    if path.is_dir():
+        return path
+    if _old_dir(path).is_dir():
+        return _old_dir(path)
+    raise CheckpointError(f"no checkpoint at {path}")
+
+
+def check_manifest(
+    manifest: Mapping[str, Any], *, fields: Mapping[str, Any], world_size: int
+) -> None:
+    """Raise :class:`CheckpointError` unless the checkpoint fits this run."""
+    where = manifest.get("path", "")
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(
+            f"sharded checkpoint {where} was written by {manifest['world_size']} ranks, this run "
+            f"has {world_size}; resume on the same number of ranks (per-rank data positions, "
+            "RNG states and amax histories are not resharded)"
+        )
+    if manifest["fingerprint"] != fingerprint(fields):
+        raise CheckpointError(
+            f"checkpoint {where} was written by a different run "
+            f"({describe_mismatch(manifest['fields'], fields)})"
+        )
+
+
+def verify_files(directory: Path, listed: Mapping[str, str], rank: int, world: int) -> None:
+    """Check that ``directory`` holds exactly the ``listed`` files (name -> SHA-256), hashing
+    this rank's share of them; raise the first problem any rank found, on every rank."""
+    present = _data_files(directory)
+    problems = [f"file {n} is missing" for n in sorted(set(listed) - set(present))]
+    problems += [f"file {n} is not in the manifest" for n in sorted(set(present) - set(listed))]
+    for name in sorted(set(listed) & set(present))[rank::world]:
+        if _file_sha256(directory / name) != listed[name]:
+            problems.append(f"file {name} is corrupt (SHA-256 mismatch)")
+    found = [p for part in _gather(problems) for p in part]
+    if found:
+        raise CheckpointError(f"checkpoint {directory}: {found[0]}")
+
+
+def _load_file(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"checkpoint file {path} is unreadable ({exc})") from exc
+
+
+def load_sharded(
+    path: str | os.PathLike,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    fields: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Verify the checkpoint at ``path``, load this rank's shards into ``model`` and
+    ``optimizer``, and return (global state, this rank's state); every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+
+    rank, world = _world()
+    # Rank 0 picks the directory: all ranks must read the same one.
+    found = _from_rank0(_safe(lambda: read_manifest(path)) if rank == 0 else None)
+    if isinstance(found, str):
+        raise CheckpointError(found)
+    manifest = found
+    directory = Path(manifest["path"])
+    check_manifest(manifest, fields=fields, world_size=world)
+    verify_files(directory, manifest["files"], rank, world)
+    state = _dcp_state(model, optimizer)
+    dcp.load(state, checkpoint_id=str(directory))
+    _set_dcp_state(model, optimizer, state)
+    local = _load_file(directory / _rank_name(rank))
+    if "optimizer" in local:
+        _restore_local_optimizer_state(model, optimizer, local.pop("optimizer"))
+    return _load_file(directory / GLOBAL_NAME), local
+
+
+def _safe(read: Any) -> Any:
+    """``read()``, or its CheckpointError's message (sent to every rank instead of raising)."""
+    try:
+        return read()
+    except CheckpointError as exc:
+        return str(exc)

@@ -1,0 +1,49 @@
+"""Run a test body on 2 CPU ranks: processes spawned by the test, joined in a gloo group."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(fn: Callable[..., None], *args: object) -> None:
+    """Call ``fn(rank, *args)`` on WORLD ranks; a failure on any rank fails the caller."""
+    mp.spawn(_entry, args=(fn, _free_port(), args), nprocs=WORLD, join=True)
+
+
+def _entry(rank: int, fn: Callable[..., None], port: int, args: tuple) -> None:
+    torch.set_num_threads(1)
+    os.environ["WORLD_SIZE"] = str(WORLD)  # what torchrun sets; the trainer joins this group
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    try:
+        fn(rank, *args)
+        # Both ranks leave together: tearing gloo down while the peer still has collectives in
+        # flight aborted a process once ("terminate called without an active exception").
+        dist.barrier()
+        # Drop finished async work (DDP hook futures hold Python objects) while the interpreter
+        # is fully alive; gloo worker threads releasing them during finalization abort.
+        gc.collect()
+    finally:
+        dist.destroy_process_group()
+    # Passed: leave without interpreter finalization, the other place that abort happened in CI
+    # (pytorch/pytorch#179291). A failure above still raises and mp.spawn reports it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
