@@ -154,9 +154,7 @@ def _local_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -
                 k: v.detach().cpu().clone() if torch.is_tensor(v) else v
                 for k, v in optimizer.state[p].items()
             }
-    # The stochastic-rounding generators are part of the trajectory (AdamW keeps them private).
-    generators = {dev: gen.get_state() for dev, gen in optimizer._generators.items()}
-    return {"state": state, "generators": generators}
+    return {"state": state, "generators": optimizer.generator_states()}
 
 
 def _restore_local_optimizer_state(
@@ -175,8 +173,7 @@ def _restore_local_optimizer_state(
             k: (v if k == "step" else v.to(local.device)) if torch.is_tensor(v) else v
             for k, v in values.items()
         }
-    for dev, gen_state in saved["generators"].items():
-        optimizer._generator(torch.device(dev)).set_state(gen_state)
+    optimizer.set_generator_states(saved["generators"])
 
 
 # ---- the distributed (DCP) part -----------------------------------------------------------------

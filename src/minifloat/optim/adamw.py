@@ -216,13 +216,20 @@ class AdamW(torch.optim.Optimizer):
 
     # ---- checkpoints -------------------------------------------------------------------------
 
+    def generator_states(self) -> dict[str, torch.Tensor]:
+        """States of the stochastic-rounding generators, by device: part of the trajectory."""
+        return {dev: gen.get_state() for dev, gen in self._generators.items()}
+
+    def set_generator_states(self, states: dict[str, torch.Tensor]) -> None:
+        """Restore what :meth:`generator_states` returned."""
+        for dev, gen_state in states.items():
+            self._generator(torch.device(dev)).set_state(gen_state)
+
     def state_dict(self) -> dict[str, Any]:
         """torch's optimizer state dict plus the stochastic-rounding generator states."""
         sd = super().state_dict()
         self._portable_dtensor_states(sd)
-        sd["minifloat"] = {
-            "generators": {dev: gen.get_state() for dev, gen in self._generators.items()}
-        }
+        sd["minifloat"] = {"generators": self.generator_states()}
         return sd
 
     def _portable_dtensor_states(self, sd: dict[str, Any]) -> None:
@@ -280,8 +287,7 @@ class AdamW(torch.optim.Optimizer):
             for pid, saved_state in state_dict["state"].items():
                 p = id_map[pid]
                 self.state[p] = self._convert_state(p, saved_state)
-        for dev, gen_state in state_dict.get("minifloat", {}).get("generators", {}).items():
-            self._generator(torch.device(dev)).set_state(gen_state)
+        self.set_generator_states(state_dict.get("minifloat", {}).get("generators", {}))
 
     def _convert_state(self, p: torch.Tensor, saved: dict[str, Any]) -> dict[str, Any]:
         local = _local(p)
