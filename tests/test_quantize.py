@@ -147,8 +147,43 @@ def test_quantiles_by_sort_and_by_selection_match_torch_quantile(n, ties, select
     qs = (0.01, 0.03, 0.5, 0.97, 0.99)
     got = torch.stack(_quantiles(flat, qs, select=select))
     other = torch.stack(_quantiles(flat, qs, select={"sort": "kthvalue"}.get(select, "sort")))
-    assert torch.equal(got, other)
+    # bit-exact up to the sign of a zero quantile (the paths may pick -0.0 or 0.0)
+    assert torch.equal(got.abs().view(torch.int32), other.abs().view(torch.int32))
     torch.testing.assert_close(got, torch.quantile(flat, torch.tensor(qs)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [float("nan")],
+        [float("inf"), float("-inf")],
+        [float("-inf")] * 3 + [float("nan"), float("inf")] * 2,
+    ],
+)
+def test_quantiles_ignore_non_finite_entries_on_both_paths(extra):
+    g = torch.Generator().manual_seed(1)
+    finite = torch.randn(501, generator=g)
+    flat = torch.cat([finite, torch.tensor(extra)])[torch.randperm(501 + len(extra), generator=g)]
+    qs = (0.01, 0.5, 0.99)
+    want = torch.stack(_quantiles(finite, qs, select="kthvalue"))
+    for select in ("sort", "kthvalue"):
+        got = torch.stack(_quantiles(flat, qs, select=select))
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), select  # bit-exact
+
+
+@pytest.mark.parametrize("select", ["sort", "kthvalue"])
+@pytest.mark.parametrize("flat", [[], [float("nan"), float("inf")], [float("-inf")] * 4])
+def test_quantiles_without_finite_entries_are_nan(select, flat):
+    got = _quantiles(torch.tensor(flat), (0.01, 0.99), select=select)
+    assert all(bool(torch.isnan(v)) for v in got)
+
+
+def test_quantiles_compile_without_graph_breaks_and_match_eager():
+    # Under torch.compile "auto" takes the sort path, whose shapes are all static.
+    flat = torch.cat([torch.randn(1000), torch.tensor([float("nan"), float("-inf")])])
+    compiled = torch.compile(lambda f: _quantiles(f, (0.01, 0.99)), fullgraph=True)
+    got = torch.stack(compiled(flat))
+    assert torch.equal(got, torch.stack(_quantiles(flat, (0.01, 0.99), select="kthvalue")))
 
 
 def test_quantiles_reject_unknown_selection():

@@ -128,18 +128,22 @@ class FloatFormat(ElementFormat):
         mant_top = (1 << self.mbits) - 1 - (1 if self.nan_at_top_code else 0)
         return float(2.0**self.emax * (1 + mant_top / (1 << self.mbits)))
 
+    def __post_init__(self) -> None:
+        # Built once, here: a lazy cache filled on first use would be a mutation inside whatever
+        # first reads `grid`, and torch.compile breaks its graph on such side effects (e.g. in
+        # DGE's backward).
+        vals = {0.0}
+        for m in range(1, 1 << self.mbits):  # subnormals
+            vals.add(m * 2.0 ** (self.emin - self.mbits))
+        for e in range(self.emin, self.emax + 1):
+            for m in range(1 << self.mbits):
+                v = 2.0**e * (1 + m / (1 << self.mbits))
+                if v <= self.max:
+                    vals.add(v)
+        self._cache["grid"] = torch.tensor(sorted(vals), dtype=torch.float64)
+
     @property
     def grid(self) -> torch.Tensor:
-        if "grid" not in self._cache:
-            vals = {0.0}
-            for m in range(1, 1 << self.mbits):  # subnormals
-                vals.add(m * 2.0 ** (self.emin - self.mbits))
-            for e in range(self.emin, self.emax + 1):
-                for m in range(1 << self.mbits):
-                    v = 2.0**e * (1 + m / (1 << self.mbits))
-                    if v <= self.max:
-                        vals.add(v)
-            self._cache["grid"] = torch.tensor(sorted(vals), dtype=torch.float64)
         return self._cache["grid"]
 
     def _quantum(self, mag: torch.Tensor) -> torch.Tensor:

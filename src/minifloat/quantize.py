@@ -102,47 +102,69 @@ def tensor_quantiles(x: torch.Tensor, alpha: float) -> tuple[torch.Tensor, torch
 
     Matches `torch.quantile`'s default but works on any size and ignores non-finite entries.
     """
-    flat = x.detach().float().flatten()
-    flat = flat[torch.isfinite(flat)]
-    if flat.numel() == 0:
-        nan = torch.tensor(float("nan"), device=x.device)
-        return nan, nan
-    return _quantiles(flat, (1.0 - alpha, alpha))
+    return _quantiles(x.detach().float().flatten(), (1.0 - alpha, alpha))
 
 
 def _quantiles(
     flat: torch.Tensor, qs: tuple[float, ...], *, select: str = "auto"
 ) -> tuple[torch.Tensor, ...]:
-    """Linearly interpolated quantiles of 1-D `flat` from its order statistics.
+    """Linearly interpolated quantiles of the finite entries of 1-D float32 `flat` (NaN if none).
 
     `select`: "kthvalue" (a selection per order statistic, fastest on CPU), "sort" (one sort
-    for all of them: CUDA's kthvalue runs one thread block per slice, ~20x slower than a sort on
-    a long 1-D tensor, pytorch/pytorch#75599), or "auto" (sort on CUDA). Both give the same
-    values: an order statistic does not depend on how it is found.
+    for all of them, with static shapes throughout: CUDA's kthvalue runs one thread block per
+    slice, ~20x slower than a sort on a long 1-D tensor, pytorch/pytorch#75599, and dropping the
+    non-finite entries first would give torch.compile a data-dependent shape), or "auto" (sort
+    on CUDA and under torch.compile). Both give the same values: an order statistic does not
+    depend on how it is found.
     """
-    n = flat.numel()
-    positions = [q * (n - 1) for q in qs]
-    ranks = sorted({min(int(p) + d, n - 1) for p in positions for d in (0, 1)})
     if select == "auto":
-        select = "sort" if flat.is_cuda else "kthvalue"
-    if select == "sort":
-        ordered = torch.sort(flat).values
-        stats = dict(
-            zip(ranks, ordered[torch.tensor(ranks, device=flat.device)].unbind(0), strict=True)
-        )
-    elif select == "kthvalue":
-        stats = {r: torch.kthvalue(flat, r + 1).values for r in ranks}
-    else:
+        select = "sort" if flat.is_cuda or torch.compiler.is_compiling() else "kthvalue"
+    if select not in ("sort", "kthvalue"):
         raise ValueError(f"select must be 'auto', 'sort' or 'kthvalue', got {select!r}")
+    if flat.numel() == 0:
+        nan = torch.tensor(float("nan"), device=flat.device)
+        return tuple(nan for _ in qs)
+    if select == "sort":
+        return _quantiles_by_sort(flat, qs)
+    finite = flat[torch.isfinite(flat)]
+    if finite.numel() == 0:
+        nan = torch.tensor(float("nan"), device=flat.device)
+        return tuple(nan for _ in qs)
+    n = finite.numel()
     out = []
-    for pos in positions:
+    for q in qs:
+        pos = q * (n - 1)
         lo = int(pos)
         frac = pos - lo
-        v_lo = stats[lo]
+        v_lo = torch.kthvalue(finite, lo + 1).values
         if frac == 0.0 or lo + 1 >= n:
             out.append(v_lo)
         else:
-            out.append(v_lo + (stats[lo + 1] - v_lo) * frac)
+            v_hi = torch.kthvalue(finite, lo + 2).values
+            out.append(v_lo + (v_hi - v_lo) * frac)
+    return tuple(out)
+
+
+def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch.Tensor, ...]:
+    # Ascending sort puts -inf first and +inf and NaN last, so the finite entries are the slice
+    # [n_neg_inf, n_neg_inf + n); the positions use the same float64 arithmetic as the selection
+    # path, so the results are bit-identical.
+    ordered = torch.sort(flat).values
+    n = torch.isfinite(flat).sum()
+    first = (flat == float("-inf")).sum()
+    last = flat.numel() - 1
+    out = []
+    for q in qs:
+        pos = (n - 1).double() * q
+        lo = pos.floor()
+        frac = (pos - lo).float()
+        lo_i = lo.long().clamp(min=0)
+        hi_i = torch.minimum(lo_i + 1, (n - 1).clamp(min=0))
+        # index_select with a 1-element index keeps shapes static (no .item(), no graph break)
+        v_lo = ordered.index_select(0, (first + lo_i).clamp(max=last).reshape(1)).squeeze(0)
+        v_hi = ordered.index_select(0, (first + hi_i).clamp(max=last).reshape(1)).squeeze(0)
+        value = torch.where(frac == 0, v_lo, v_lo + (v_hi - v_lo) * frac)
+        out.append(torch.where(n > 0, value, torch.full_like(value, float("nan"))))
     return tuple(out)
 
 
