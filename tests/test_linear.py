@@ -15,10 +15,12 @@ from minifloat.kernels import Backend, EmulatedBackend, backend_for, get_backend
 from minifloat.linear import QuantLinear
 from minifloat.occ import clamp
 from minifloat.quantize import quantize, tensor_quantiles
-from minifloat.recipes import QuantRecipe
+from minifloat.recipes import OperandSpec, QuantRecipe
 from minifloat.sqnr import sqnr_db
 
-QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
+# The registered quantized recipes, plus the variant whose OCC compensation runs in E4M3.
+E4M3_COMPENSATION = "fp4:occ.compensation_format=e4m3"
+QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + [E4M3_COMPENSATION]
 U = 2.0**-24  # fp32 unit roundoff
 
 # SQNR floors (dB) of y / dx / dw against the unquantized fp32 layer, on Gaussian data
@@ -42,6 +44,7 @@ SQNR_FLOORS = {
     # one 8-bit operand: fprop ~22 dB; the 8-bit operand's backward GEMM ~24.7 dB.
     "fp4-w4a8": (19.5, 16.0, 22.0),
     "fp4-w8a4": (19.5, 22.0, 16.0),
+    E4M3_COMPENSATION: (17.0, 16.0, 0.0),  # as fp4: the E4M3 correction costs ~0.3 dB of y
 }
 
 
@@ -74,7 +77,7 @@ def reference(recipe: QuantRecipe, x, w, b, dy) -> dict[str, tuple[torch.Tensor,
     xv, xs = _deq(x_c, recipe.fprop.lhs)
     wv, ws = _deq(w, recipe.fprop.rhs)
     y, y_err = _gemm(xv * xs, wv * ws)
-    comp, comp_err = _gemm(delta.double(), w.double())
+    comp, comp_err, c, c_err = _compensation(recipe, delta, w, dy)
     y = y + comp + (0 if b is None else b.double())
     out = {"y": (y, y_err + comp_err)}
 
@@ -99,7 +102,6 @@ def reference(recipe: QuantRecipe, x, w, b, dy) -> dict[str, tuple[torch.Tensor,
         hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
         tv, ts = _deq(x_c.t().contiguous(), recipe.wgrad.rhs)
         dw, dw_err = _gemm(hv * hs, tv * ts)
-    c, c_err = _gemm(dy.double().t(), delta.double().t())
     dw, dw_err = dw + c, dw_err + c_err
     if recipe.dge is not None:
         f = dge_derivative(w / ws.float(), k=recipe.dge.k, cap=recipe.dge.cap).double()
@@ -107,6 +109,25 @@ def reference(recipe: QuantRecipe, x, w, b, dy) -> dict[str, tuple[torch.Tensor,
     out["dw"] = (dw, dw_err)
     out["db"] = (dy.double().sum(0), dy.shape[0] * U * dy.double().abs().sum(0))
     return out
+
+
+def _compensation(recipe: QuantRecipe, delta, w, dy):
+    """OCC's fprop and wgrad corrections (value, error bound) in float64: exact products, or
+    with E4M3 operands quantized per row along each GEMM's contraction, over the outlier columns."""
+    if recipe.occ is None or recipe.occ.compensation_format == "fp32":
+        return (*_gemm(delta.double(), w.double()), *_gemm(dy.double().t(), delta.double().t()))
+    cols = (delta != 0).any(dim=0)
+    e4m3 = OperandSpec(fmt="e4m3", granularity="row")
+    dv, ds = _deq(delta[:, cols], e4m3)
+    wv, ws = _deq(w[:, cols], e4m3)
+    comp, comp_err = _gemm(dv * ds, wv * ws)
+    gv, gs = _deq(dy.t().contiguous(), e4m3)
+    tv, ts = _deq(delta[:, cols].t().contiguous(), e4m3)
+    c_cols, c_err_cols = _gemm(gv * gs, tv * ts)
+    c = torch.zeros(w.shape, dtype=torch.float64)
+    c_err = torch.zeros(w.shape, dtype=torch.float64)
+    c[:, cols], c_err[:, cols] = c_cols, c_err_cols
+    return comp, comp_err, c, c_err
 
 
 def run_layer(name: str, x, w, b, dy, **kw):

@@ -195,6 +195,9 @@ def test_switches_turn_features_on_and_off() -> None:
     assert recipes.get("fp4-direct:dge.k=3").dge == DGEConfig(k=3.0)
     assert not recipes.get("fp4:occ.compensate=off").occ.compensate
     assert recipes.get("fp4:occ.threshold=exact").occ.threshold == "exact"
+    e4m3 = recipes.get("fp4:occ.compensation_format=e4m3").occ
+    assert e4m3.compensation_format == "e4m3"
+    assert recipes.get("fp4").occ.compensation_format == "fp32"
 
 
 def test_per_tensor_scaling_switches_the_fp4_operands() -> None:
@@ -224,6 +227,7 @@ def test_per_tensor_scaling_switches_the_fp4_operands() -> None:
         ("fp4:dge.k=0", "DGE needs k > 0"),
         ("fp4:occ.alpha=1.5", "alpha must lie in (0.5, 1)"),
         ("fp4:occ.threshold=fast", "exact|sampled"),
+        ("fp4:occ.compensation_format=bf16", "fp32|e4m3"),
         ("fp4:scaling=column", "row|tensor"),
         ("fp4:dge=maybe", "on|true|yes|1|off|false|no|0"),
         ("fp4:dge=off:dge.k=3", "dge=off contradicts dge.k"),

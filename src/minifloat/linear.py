@@ -21,7 +21,7 @@ from torch import nn
 
 from minifloat import formats, recipes
 from minifloat.kernels.backend import BACKEND_NAMES, Backend, QOperand, get_backend
-from minifloat.recipes import DelayedScaling, QuantRecipe
+from minifloat.recipes import DelayedScaling, OCCConfig, OperandSpec, QuantRecipe
 
 __all__ = ["QuantLinear", "QuantLinearFunction"]
 
@@ -88,7 +88,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 y = backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias)
             else:
                 y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32)
-                y = y + backend.hp_matmul(delta, weight[:, cols])
+                y = y + _compensation_fprop(backend, recipe.occ, delta, weight[:, cols])
                 y = (y + bias.float() if bias is not None else y).to(out_dtype)
 
             # Backward operands, prepared only for the gradients autograd will ask for.
@@ -157,7 +157,8 @@ class QuantLinearFunction(torch.autograd.Function):
                 x_rhs = QOperand(x_rhs_data, x_rhs_scale, *meta["x_rhs"])
                 dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g)
                 if delta is not None and cols.numel() > 0:
-                    dw.index_add_(1, cols, backend.hp_matmul(dy.t(), delta.t()))
+                    dw_comp = _compensation_wgrad(backend, recipe.occ, dy, delta)
+                    dw.index_add_(1, cols, dw_comp)
                 if recipe.dge is not None:
                     w_q = QOperand(weight, w_scale, *meta["w_q"])  # data unused by apply_dge
                     dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
@@ -165,6 +166,43 @@ class QuantLinearFunction(torch.autograd.Function):
             if need_db and ctx.bias_dtype is not None:
                 db = dy.float().sum(dim=0).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None, None
+
+
+_E4M3_ROWS = OperandSpec(fmt="e4m3", granularity="row")
+
+
+def _pad_columns(t: torch.Tensor) -> torch.Tensor:
+    """Zero columns up to a multiple of 16, as FP8 tensor cores need; zeros change neither the
+    row scales nor any sum."""
+    pad = -t.shape[1] % 16
+    return torch.nn.functional.pad(t, (0, pad)) if pad else t
+
+
+def _compensation_fprop(
+    backend: Backend, occ: OCCConfig, delta: torch.Tensor, w_cols: torch.Tensor
+) -> torch.Tensor:
+    """OCC's fprop correction Δx[:, cols] · w[:, cols]ᵀ [M, N], float32.
+
+    "e4m3": both operands quantized per row (along the outlier columns, the contraction) and
+    multiplied on the FP8 GEMM path; "fp32": the high-precision GEMM.
+    """
+    if occ.compensation_format == "fp32":
+        return backend.hp_matmul(delta, w_cols)
+    delta_q = backend.quantize(_pad_columns(delta), _E4M3_ROWS)
+    w_q = backend.quantize(_pad_columns(w_cols), _E4M3_ROWS)
+    return backend.scaled_mm(delta_q, w_q, out_dtype=torch.float32)
+
+
+def _compensation_wgrad(
+    backend: Backend, occ: OCCConfig, dy: torch.Tensor, delta: torch.Tensor
+) -> torch.Tensor:
+    """OCC's wgrad correction dyᵀ · Δx[:, cols] [N, n_cols], float32 (see the fprop one)."""
+    if occ.compensation_format == "fp32":
+        return backend.hp_matmul(dy.t(), delta.t())
+    n = delta.shape[1]
+    g_q = backend.quantize(dy, _E4M3_ROWS, transpose=True)  # dyᵀ rows, along the tokens
+    delta_q = backend.quantize(_pad_columns(delta), _E4M3_ROWS, transpose=True)
+    return backend.scaled_mm(g_q, delta_q, out_dtype=torch.float32)[:, :n]
 
 
 def _wgrad(

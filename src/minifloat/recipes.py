@@ -137,6 +137,7 @@ class DGEConfig:
 
 
 OCC_THRESHOLDS = ("exact", "sampled")
+OCC_COMPENSATION_FORMATS = ("fp32", "e4m3")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,10 +150,16 @@ class OCCConfig:
     replacement (seeded by `seed`). By the DKW inequality the sampled estimate's rank error is at
     most `sample_eps` with probability at least 1 - `sample_delta`, i.e. the clipped fraction of
     each tail lies in [1-alpha-eps, 1-alpha+eps].
+    `compensation_format`: "fp32" (the paper's high-precision GEMM) or "e4m3": Δx and the weight
+    (and, in wgrad, dy) quantized to E4M3 with per-row scales and multiplied on FP8 tensor cores.
+    When the clipped entries spread over every input channel the fp32 compensation is a dense
+    fp32 GEMM; in E4M3 it costs one FP8 GEMM, and a heavy-tailed 1024x1024 layer's output SQNR
+    moves from 21.75 dB (fp32) to 21.43 dB (no compensation: 2.2 dB). Not yet trained with.
     """
 
     alpha: float = 0.99
     compensate: bool = True
+    compensation_format: str = "fp32"
     threshold: str = "exact"
     sample_eps: float = 0.002
     sample_delta: float = 0.01
@@ -163,6 +170,8 @@ class OCCConfig:
             raise ValueError(f"OCC alpha must lie in (0.5, 1), got {self.alpha}")
         if self.threshold not in OCC_THRESHOLDS:
             raise ValueError(f"OCC threshold must be one of {OCC_THRESHOLDS}")
+        if self.compensation_format not in OCC_COMPENSATION_FORMATS:
+            raise ValueError(f"OCC compensation_format must be one of {OCC_COMPENSATION_FORMATS}")
         if not (0 < self.sample_eps < 1 and 0 < self.sample_delta < 1):
             raise ValueError("OCC sample_eps and sample_delta must lie in (0, 1)")
 
@@ -398,6 +407,7 @@ VARIANT_KEYS: dict[str, str] = {
     "occ.alpha": "OCC clamp quantile alpha in (0.5, 1) (turns OCC on)",
     "occ.compensate": "on|off: add the clipped remainder back through a high-precision GEMM",
     "occ.threshold": "exact|sampled quantiles",
+    "occ.compensation_format": "fp32|e4m3: precision of the compensation GEMM",
     "occ.sample_eps": "rank error bound of sampled thresholds, in (0, 1)",
     "scaling": "row|tensor: scale granularity of both input and weight, in every GEMM",
     "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
@@ -464,6 +474,8 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
             parsed: object = _switch(key, value)
         elif field == "threshold":
             parsed = _choice(key, value, OCC_THRESHOLDS)
+        elif field == "compensation_format":
+            parsed = _choice(key, value, OCC_COMPENSATION_FORMATS)
         else:
             parsed = _number(key, value)
         return rep(r, occ=rep(r.occ or OCCConfig(threshold="sampled"), **{field: parsed}))
