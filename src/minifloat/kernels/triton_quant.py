@@ -357,6 +357,37 @@ def _finish(
     return QuantOut(values=q if write_values else None, values_t=qt, scale=scale, **extra)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What every quantizer launch needs beyond its own layout: the checked format, the output
+    buffer, the rounding arguments and the OCC clip bounds."""
+
+    fmt: ElementFormat
+    q: torch.Tensor
+    stochastic: bool
+    seed: int
+    lo: torch.Tensor
+    hi: torch.Tensor
+    has_clip: bool
+
+
+def _prepare(
+    x: torch.Tensor,
+    fmt: str | ElementFormat,
+    *,
+    out_dtype: torch.dtype | None,
+    clip: tuple[torch.Tensor, torch.Tensor] | None,
+    rounding: str,
+    seed: int | None,
+) -> _Launch:
+    _check_matrix(x)
+    fmt = formats.get(fmt)
+    q = torch.empty(x.shape, dtype=out_dtype or storage_dtype(fmt), device=x.device)
+    stochastic, seed = _rounding_args(rounding, seed)
+    lo, hi, has_clip = _clip_args(clip, x)
+    return _Launch(fmt, q, stochastic, seed, lo, hi, has_clip)
+
+
 def _rounding_args(rounding: str, seed: int | None) -> tuple[bool, int]:
     if rounding not in formats.ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}, got {rounding!r}")
@@ -394,14 +425,10 @@ def quantize_rows(
     Column granularity is `quantize_rows(x.t())`: its `values` are the contiguous transposed copy
     the backward GEMMs need, read coalesced through x's strides.
     """
-    _check_matrix(x)
-    fmt = formats.get(fmt)
+    k = _prepare(x, fmt, out_dtype=out_dtype, clip=clip, rounding=rounding, seed=seed)
     r, c = x.shape
-    out_dtype = out_dtype or storage_dtype(fmt)
-    q = torch.empty((r, c), dtype=out_dtype, device=x.device)
     rm, has_rm = _mult(row_mult, r, x)
     cm, has_cm = _mult(col_mult, c, x)
-    stochastic, seed = _rounding_args(rounding, seed)
     if group is None:
         n_groups, block_c = 1, min(256, triton.next_power_of_2(max(c, 16)))
     else:
@@ -414,17 +441,16 @@ def quantize_rows(
         block_r, warps = tuning[0], tuning[2]
         block_c = tuning[1] if group is None else block_c
     grid = (triton.cdiv(r, block_r), n_groups)
-    lo, hi, has_clip = _clip_args(clip, x)
     _quant_rows_kernel[grid](
-        x, *x.stride(), r, c, rm, cm, lo, hi,
-        q, *q.stride(),
-        scale, *scale.stride(), seed,
+        x, *x.stride(), r, c, rm, cm, k.lo, k.hi,
+        k.q, *k.q.stride(),
+        scale, *scale.stride(), k.seed,
         GROUP=group or 0, BLOCK_R=block_r, BLOCK_C=block_c,
         N_CHUNKS=triton.cdiv(c, block_c) if group is None else 1,
-        HAS_CLIP=has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm,
-        STOCHASTIC=stochastic, num_warps=warps, **_fmt_kwargs(fmt),
+        HAS_CLIP=k.has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm,
+        STOCHASTIC=k.stochastic, num_warps=warps, **_fmt_kwargs(k.fmt),
     )  # fmt: skip
-    return _finish(q, scale, write_values, write_transposed)
+    return _finish(k.q, scale, write_values, write_transposed)
 
 
 def quantize_blocks(
@@ -442,28 +468,23 @@ def quantize_blocks(
     """Quantize 2-D blocks of `x` (block dims powers of two >= 16, e.g. (128, 128) or (16, 16));
     scale shape [ceil(R / br), ceil(C / bc)]. `values_t` is the transposed copy (its scales are
     `scale.t()`)."""
-    _check_matrix(x)
-    fmt = formats.get(fmt)
     br, bc = block
     if min(br, bc) < 16 or br & (br - 1) or bc & (bc - 1):
         raise ValueError(f"2-D blocks must be powers of two >= 16, got {block}")
+    k = _prepare(x, fmt, out_dtype=out_dtype, clip=clip, rounding=rounding, seed=seed)
     r, c = x.shape
-    out_dtype = out_dtype or storage_dtype(fmt)
-    q = torch.empty((r, c), dtype=out_dtype, device=x.device)
-    stochastic, seed = _rounding_args(rounding, seed)
     scale = torch.empty((triton.cdiv(r, br), triton.cdiv(c, bc)), dtype=torch.float32,
                         device=x.device)  # fmt: skip
-    lo, hi, has_clip = _clip_args(clip, x)
     _quant_tiles_kernel[scale.shape](
-        x, *x.stride(), r, c, x, x, lo, hi,
-        q, *q.stride(),
-        scale, *scale.stride(), scale, 1, scale, seed,
+        x, *x.stride(), r, c, x, x, k.lo, k.hi,
+        k.q, *k.q.stride(),
+        scale, *scale.stride(), scale, 1, scale, k.seed,
         BLOCK_R=br, BLOCK_C=bc, BLOCK_P=16, SCALE_MODE=0,
-        HAS_CLIP=has_clip, HAS_RMUL=False, HAS_CMUL=False,
-        STOCHASTIC=stochastic,
-        num_warps=8 if br * bc >= 8192 else 4, **_fmt_kwargs(fmt),
+        HAS_CLIP=k.has_clip, HAS_RMUL=False, HAS_CMUL=False,
+        STOCHASTIC=k.stochastic,
+        num_warps=8 if br * bc >= 8192 else 4, **_fmt_kwargs(k.fmt),
     )  # fmt: skip
-    return _finish(q, scale, write_values, write_transposed)
+    return _finish(k.q, scale, write_values, write_transposed)
 
 
 def quantize_tensor(
@@ -483,15 +504,10 @@ def quantize_tensor(
     """One scale for the whole 2-D `x`: its own absmax scale, or a given float32 `scale` (delayed
     scaling; values saturate at ±max). Scale shape [1, 1]; `amax` is always the tensor's current
     amax (NaN mapped to inf), for an amax history."""
-    _check_matrix(x)
-    fmt = formats.get(fmt)
+    k = _prepare(x, fmt, out_dtype=out_dtype, clip=clip, rounding=rounding, seed=seed)
     r, c = x.shape
-    out_dtype = out_dtype or storage_dtype(fmt)
-    q = torch.empty((r, c), dtype=out_dtype, device=x.device)
     rm, has_rm = _mult(row_mult, r, x)
     cm, has_cm = _mult(col_mult, c, x)
-    stochastic, seed = _rounding_args(rounding, seed)
-    lo, hi, has_clip = _clip_args(clip, x)
     br, bc = 64, 128
     grid = (triton.cdiv(r, br), triton.cdiv(c, bc))
     # Bands of rows, at most _MAX_PARTIALS of them, so each quantizing program reduces few.
@@ -499,9 +515,9 @@ def quantize_tensor(
     parts = torch.empty(triton.cdiv(r, pr), dtype=torch.float32, device=x.device)
     pc = 128 if pr <= 64 else 32
     _amax_partial_kernel[(parts.numel(),)](
-        x, *x.stride(), r, c, rm, cm, lo, hi, parts,
+        x, *x.stride(), r, c, rm, cm, k.lo, k.hi, parts,
         BLOCK_R=pr, BLOCK_C=pc, N_CHUNKS=triton.cdiv(c, pc),
-        HAS_CLIP=has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm, num_warps=4,
+        HAS_CLIP=k.has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm, num_warps=4,
     )  # fmt: skip
     out_scale = torch.empty((1, 1), dtype=torch.float32, device=x.device)
     if scale is None:
@@ -510,12 +526,12 @@ def quantize_tensor(
         mode, given = 2, scale.reshape(1).float().contiguous()
         out_scale.copy_(given.reshape(1, 1))
     _quant_tiles_kernel[grid](
-        x, *x.stride(), r, c, rm, cm, lo, hi,
-        q, *q.stride(),
-        out_scale, 0, 0, parts, parts.numel(), given, seed,
+        x, *x.stride(), r, c, rm, cm, k.lo, k.hi,
+        k.q, *k.q.stride(),
+        out_scale, 0, 0, parts, parts.numel(), given, k.seed,
         BLOCK_R=br, BLOCK_C=bc, BLOCK_P=triton.next_power_of_2(parts.numel()),
-        SCALE_MODE=mode, HAS_CLIP=has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm,
-        STOCHASTIC=stochastic,
-        num_warps=4, **_fmt_kwargs(fmt),
+        SCALE_MODE=mode, HAS_CLIP=k.has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm,
+        STOCHASTIC=k.stochastic,
+        num_warps=4, **_fmt_kwargs(k.fmt),
     )  # fmt: skip
-    return _finish(q, out_scale, write_values, write_transposed, amax_parts=parts)
+    return _finish(k.q, out_scale, write_values, write_transposed, amax_parts=parts)
