@@ -20,6 +20,15 @@ from minifloat import recipes
 from minifloat.linear import QuantLinear
 from minifloat.sqnr import sqnr_db, synthetic_activation, synthetic_weight
 
+# OCC's compensation: off (the released code's behaviour) and on the FP8 path; fp4-occ (no DGE)
+# shows the wgrad compensation's effect on dw.
+VARIANTS = [
+    "fp4:occ.compensate=off",
+    "fp4:occ.compensation_format=e4m3",
+    "fp4-occ:occ.compensate=off",
+    "fp4-occ:occ.compensation_format=e4m3",
+]
+
 
 def measure(name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
     ref_x = x.double().requires_grad_()
@@ -50,7 +59,8 @@ def main() -> None:
     x = synthetic_activation(args.m, args.k, seed=1)
     w = synthetic_weight(args.n, args.k, seed=2)
     dy = torch.randn(args.m, args.n, generator=torch.Generator().manual_seed(3))
-    rows = [measure(n, x, w, dy) for n in recipes.names() if recipes.get(n).quantized]
+    names = [n for n in recipes.names() if recipes.get(n).quantized] + VARIANTS
+    rows = [measure(n, x, w, dy) for n in names]
     date = datetime.date.today().isoformat()
     lines = [
         f"# Recipe accuracy (SQNR vs float64), {date}",
