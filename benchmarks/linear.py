@@ -128,7 +128,8 @@ def breakdown(recipe, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dic
             st["cols"], st["delta"] = be.occ_outliers(xd, *st["clip"])
             _compensation_fprop(be, recipe.occ, st["delta"], w[:, st["cols"]])
             dw = torch.zeros(w.shape, device="cuda")
-            dw.index_add_(1, st["cols"], _compensation_wgrad(be, recipe.occ, dy, st["delta"]))
+            n = st["cols"].numel()
+            dw.index_add_(1, st["cols"], _compensation_wgrad(be, recipe.occ, dy, st["delta"], n))
 
     def quant():
         d = recipe.delayed

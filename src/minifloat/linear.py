@@ -88,6 +88,8 @@ class QuantLinearFunction(torch.autograd.Function):
                 y = backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias)
             else:
                 y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32)
+                if recipe.occ.compensation_format == "e4m3":
+                    delta = _pad_columns(delta)  # once, for both GEMMs (saved for wgrad)
                 y = y + _compensation_fprop(backend, recipe.occ, delta, weight[:, cols])
                 y = (y + bias.float() if bias is not None else y).to(out_dtype)
 
@@ -157,7 +159,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 x_rhs = QOperand(x_rhs_data, x_rhs_scale, *meta["x_rhs"])
                 dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g)
                 if delta is not None and cols.numel() > 0:
-                    dw_comp = _compensation_wgrad(backend, recipe.occ, dy, delta)
+                    dw_comp = _compensation_wgrad(backend, recipe.occ, dy, delta, cols.numel())
                     dw.index_add_(1, cols, dw_comp)
                 if recipe.dge is not None:
                     w_q = QOperand(weight, w_scale, *meta["w_q"])  # data unused by apply_dge
@@ -173,7 +175,7 @@ _E4M3_ROWS = OperandSpec(fmt="e4m3", granularity="row")
 
 def _pad_columns(t: torch.Tensor) -> torch.Tensor:
     """Zero columns up to a multiple of 16, as FP8 tensor cores need; zeros change neither the
-    row scales nor any sum."""
+    row scales nor any sum. A no-op (no copy) on an already padded tensor."""
     pad = -t.shape[1] % 16
     return torch.nn.functional.pad(t, (0, pad)) if pad else t
 
@@ -194,15 +196,15 @@ def _compensation_fprop(
 
 
 def _compensation_wgrad(
-    backend: Backend, occ: OCCConfig, dy: torch.Tensor, delta: torch.Tensor
+    backend: Backend, occ: OCCConfig, dy: torch.Tensor, delta: torch.Tensor, n_cols: int
 ) -> torch.Tensor:
-    """OCC's wgrad correction dyᵀ · Δx[:, cols] [N, n_cols], float32 (see the fprop one)."""
+    """OCC's wgrad correction dyᵀ · Δx[:, cols] [N, n_cols], float32 (see the fprop one);
+    `delta` may carry zero padding columns beyond `n_cols`."""
     if occ.compensation_format == "fp32":
-        return backend.hp_matmul(dy.t(), delta.t())
-    n = delta.shape[1]
+        return backend.hp_matmul(dy.t(), delta[:, :n_cols].t())
     g_q = backend.quantize(dy, _E4M3_ROWS, transpose=True)  # dyᵀ rows, along the tokens
     delta_q = backend.quantize(_pad_columns(delta), _E4M3_ROWS, transpose=True)
-    return backend.scaled_mm(g_q, delta_q, out_dtype=torch.float32)[:, :n]
+    return backend.scaled_mm(g_q, delta_q, out_dtype=torch.float32)[:, :n_cols]
 
 
 def _wgrad(
