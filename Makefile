@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m minifloat.sqnr
+	$(BIN)/python -c "from minifloat.sqnr import main; main()"
 	$(BIN)/minifloat compare --recipes bf16,fp8-tensorwise,fp4 --model tiny --data stdlib --steps 150 --out runs/demo
 
 test: $(STAMP) lint

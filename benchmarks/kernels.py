@@ -46,28 +46,37 @@ def _cases(x: torch.Tensor, s: torch.Tensor, r: torch.Tensor) -> dict:
     }  # fmt: skip
 
 
+# (tokens, features): the 7B layer shapes, and the 125M model's (batch 32 x 1024 tokens), whose
+# column operands (x.t(): 768 rows of 32768) have few row bands and need the split amax.
+TABLE_SHAPES = ((M, 4096), (M, 11008), (32768, 768), (32768, 2048))
+
+
 def quantizer_table(bw: float) -> None:
     print(f"copy bandwidth {bw:.0f} GB/s (read + write)")
-    for k in (4096, 11008):
-        x = torch.randn(M, k, device="cuda").bfloat16()
+    for m, k in TABLE_SHAPES:
+        x = torch.randn(m, k, device="cuda").bfloat16()
         s = torch.rand(k, device="cuda") + 0.5
-        r = torch.rand(M, device="cuda") + 0.5
+        r = torch.rand(m, device="cuda") + 0.5
         for name, (fn, bytes_per_el) in _cases(x, s, r).items():
             ms = time_ms(fn)
             gbs = bytes_per_el * x.numel() / ms / 1e6
-            print(f"K={k:5d} {name:32s} {ms * 1e3:8.1f} us  {gbs:6.0f} GB/s  ({gbs / bw:.0%})")
+            print(f"{m:5d}x{k:<5d} {name:32s} {ms * 1e3:8.1f} us {gbs:6.0f} GB/s ({gbs / bw:.0%})")
 
 
 def row_tuning(bw: float) -> None:
-    """Launch shapes of the whole-row quantizer (x [16384, 4096] bf16, E2M1)."""
+    """Launch shapes of the whole-row quantizer: x [16384, 4096] bf16 (E2M1, with and without
+    the transposed copy) and the column operands x.t() of [16384, 4096] and [32768, 768]."""
     x = torch.randn(M, 4096, device="cuda").bfloat16()
-    for wt in (False, True):
+    x125 = torch.randn(32768, 768, device="cuda").bfloat16()
+    inputs = [("row x", x, False), ("row x +T", x, True), ("x.t() 7B", x.t(), False),
+              ("x.t() 125M", x125.t(), False)]  # fmt: skip
+    for name, inp, wt in inputs:
         for cfg in ((16, 256, 4), (8, 512, 4), (4, 1024, 4), (8, 1024, 8), (32, 256, 8),
-                    (64, 128, 8), (32, 128, 4)):  # fmt: skip
-            fn = lambda: tq.quantize_rows(x, "e2m1", write_transposed=wt, tuning=cfg)  # noqa: E731,B023
+                    (64, 128, 8), (32, 128, 4), (64, 64, 4)):  # fmt: skip
+            fn = lambda: tq.quantize_rows(inp, "e2m1", write_transposed=wt, tuning=cfg)  # noqa: E731,B023
             ms = time_ms(fn)
-            gbs = (4 if wt else 3) * x.numel() / ms / 1e6
-            print(f"row e2m1 T={wt} {cfg}: {ms * 1e3:7.1f} us {gbs / bw:.0%} of copy")
+            gbs = (4 if wt else 3) * inp.numel() / ms / 1e6
+            print(f"{name:10s} e2m1 {cfg}: {ms * 1e3:7.1f} us {gbs / bw:.0%} of copy")
 
 
 def epilogue_order() -> None:

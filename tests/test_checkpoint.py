@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import random
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from minifloat.checkpoint import (
     CheckpointError,
     capture_rng_state,
     load_checkpoint,
+    read_stored_config,
     restore_rng_state,
     save_checkpoint,
 )
@@ -48,7 +50,7 @@ def test_missing_truncated_and_flipped_files_raise(tmp_path: Path) -> None:
     path = save_checkpoint(tmp_path / "c.pt", _state(), fields=FIELDS)
     data = path.read_bytes()
     (tmp_path / "trunc.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="corrupt"):
+    with pytest.raises(CheckpointError, match="trunc.pt is not a valid minifloat checkpoint"):
         load_checkpoint(tmp_path / "trunc.pt")
     # Flip one bit inside the tensor payload: the zip container still loads, the digest catches it.
     marker = bytes(torch.arange(12, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
@@ -58,15 +60,41 @@ def test_missing_truncated_and_flipped_files_raise(tmp_path: Path) -> None:
     (tmp_path / "flip.pt").write_bytes(bytes(flipped))
     with pytest.raises(CheckpointError, match="digest"):
         load_checkpoint(tmp_path / "flip.pt")
-    (tmp_path / "other.pt").write_bytes(b"not a checkpoint at all")
-    with pytest.raises(CheckpointError):
-        load_checkpoint(tmp_path / "other.pt")
+
+
+@pytest.mark.parametrize("content", ["garbage", "foreign pickle"])
+def test_garbage_file_is_one_line_error(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "checkpoint.pt"
+    if content == "garbage":
+        path.write_bytes(b"not a checkpoint at all\n" * 10)
+    else:  # a real torch file whose pickle holds a class weights_only refuses
+        torch.save({"when": datetime.date(2026, 1, 1)}, path)
+    for read in (load_checkpoint, read_stored_config):
+        with pytest.raises(CheckpointError) as info:
+            read(path)
+        message = str(info.value)
+        assert message.startswith(f"{path} is not a valid minifloat checkpoint (")
+        assert message.endswith(")") and "\n" not in message
+        assert "weights_only" not in message and len(message) < 250
+    if content == "foreign pickle":
+        assert "unsupported pickle content" in message and "datetime.date" in message
 
 
 def test_foreign_torch_file_is_rejected(tmp_path: Path) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
-    with pytest.raises(CheckpointError, match="not a minifloat checkpoint"):
+    with pytest.raises(CheckpointError, match="not a valid minifloat checkpoint .*header"):
         load_checkpoint(tmp_path / "foreign.pt")
+    with pytest.raises(CheckpointError, match="not a valid minifloat checkpoint .*header"):
+        read_stored_config(tmp_path / "foreign.pt")
+
+
+def test_read_stored_config(tmp_path: Path) -> None:
+    config = {"recipe": "fp4", "steps": 9, "model_overrides": {"dim": 32}}
+    path = save_checkpoint(tmp_path / "c.pt", {**_state(), "config": config}, fields=FIELDS)
+    assert read_stored_config(path) == config
+    bare = save_checkpoint(tmp_path / "bare.pt", _state(), fields=FIELDS)
+    with pytest.raises(CheckpointError, match="holds no run settings"):
+        read_stored_config(bare)
 
 
 def test_failed_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
@@ -95,3 +123,16 @@ def test_rng_state_survives_save_and_load(tmp_path: Path) -> None:
     torch.manual_seed(0)
     restore_rng_state(load_checkpoint(path)["rng"])
     assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_read_stored_config_of_sharded_checkpoint(tmp_path: Path) -> None:
+    from minifloat.sharded_checkpoint import save_sharded
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    config = {"recipe": "fp4", "parallel": "fsdp"}
+    path = save_sharded(tmp_path / "checkpoint.dcp", model=model, optimizer=optimizer,
+                        global_state={"step": 1, "config": config}, rank_state={},
+                        fields=FIELDS)  # fmt: skip
+    assert path.is_dir() and read_stored_config(path) == config

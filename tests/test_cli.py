@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.cli import _train_config, build_parser, main
+from minifloat.checkpoint import read_stored_config
+from minifloat.cli import _train_config, build_parser, main, parse_count
 
 SMALL_TOML = """
 model = "tiny"
@@ -59,6 +61,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "binary.bin").write_bytes(b"\x00\x01\x02" * 100)
     (root / "bad.toml").write_text("steps = = 3\n")
     (root / "unknown_key.toml").write_text('colour = "blue"\n')
+    (root / "override_key.toml").write_text("[model_overrides]\nfoo = 1\n")
+    (root / "str_steps.toml").write_text('steps = "abc"\n')
+    (root / "flat_overrides.toml").write_text("model_overrides = 3\n")
+    (root / "empty_run").mkdir()
+    (root / "garbage_run").mkdir()
+    (root / "garbage_run" / "checkpoint.pt").write_bytes(b"this is no checkpoint\n" * 20)
     return root
 
 
@@ -68,6 +76,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (["train", "--recipe", "fp5"], "unknown recipe 'fp5'"),
         (["train", "--steps", "0"], "must be a positive integer"),
         (["frobnicate"], "invalid choice"),
+        (["train", "--model-override", "foo=1"], "unknown model override 'foo'; valid keys: dim"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(workdir: Path, args: list[str], fragment: str) -> None:
@@ -97,6 +106,24 @@ def test_bad_input_is_one_line_exit_2(workdir: Path, args: list[str], fragment: 
         (["train", "--sqnr-every", "5", "--parallel", "fsdp"], "sqnr-every needs whole layers"),
         (["train", "--ckpt-format", "sharded"], "checkpoint-format sharded needs parallel=fsdp"),
         (["train", "--ckpt-format", "zip"], "invalid choice"),
+        (["train", "--model-override", "dim=abc"], "model override dim must be an integer"),
+        (["train", "--model-override", "dim=30"], "dim=30 is not divisible by n_heads=4"),
+        # Overrides are checked before any data work: the unknown corpus is not reached.
+        (["train", "--data", "nosuchcorpus", "--model-override", "foo=1"], "override 'foo'"),
+        (["train", "--config", "override_key.toml"], "unknown model override 'foo'"),
+        (["compare", "--recipes", "bf16,fp32", "--model-override", "foo=1"], "override 'foo'"),
+        (["train", "--config", "str_steps.toml"], "steps must be an integer, got 'abc'"),
+        (
+            ["train", "--config", "flat_overrides.toml", "--model-override", "dim=64"],
+            "model-overrides must be a table",
+        ),
+        (["train", "--tokens", "2.5"], "expected a whole number, got '2.5'"),
+        (["train", "--tokens=-1e3"], "must be a positive integer"),
+        (["train", "--out", "empty_run", "--resume"], "no checkpoint in empty_run"),
+        (["train", "--out", "garbage_run", "--resume"], "is not a valid minifloat checkpoint ("),
+        (["export", "garbage_run", "--out", "hf"], "is not a valid minifloat checkpoint ("),
+        (["export", "no_such_run", "--out", "hf"], "run directory no_such_run does not exist"),
+        (["export", "empty_run", "--out", "hf"], "empty_run holds no checkpoint.pt"),
     ],
 )
 def test_bad_input_in_process(
@@ -114,6 +141,33 @@ def test_bad_input_in_process(
     assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("minifloat: error: ") and fragment in err[0]
+    assert "weights_only" not in err[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("12", 12), ("2e9", 2_000_000_000), ("1.5e6", 1_500_000), ("2E3", 2000), ("1_000", 1000),
+     ("123456789012345678901", 123456789012345678901)],
+)  # fmt: skip
+def test_counts_accept_scientific_notation(text: str, value: int) -> None:
+    assert parse_count(text) == value and type(parse_count(text)) is int
+
+
+@pytest.mark.parametrize("text", ["2.5", "1.5e0", "0", "-3", "-1e3", "nan", "inf", "abc", ""])
+def test_counts_reject_fractions_and_non_positive(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_count(text)
+
+
+def test_tokens_in_scientific_notation_reach_the_config() -> None:
+    config = _train_config(build_parser().parse_args(["train", "--tokens", "2e9"]))
+    assert config.tokens == 2_000_000_000 and config.steps is None
+
+
+def test_grad_norm_spike_k_reaches_the_config() -> None:
+    args = build_parser().parse_args(["train", "--grad-norm-spike-k", "4.5"])
+    assert _train_config(args).grad_norm_spike_k == 4.5
+    assert _train_config(build_parser().parse_args(["train"])).grad_norm_spike_k == 0.0
 
 
 def test_too_little_data_for_one_batch(workdir: Path) -> None:
@@ -188,3 +242,41 @@ def test_data_info_and_export(workdir: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     proc = _run("data", "info", "doc.xz", cwd=workdir)
     assert json.loads(proc.stdout)["sha256"] == info["sha256"]
+
+
+def _main(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_resume_takes_the_runs_settings_from_its_checkpoint(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(workdir)
+    first = ["train", "--config", "small.toml", "--recipe", "fp32", "--seed", "3", "--lr", "2e-3",
+             "--grad-accum", "2", "--steps", "6", "--stop-after", "3", "--log-every", "1",
+             "--out", "runs/resume", "--quiet"]  # fmt: skip
+    assert _main(first, capsys)[0] == 0
+    expected = read_stored_config(workdir / "runs/resume/checkpoint.pt")
+    assert expected["seed"] == 3 and expected["model_overrides"]["dim"] == 32
+    # Only --out and --resume: every other setting comes from the checkpoint.
+    config = _train_config(build_parser().parse_args(["train", "--out", "runs/resume", "--resume"]))
+    assert {**config.to_dict(), "resume": False, "stop_after": 3} == expected
+    # Flags given on resume apply on top; one that changes the trajectory is a clear mismatch.
+    resume = ["train", "--out", "runs/resume", "--resume", "--quiet"]
+    status, _, err = _main([*resume, "--recipe", "bf16"], capsys)
+    assert status == 2 and "recipe: checkpoint='fp32', now='bf16'" in err
+    status, _, err = _main([*resume, "--steps", "12"], capsys)
+    assert status == 2 and "total_steps: checkpoint=6, now=12" in err
+    assert len(err.strip().splitlines()) == 1
+    status, out, err = _main(resume, capsys)
+    assert status == 0, err
+    assert "fp32 tiny: 6 steps" in out
+    steps = [json.loads(x)["step"] for x in (workdir / "runs/resume/metrics.jsonl").open()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    stored = read_stored_config(workdir / "runs/resume/checkpoint.pt")
+    assert {**stored, "resume": False, "stop_after": 3} == expected

@@ -10,7 +10,12 @@ import torch
 from torch import nn
 
 from minifloat import recipes
-from minifloat.convert import AlreadyConvertedError, ConversionReport, convert
+from minifloat.convert import (
+    AlreadyConvertedError,
+    ConversionReport,
+    convert,
+    is_output_head,
+)
 from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, LlamaConfig
 from minifloat.occ import occ_activation
@@ -114,10 +119,97 @@ def test_converting_twice_raises():
         convert(model, "fp8-rowwise")
 
 
+@pytest.mark.parametrize("second", ["bf16", "fp4"])
+def test_converting_twice_raises_when_nothing_was_swapped(second):
+    # bf16 swaps nothing (autocast only); the mark still records the first conversion
+    model = tiny_llama()
+    keys = list(model.state_dict())
+    assert convert(model, "bf16").converted == []
+    with pytest.raises(AlreadyConvertedError, match="already converted with recipe 'bf16'"):
+        convert(model, second)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    # the mark is no parameter or buffer, and a deepcopy of the converted model keeps it
+    assert list(model.state_dict()) == keys
+    with pytest.raises(AlreadyConvertedError, match="'bf16'"):
+        convert(copy.deepcopy(model), second)
+    # every layer skipped (skip pattern, unsuitable dims): marked as well
+    skipped = tiny_llama()
+    assert convert(skipped, "fp8-rowwise", skip="*").converted == []
+    with pytest.raises(AlreadyConvertedError, match="'fp8-rowwise'"):
+        convert(skipped, second)
+    blockwise = tiny_llama()
+    assert convert(blockwise, "fp8-blockwise").converted == []  # dims are not multiples of 128
+    with pytest.raises(AlreadyConvertedError, match="'fp8-blockwise'"):
+        convert(blockwise, second)
+    # a fresh model converts normally, and its state_dict loads into the original architecture
+    fresh = tiny_llama()
+    assert convert(fresh, "fp4").converted
+    Llama(TINY).load_state_dict(fresh.state_dict(), strict=True)
+
+
+def test_converting_a_model_with_a_converted_submodule_raises():
+    model = tiny_llama()
+    convert(model.layers[1], "fp8-rowwise")
+    with pytest.raises(AlreadyConvertedError, match="submodule 'layers.1'.*'fp8-rowwise'"):
+        convert(model, "fp4")
+    other = tiny_llama()
+    convert(other.layers[0], "bf16")
+    with pytest.raises(AlreadyConvertedError, match="submodule 'layers.0'.*'bf16'"):
+        convert(other, "fp4")
+    # QuantLinear layers put in by hand (no mark) are refused as before
+    manual = tiny_llama()
+    manual.layers[0].attention.wq = QuantLinear.from_linear(manual.layers[0].attention.wq, "fp4")
+    with pytest.raises(AlreadyConvertedError, match=r"1 QuantLinear layers.*wq.*'fp4'"):
+        convert(manual, "fp8-rowwise")
+
+
+@pytest.mark.parametrize("recipe", ["fp4", "fp8-rowwise", "bf16"])
+def test_root_linear_is_refused(recipe):
+    linear = nn.Linear(16, 16)
+    keys = list(linear.state_dict())
+    with pytest.raises(ValueError, match=r"cannot replace the root module.*from_linear"):
+        convert(linear, recipe)
+    assert list(linear.state_dict()) == keys == ["weight", "bias"]
+    assert type(linear) is nn.Linear and not list(linear.children())
+    # the suggested way works
+    assert isinstance(QuantLinear.from_linear(linear, "fp4"), QuantLinear)
+
+
 def test_report_type_and_unknown_recipe():
-    assert isinstance(convert(nn.Linear(16, 16), "fp4"), ConversionReport)  # root has no name
+    assert isinstance(convert(nn.Sequential(nn.Linear(16, 16)), "fp4"), ConversionReport)
     with pytest.raises(ValueError, match="unknown recipe"):
         convert(tiny_llama(), "fp5")
+
+
+class _Block(nn.Module):
+    """A transformer-ish block whose attention output projection is named `output`."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.attention = nn.Module()
+        self.attention.query = nn.Linear(dim, dim)
+        self.attention.output = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, dim)  # a per-block "head" projection: no output head either
+
+
+class _BlockModel(nn.Module):
+    def __init__(self, dim: int = 32, vocab: int = 48) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_Block(dim) for _ in range(2))
+        self.output = nn.Linear(dim, vocab)
+
+
+def test_output_heads_only_outside_repeated_blocks():
+    model = _BlockModel()
+    report = convert(model, "fp4")
+    inner = [f"layers.{i}.{n}" for i in range(2) for n in ("attention.query", "attention.output")]
+    assert sorted(report.converted) == sorted(inner + ["layers.0.head", "layers.1.head"])
+    assert report.skipped == [("output", "output head (kept in high precision)")]
+    assert isinstance(model.layers[0].attention.output, QuantLinear)
+    assert type(model.output) is nn.Linear
+    assert is_output_head("output") and is_output_head("lm_head") and is_output_head("model.head")
+    assert not is_output_head("layers.0.attention.output") and not is_output_head("h.11.head")
+    assert not is_output_head("layers.0.attention.wo")
 
 
 @pytest.mark.skipif(
@@ -155,6 +247,7 @@ def test_transformers_llama():
         f"model.layers.{i}.{p}" for i in range(2) for p in projs
     )
     assert {n for n, _ in report.skipped} == {"model.embed_tokens", "lm_head"}
+    assert type(model.lm_head) is nn.Linear
     with torch.no_grad():
         out = model(tokens).logits
     assert out.shape == ref.shape and torch.isfinite(out).all()

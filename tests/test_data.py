@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import sysconfig
 from pathlib import Path
@@ -72,6 +73,22 @@ def test_text_file_is_cut_at_blank_lines_losslessly(tmp_path):
     path.write_text(text)
     docs = load_corpus(path).documents
     assert len(docs) > 3
+    assert "".join(docs) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "sizes"),
+    [
+        ("word " * 10_000, [16_385, 16_385, 16_385, 845]),  # one line: cut after a space
+        ("x" * 40_000, [16_384, 16_384, 7_232]),  # no whitespace at all: hard cuts
+        ("short text, no structure", [24]),
+    ],
+)
+def test_text_file_without_line_breaks_is_still_cut(tmp_path, text, sizes):
+    path = tmp_path / "flat.txt"
+    path.write_text(text)
+    docs = load_corpus(path).documents
+    assert [len(doc) for doc in docs] == sizes
     assert "".join(docs) == text
 
 
@@ -218,8 +235,56 @@ def test_data_errors_are_one_line(tmp_path, setup, match):
     assert isinstance(info.value, ValueError)
 
 
+def _one_document_inputs(d: Path) -> dict[str, tuple[object, dict]]:
+    """Inputs of every kind that hold one document: name -> (data, load_corpus caps)."""
+    (d / "short.txt").write_text("first paragraph\n\nsecond paragraph\n")
+    (d / "one_file").mkdir()
+    (d / "one_file" / "a.txt").write_text("the only file")
+    (d / "one.jsonl").write_text(json.dumps({"text": "only one"}) + "\n")
+    export_corpus(d / "one.jsonl", d / ".carry" / "one.xz")
+    return {
+        "text": (d / "short.txt", {}),
+        "directory": (d / "one_file", {}),
+        "jsonl": (d / "one.jsonl", {}),
+        "xz": (str(d / ".carry" / "one.xz"), {}),
+        "capped": ("stdlib", {"max_docs": 1}),
+    }
+
+
+# What the error must say for each kind of input: what one document is for it.
+ONE_DOCUMENT_RULES = {
+    "text": "text file is cut into documents of at least 16,384 characters",
+    "directory": "directory gives one document per text file",
+    "jsonl": "jsonl file gives one document per non-empty line",
+    "xz": "xz corpus gives one document per stored record",
+    "capped": r"one document per \.py file \(max_bytes/max_docs kept 1 of \d+\)",
+}
+
+
+@pytest.mark.parametrize("kind", list(ONE_DOCUMENT_RULES))
+def test_one_document_error_says_what_a_document_is_and_how_to_fix(tmp_path, kind):
+    data, caps = _one_document_inputs(tmp_path)[kind]
+    with pytest.raises(DataError, match="at least 2 documents") as info:
+        build_dataset(data, tokenizer="byte", cache_dir=tmp_path / "cache", progress=False, **caps)
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.search(ONE_DOCUMENT_RULES[kind], message), message
+    for fix in ("blank lines between documents", "directory with one file per document", ".jsonl"):
+        assert fix in message
+    assert not (tmp_path / "cache" / "datasets").exists()  # failed before any tokenizing
+
+
+def test_build_dataset_reads_relative_xz_path(small_corpus, tmp_path, monkeypatch):
+    """``--data .carry/NAME.xz``: a relative path to an export (in a hidden dir) is a corpus."""
+    monkeypatch.chdir(tmp_path)
+    export_corpus(small_corpus, ".carry/small.xz", max_docs=5)
+    ds = build_dataset(".carry/small.xz", tokenizer="byte", cache_dir="cache", progress=False)
+    assert ds.corpus_name == "small.xz" and sum(ds.num_documents) == 5
+    assert ds.path.name.startswith("small-byte257-")
+
+
 def test_build_dataset_checks_seq_len_and_settings(small_corpus, tmp_path):
-    with pytest.raises(DataError, match="seq_len"):
+    with pytest.raises(DataError, match="seq_len.*shorter seq_len"):
         build_dataset(small_corpus, tokenizer="byte", cache_dir=tmp_path, seq_len=10**9,
                       progress=False)  # fmt: skip
     with pytest.raises(DataError, match="tokenizer"):

@@ -1,4 +1,8 @@
-"""Element formats: grids from bit layouts, and exact reference rounding."""
+"""Element formats: grids from bit layouts, and exact reference rounding.
+
+The references here never read `fmt.grid` or call the library's rounding: they decode every bit
+pattern of the layout and pick the nearest value by brute force in float64.
+"""
 
 import math
 
@@ -30,14 +34,44 @@ def decode(code: int, ebits: int, mbits: int, bias: int, special: str) -> float 
     return 2.0 ** (e - bias) * (1 + m / (1 << mbits))
 
 
-@pytest.mark.parametrize("name", list(FLOAT_LAYOUTS))
-def test_float_grid_matches_bit_layout(name):
-    ebits, mbits, bias, special = FLOAT_LAYOUTS[name]
-    values = {decode(c, ebits, mbits, bias, special) for c in range(1 << (ebits + mbits))}
-    values.discard(None)
+INT_BITS = {"int8": 8, "int4": 4}
+
+
+def decode_int(code: int, bits: int) -> int | None:
+    """Two's-complement value of a bit pattern (None: the most negative code, which a symmetric
+    grid leaves unused)."""
+    value = code - (1 << bits) if code >> (bits - 1) else code
+    return None if value == -(1 << (bits - 1)) else value
+
+
+def layout_values(name: str) -> dict[int, float]:
+    """Every bit pattern of `name` that encodes a finite number, mapped to its value."""
+    if name in INT_BITS:
+        bits = INT_BITS[name]
+        pairs = [(c, decode_int(c, bits)) for c in range(1 << bits)]
+    else:
+        ebits, mbits, bias, special = FLOAT_LAYOUTS[name]
+        sign = 1 << (ebits + mbits)  # sign-magnitude: the top bit only negates
+        pairs = [(c, decode(c, ebits, mbits, bias, special)) for c in range(sign)]
+        pairs += [(c | sign, None if v is None else -v) for c, v in pairs]
+    return {c: float(v) for c, v in pairs if v is not None}
+
+
+def test_layouts_cover_every_format():
+    assert set(FLOAT_LAYOUTS) | set(INT_BITS) == set(formats.names())
+
+
+@pytest.mark.parametrize("name", formats.names())
+def test_grid_matches_bit_layout(name):
+    values = set(layout_values(name).values())
     fmt = formats.get(name)
-    assert fmt.grid.tolist() == sorted(values)
+    assert fmt.grid.tolist() == sorted({abs(v) for v in values})
     assert fmt.max == max(values)
+    # The grid is symmetric: every magnitude is representable with both signs (int formats
+    # drop the most negative code to get there).
+    assert values | {-v for v in values} == values | {0.0}
+    if name in INT_BITS:  # every code but the most negative one is a distinct number
+        assert len(layout_values(name)) == len(values) == (1 << INT_BITS[name]) - 1
 
 
 def test_known_grids_and_maxima():
@@ -55,16 +89,23 @@ def test_float8_grid_matches_torch_dtype(name):
     assert sorted(set(finite.tolist())) == formats.get(name).grid.tolist()
 
 
-def reference_round_nearest_even(x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    """Independent float64 rounding: nearest grid point by search, ties to the even code."""
-    g = grid.double()
-    mag = x.double().abs().clamp(max=g[-1].item())
-    hi = torch.searchsorted(g, mag).clamp(max=len(g) - 1)
-    lo = (hi - 1).clamp(min=0)
-    d_lo, d_hi = mag - g[lo], g[hi] - mag
-    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (hi % 2 == 0))
-    out = torch.where(pick_hi, g[hi], g[lo])
-    out = torch.where(mag == g[hi], g[hi], out)
+def reference_round_nearest_even(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Independent float64 rounding by brute force over the layout's bit patterns.
+
+    Each magnitude goes to the code whose value is nearest; on an exact tie, to the code whose
+    least significant bit is 0 (for minifloats that bit is the mantissa's LSB, or the exponent's
+    when there is no mantissa; for ints it is the integer's parity). Magnitudes beyond the
+    largest value saturate to it; the sign is copied back; NaN stays NaN.
+    """
+    codes = {c: v for c, v in layout_values(name).items() if v > 0 or c == 0}
+    vals = torch.tensor(list(codes.values()), dtype=torch.float64)
+    lsb = torch.tensor([c & 1 for c in codes], dtype=torch.int64)
+    mag = x.double().abs().clamp(max=vals.max().item())  # saturate (also ±inf); NaN passes
+    dist = (mag[:, None] - vals[None, :]).abs()  # exact where a tie is possible
+    nearest = dist == dist.min(dim=1, keepdim=True).values
+    # Among the nearest codes (one, or two on a tie) take the one with an even LSB.
+    pick = torch.where(nearest, lsb[None, :], torch.full_like(dist, 2, dtype=torch.int64))
+    out = vals[pick.argmin(dim=1)]
     out = torch.where(torch.isnan(x), torch.full_like(out, math.nan), out)
     return torch.copysign(out, x.double())
 
@@ -87,10 +128,36 @@ def test_nearest_even_matches_independent_reference(name):
     x = torch.cat([adversarial(fmt), torch.randn(20000, generator=gen) * fmt.max / 3])
     x = torch.cat([x, torch.tensor([math.nan])])
     got = fmt.round(x)
-    want = reference_round_nearest_even(x, fmt.grid).float()
+    want = reference_round_nearest_even(x, name).float()
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     ok = ~torch.isnan(want)
     assert torch.equal(got[ok], want[ok])
+
+
+# E3M0 has no mantissa, so ties go to the even exponent field. Codes 0..7 are
+# 0, 0.25, 0.5, 1, 2, 4, 8, 16: code 2k is the even one. Written out by hand.
+E3M0_TIES = {
+    0.125: 0.0,  # 0 (code 0) vs 0.25 (code 1)
+    0.375: 0.5,  # 0.25 (code 1) vs 0.5 (code 2)
+    0.75: 0.5,  # 0.5 (code 2) vs 1 (code 3)
+    1.5: 2.0,  # 1 (code 3) vs 2 (code 4)
+    3.0: 2.0,  # 2 (code 4) vs 4 (code 5)
+    6.0: 8.0,  # 4 (code 5) vs 8 (code 6)
+    12.0: 8.0,  # 8 (code 6) vs 16 (code 7)
+}
+
+
+def test_e3m0_ties_go_to_even_exponent():
+    x = torch.tensor(list(E3M0_TIES))
+    want = torch.tensor(list(E3M0_TIES.values()))
+    fmt = formats.get("e3m0")
+    assert torch.equal(fmt.round(x), want)
+    assert torch.equal(fmt.round(-x), -want)
+    assert torch.equal(reference_round_nearest_even(x, "e3m0").float(), want)
+    # Just off each tie, the nearer neighbour wins whatever its parity.
+    lo = torch.tensor([0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
+    assert torch.equal(fmt.round(x * (1 - 2**-20)), lo)
+    assert torch.equal(fmt.round(x * (1 + 2**-20)), lo * 2 + (lo == 0) * 0.25)
 
 
 @pytest.mark.parametrize(

@@ -119,11 +119,16 @@ def test_ragged_dims_fall_back_with_warning():
     assert sum(issubclass(c.category, FallbackWarning) for c in caught) <= 1
 
 
-@pytest.mark.parametrize("name", ["fp4-direct", "fp8-tensorwise", "fp8-rowwise"])
+@pytest.mark.parametrize(
+    "name",
+    ["fp4-direct", "fp4-dge", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "fp8-delayed"],
+)
 def test_torch_compile_matches_eager(name):
+    # fullgraph: choosing the backend or running its kernels must not break the graph (a break
+    # made the trainer's compiled step recompile per input dtype and fall back to eager).
     torch._dynamo.reset()
-    layer = QuantLinear(256, 384, bias=False, recipe=name, backend="hopper").cuda()
-    compiled = torch.compile(copy.deepcopy(layer), fullgraph=False)
+    layer = QuantLinear(256, 384, bias=False, recipe=name, backend="auto").cuda()
+    compiled = torch.compile(copy.deepcopy(layer), fullgraph=True)
     x, _, dy = _inputs(96, 256, 384)
     outs = []
     for mod in (layer, compiled):

@@ -35,6 +35,7 @@ FMTS = ["e2m1", "e4m3", "e5m2"]
 # (shape, granularity): odd shapes exercise every mask.
 CASES = [
     ((37, 300), "row"),
+    ((19, 3000), "row"),  # long rows, few bands: the amax is split over column slices
     ((1, 17), "row"),
     ((130, 129), "tensor"),
     ((37, 300), (1, 128)),
@@ -122,6 +123,18 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
     o = tq.quantize_rows(x.t(), "e4m3", group=16, out_dtype=f32)
     r = quantize(x.t().contiguous(), "e4m3", (1, 16))
     checks += [same(o.values, r.values), same(o.scale, r.scale)]
+    z = torch.randn(1100, 20) * 2  # z.t(): 2 row bands of 5 column tiles -> 2 slices
+    z[700, 3] = float("nan")
+    z[:, 5] = 0
+    o = tq.quantize_rows(z.t(), "e4m3", out_dtype=f32, write_transposed=True)
+    r = quantize(z.t().contiguous(), "e4m3", "row")
+    checks += [same(o.values, r.values), same(o.values_t.t(), r.values), same(o.scale, r.scale)]
+    assert tq._row_slices(2, 5) == 2
+    t = torch.full((3, 40), 1e-44)  # subnormal amax: amax / 448 underflows without the floor
+    t[1] = 0
+    o = tq.quantize_rows(t, "e4m3", out_dtype=f32)
+    r = quantize(t, "e4m3", "row")
+    checks += [same(o.values, r.values), same(o.scale, r.scale), not o.values.isnan().any()]
     o = tq.quantize_blocks(x, "e5m2", (16, 32), out_dtype=f32, write_transposed=True)
     r = quantize(x, "e5m2", (16, 32))
     checks += [same(o.values_t.t(), r.values), same(o.scale, r.scale)]

@@ -66,10 +66,38 @@ def test_tiny_preset_is_cpu_sized():
     assert 1_000_000 <= PRESETS["tiny"].num_params() <= 3_000_000
 
 
-def test_paper_presets_use_llama2_shapes():
-    seven = PRESETS["7B"]
-    assert (seven.dim, seven.n_layers, seven.n_heads, seven.ffn_dim) == (4096, 32, 32, 11008)
-    assert seven.vocab_size == 32000 == PRESETS["1.3B"].vocab_size == PRESETS["13B"].vocab_size
+# (dim, layers, heads, ffn): Meta's LLaMA-2 7B and 13B; 1.3B as in the FP4 paper and ANCHORS.md.
+PAPER_SHAPES = {
+    "1.3B": (2048, 24, 16, 5632),
+    "7B": (4096, 32, 32, 11008),
+    "13B": (5120, 40, 40, 13824),
+}
+
+
+@pytest.mark.parametrize("name", list(PAPER_SHAPES))
+def test_paper_presets_use_llama2_shapes(name):
+    config = PRESETS[name]
+    assert (config.dim, config.n_layers, config.n_heads, config.ffn_dim) == PAPER_SHAPES[name]
+    assert config.kv_heads == config.n_heads  # multi-head attention, no GQA at these sizes
+    assert config.head_dim == 128 and config.vocab_size == 32000
+    # LLaMA's FFN rule: 2/3 of 4*dim, rounded up to a multiple of 256.
+    assert config.ffn_dim == 256 * math.ceil(8 * config.dim / 3 / 256)
+
+
+# Each preset's name is its parameter count (embedding + untied head) at the vocabulary below,
+# within NAME_TOLERANCE. 125M and up are named at LLaMA's 32,000 tokens; 20M at minifloat's
+# default 8192. 50M is named at neither (34.1M at 8192, 58.5M at 32000) and is left out.
+NAMED_AT_VOCAB = {"20M": 8192, "125M": 32000, "350M": 32000, "1.3B": 32000, "7B": 32000,
+                  "13B": 32000}  # fmt: skip
+NAME_TOLERANCE = 0.15
+
+
+@pytest.mark.parametrize("name", list(NAMED_AT_VOCAB))
+def test_preset_name_matches_parameter_count(name):
+    with torch.device("meta"):  # allocates nothing, even for 13B
+        model = Llama(get_config(name, vocab_size=NAMED_AT_VOCAB[name]))
+    nominal = float(name[:-1]) * {"M": 1e6, "B": 1e9}[name[-1]]
+    assert abs(model.num_params() / nominal - 1) <= NAME_TOLERANCE, model.num_params()
 
 
 def test_get_config_overrides_and_errors():

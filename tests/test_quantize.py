@@ -1,7 +1,10 @@
 """quantize / fake_quantize / QTensor: scales per granularity, non-finite handling, errors."""
 
+import inspect
 import math
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,65 +12,228 @@ import minifloat
 from minifloat import formats
 from minifloat.quantize import _quantiles, group_amax, quantize, tensor_quantiles
 
-SHAPES = [(7,), (5, 33), (3, 130, 257), (256, 128)]
+SHAPES = [(7,), (300,), (5, 33), (129, 131), (3, 130, 257), (256, 128)]
 GRANULARITIES = ["tensor", "row", "column", (1, 16), (1, 32), (1, 128), (16, 16), (128, 128)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+SCALE_FORMATS = ["fp32", "pow2", "e8m0", "e4m3"]
+
+# q.scale.shape for every shape x granularity, written out by hand: one entry per group,
+# ceil-divided for ragged blocks; a 1-D input is one row (column granularity rejects it).
+EXPECTED_SCALE_SHAPES = {
+    (7,): [(1,), (1,), None, (1, 1), (1, 1), (1, 1), (1, 1), (1, 1)],
+    (300,): [(1,), (1,), None, (1, 19), (1, 10), (1, 3), (1, 19), (1, 3)],
+    (5, 33): [(1, 1), (5, 1), (1, 33), (5, 3), (5, 2), (5, 1), (1, 3), (1, 1)],
+    (129, 131): [(1, 1), (129, 1), (1, 131), (129, 9), (129, 5), (129, 2), (9, 9), (2, 2)],
+    (3, 130, 257): [
+        (1, 1, 1),
+        (3, 130, 1),
+        (3, 1, 257),
+        (3, 130, 17),
+        (3, 130, 9),
+        (3, 130, 3),
+        (3, 9, 17),
+        (3, 2, 3),
+    ],
+    (256, 128): [(1, 1), (256, 1), (1, 128), (256, 8), (256, 4), (256, 1), (16, 8), (2, 1)],
+}
 
 
-def loop_scales(x: torch.Tensor, granularity, fmt_max: float) -> torch.Tensor:
-    """Per-element scale computed the slow, obvious way: one Python loop over groups."""
-    x2 = x.double().reshape(-1, x.shape[-1]) if x.dim() > 1 else x.double().reshape(1, -1)
-    lead = x.shape[:-2] if x.dim() > 2 else ()
-    rows, cols = x2.shape[-2] if x.dim() <= 2 else x.shape[-2], x.shape[-1]
-    mats = x2.reshape(-1, rows, cols)
-    out = torch.empty_like(mats)
+def expected_scale_shape(shape, granularity):
+    return EXPECTED_SCALE_SHAPES[shape][GRANULARITIES.index(granularity)]
+
+
+def group_ids(shape, granularity) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """Group index of every element (x's shape), from element coordinates rather than padding
+    and reshaping, and the (batch, group rows, group cols) layout of the ids."""
+    rows, cols = (1, shape[0]) if len(shape) == 1 else shape[-2:]
+    batch = math.prod(shape[:-2])
     if granularity == "tensor":
-        groups = [(slice(None), slice(None), slice(None))]
+        return torch.zeros(shape, dtype=torch.long), (1, 1, 1)
+    br, bc = {"row": (1, cols), "column": (rows, 1)}.get(granularity, granularity)
+    nr, nc = -(-rows // br), -(-cols // bc)
+    b = torch.arange(batch)[:, None, None]
+    r = torch.arange(rows)[None, :, None] // br
+    c = torch.arange(cols)[None, None, :] // bc
+    return ((b * nr + r) * nc + c).reshape(shape), (batch, nr, nc)
+
+
+def reference_scales(x: torch.Tensor, granularity, fmt_max: float, scale_format: str):
+    """Group scales in float64, one group at a time semantically (scatter by group index).
+
+    Float32 quantities are obtained by rounding an exact or float64 result once: for a quotient
+    or product of two float32 numbers that equals float32 arithmetic (53 >= 2 * 24 + 2 bits, so
+    the double rounding is innocuous). Returns the compact (batch, group rows, group cols)
+    scales and the ids that map each element to its group.
+    """
+    ids, layout = group_ids(tuple(x.shape), granularity)
+    mag = x.double().abs().flatten()
+    if granularity == "tensor":  # (scatter_reduce into a single slot is slow on CPU)
+        amax = mag.max().reshape(1)
     else:
-        br, bc = {"row": (1, cols), "column": (rows, 1)}.get(granularity, granularity)
-        groups = [
-            (b, slice(r, r + br), slice(c, c + bc))
-            for b in range(mats.shape[0])
-            for r in range(0, rows, br)
-            for c in range(0, cols, bc)
-        ]
-    for g in groups:
-        amax = mats[g].abs().max().item()
-        out[g] = (amax / fmt_max) if amax > 0 else 1.0
-    return out.reshape(*lead, rows, cols).reshape(x.shape) if lead else out.reshape(x.shape)
+        amax = torch.zeros(math.prod(layout), dtype=torch.float64)
+        amax = amax.scatter_reduce(0, ids.flatten(), mag, "amax")
+    raw = torch.where(amax > 0, amax / fmt_max, 1.0).float().clamp(min=2.0**-149).double()
+    if scale_format in ("pow2", "e8m0"):
+        scale = torch.exp2(torch.ceil(torch.log2(raw))).clamp(max=2.0**127)
+        if scale_format == "e8m0":
+            scale = scale.clamp(min=2.0**-127)
+    elif scale_format == "e4m3":
+        tensor_scale = (amax.max() / (fmt_max * 448)).float().double()
+        if tensor_scale == 0:
+            tensor_scale = torch.tensor(1.0, dtype=torch.float64)
+        block = (raw / tensor_scale).float().to(torch.float8_e4m3fn).double()
+        scale = block.clamp(min=2.0**-9) * tensor_scale
+    else:
+        scale = raw
+    scale = torch.where(amax > 0, scale.float(), 1.0)
+    return scale.reshape(layout), ids
+
+
+FLOAT8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def reference_round(scaled: torch.Tensor, fmt: formats.ElementFormat) -> torch.Tensor:
+    """Nearest-even rounding onto the grid, saturating at max (NaN-free input), by a route
+    other than the library's: torch's own float8 cast for E4M3/E5M2, else the nearest grid value
+    by brute-force float64 distance, ties to the even grid index (fine for 16-entry grids)."""
+    mag = scaled.double().abs().clamp(max=fmt.max)
+    if fmt.name in FLOAT8_DTYPES:
+        out = mag.float().to(FLOAT8_DTYPES[fmt.name]).double()
+    else:
+        g = fmt.grid.double()
+        even = torch.arange(len(g)) % 2 == 0
+        dist = (mag.flatten()[:, None] - g[None, :]).abs()
+        nearest = dist == dist.min(dim=1, keepdim=True).values
+        # a tie has two nearest entries, one at an even index; otherwise there is just one
+        tie = nearest.sum(1) > 1
+        pick = torch.where(tie, (nearest & even).int().argmax(1), nearest.int().argmax(1))
+        out = g[pick].reshape(mag.shape)
+    return torch.copysign(out, scaled.double()).float()
+
+
+def with_zero_groups(x: torch.Tensor) -> torch.Tensor:
+    """x with all-zero rows (incl. a whole 16-row band), an all-zero column and, for 1-D, an
+    all-zero leading run, so every granularity meets all-zero groups."""
+    x = x.clone()
+    if x.dim() == 1:
+        x[:40] = 0
+        return x
+    rows = x.shape[-2]
+    x[..., [0, rows - 1], :] = 0
+    if rows >= 32:
+        x[..., 16:32, :] = 0
+    x[..., :, 1] = 0
+    return x
+
+
+def sample(shape, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen) * torch.rand(shape, generator=gen).pow(4) * 10
+    return with_zero_groups(x)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("granularity", GRANULARITIES)
-@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
-def test_scales_and_values_per_granularity(shape, granularity, fmt):
-    if granularity == "column" and len(shape) == 1:
-        pytest.skip("column granularity needs 2 dims")
-    gen = torch.Generator().manual_seed(hash((shape, str(granularity))) % 1000)
-    x = torch.randn(shape, generator=gen) * torch.rand(shape, generator=gen).pow(4) * 10
-    q = quantize(x, fmt, granularity)
+def test_scale_shape_per_granularity(shape, granularity):
+    x = torch.randn(shape)
+    want = expected_scale_shape(shape, granularity)
+    if want is None:
+        with pytest.raises(ValueError, match="column"):
+            quantize(x, "e2m1", granularity)
+        return
+    q = quantize(x, "e2m1", granularity)
+    assert tuple(q.scale.shape) == want
+    assert q.values.shape == x.shape and q.expand_scale().shape == x.shape
+    if not isinstance(granularity, tuple):  # named granularities broadcast against x
+        assert torch.equal(q.scale.expand(x.shape), q.expand_scale())
+
+
+VALID_CASES = [
+    (shape, g) for shape in SHAPES for g in GRANULARITIES if expected_scale_shape(shape, g)
+]
+
+
+@pytest.mark.parametrize(("shape", "granularity"), VALID_CASES)
+@pytest.mark.parametrize(
+    ("fmt", "scale_format"), [("e2m1", sf) for sf in SCALE_FORMATS] + [("e4m3", "fp32")]
+)
+def test_scales_and_values_match_float64_reference(shape, granularity, fmt, scale_format):
+    seed = SHAPES.index(shape) * 100 + GRANULARITIES.index(granularity)
+    x = sample(shape, seed)
     f = formats.get(fmt)
-    # Scale values equal the slow per-group loop (float32 division of the float32 amax).
-    want = loop_scales(x, granularity, f.max).float()
-    assert torch.allclose(q.expand_scale(), want, rtol=1e-6, atol=0)
-    # Values are the grid rounding of x / scale, and scales are broadcastable where promised.
-    assert torch.equal(q.values, f.round(x.float() / q.expand_scale()))
-    assert bool(f.is_on_grid(q.values).all())
-    if not isinstance(granularity, tuple):
-        assert torch.broadcast_shapes(q.scale.shape, x.shape) == x.shape
-    # Each group's largest magnitude lands on the format's max.
-    assert torch.allclose(group_amax(q.values, q.granularity).amax(), torch.tensor(f.max))
+    q = quantize(x, fmt, granularity, scale_format=scale_format)
+    want, ids = reference_scales(x, granularity, f.max, scale_format)
+    # Exact: the compact scales, group by group, and their per-element expansion.
+    assert torch.equal(q.scale, want.reshape(expected_scale_shape(shape, granularity)))
+    assert torch.equal(q.expand_scale(), want.flatten()[ids])
+    # All-zero groups get scale 1 (make sure the data has some where the layout allows).
+    zero_groups = group_amax(x, granularity) == 0
+    assert torch.equal(q.scale[zero_groups], torch.ones(int(zero_groups.sum())))
+    if len(shape) > 1 and granularity in ("row", "column", (1, 16), (1, 32), (1, 128)):
+        assert bool(zero_groups.any())
+    if len(shape) > 1 and shape[-2] >= 32 and granularity == (16, 16):
+        assert bool(zero_groups.any())
+    # Values are the float64 nearest-even rounding of the float32 quotient x / scale.
+    scaled = (x.double() / want.flatten()[ids].double()).float()
+    assert torch.equal(q.values, reference_round(scaled, f))
+    if scale_format == "fp32":  # each nonzero group's largest magnitude lands on the max
+        top = group_amax(q.values, granularity)
+        assert torch.equal(top[~zero_groups], torch.full_like(top[~zero_groups], f.max))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "dtype"), [("e4m3", torch.float8_e4m3fn), ("e5m2", torch.float8_e5m2)]
+)
+@pytest.mark.parametrize("granularity", ["tensor", "row", "column", (1, 32), (16, 16)])
+@pytest.mark.parametrize("scale_format", ["fp32", "pow2", "e8m0"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_float8_values_equal_torch_cast_of_scaled_input(
+    fmt, dtype, granularity, scale_format, x_dtype
+):
+    x = sample((129, 131), seed=7).to(x_dtype)
+    q = quantize(x, fmt, granularity, scale_format=scale_format)
+    scaled = x.float() / q.expand_scale()
+    in_range = scaled.abs() <= formats.get(fmt).max  # torch's cast doesn't saturate
+    assert in_range.float().mean() > 0.99
+    assert torch.equal(q.values[in_range], scaled[in_range].to(dtype).float())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", ["e2m1", "e4m3", "e5m2", "int8"])
 def test_fake_quantize_dtype_and_error(dtype, fmt):
-    x = torch.randn(64, 96).to(dtype)
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)).to(dtype)
     y = minifloat.fake_quantize(x, fmt, "row")
     assert y.dtype == dtype and y.shape == x.shape
     sqnr = 20 * math.log10(x.float().norm() / (y.float() - x.float()).norm())
-    floor = {"e2m1": 12.0, "e4m3": 28.0, "e5m2": 22.0, "int8": 35.0}[fmt]
-    assert sqnr > floor
+    assert sqnr > SQNR_FLOOR_DB[fmt]
+
+
+# Per-row fake quantization of Gaussian data, SQNR floors (dB) with ~2-4 dB of margin.
+SQNR_FLOOR_DB = {
+    "e2m1": 12.0,  # 4-bit float: ~15 dB on Gaussians
+    "e4m3": 28.0,  # 3 mantissa bits: ~31 dB
+    "e5m2": 22.0,  # 2 mantissa bits: ~25 dB
+    "int8": 35.0,  # 127 uniform levels over the row's range: ~38 dB
+}
+
+
+def test_fake_quantize_signature_matches_quantize():
+    fq = inspect.signature(minifloat.fake_quantize).parameters
+    q = inspect.signature(quantize).parameters
+    assert list(fq.values()) == list(q.values())
+    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in fq.values())
+    assert all(p.annotation is not inspect.Parameter.empty for p in fq.values())
+
+
+def test_fake_quantize_passes_every_argument_on():
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(2)) * 3
+    kw = dict(scale_format="pow2", rounding="stochastic", clip_quantile=0.99)
+    got = minifloat.fake_quantize(
+        x, "e2m1", (1, 16), generator=torch.Generator().manual_seed(5), **kw
+    )
+    q = quantize(x, "e2m1", (1, 16), generator=torch.Generator().manual_seed(5), **kw)
+    assert torch.equal(got, q.dequantize())
+    assert not torch.equal(got, minifloat.fake_quantize(x, "e2m1", (1, 16)))
 
 
 def test_all_zero_groups_get_unit_scale():
@@ -191,17 +357,28 @@ def test_quantiles_reject_unknown_selection():
         _quantiles(torch.randn(10), (0.5,), select="median")
 
 
+def student_t3(shape, seed: int) -> torch.Tensor:
+    """Student-t (3 dof) from an explicit generator: normal / sqrt(chi2_3 / 3)."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(shape, generator=gen)
+    chi2 = torch.randn((3, *shape), generator=gen).pow(2).sum(0)
+    return z / (chi2 / 3).sqrt()
+
+
 def test_clip_quantile_clamps_two_sided_and_keeps_non_finite():
-    gen = torch.Generator().manual_seed(0)
-    x = torch.distributions.StudentT(3.0).sample((100, 100))
+    x = student_t3((100, 100), seed=0)
     lo, hi = tensor_quantiles(x, 0.99)
     tq = torch.quantile(x.flatten(), torch.tensor([0.01, 0.99]))
     assert torch.allclose(torch.stack([lo, hi]), tq, rtol=1e-5)
     q = quantize(x, "e2m1", "tensor", clip_quantile=0.99)
-    assert q.dequantize().max() <= hi * (1 + 1e-6)
+    # Clipping then quantizing is quantizing the clamped tensor; the absmax scale is set by
+    # the larger of |lo| and hi, so no dequantized value lies beyond it.
+    assert torch.equal(q.values, quantize(x.clamp(lo, hi), "e2m1", "tensor").values)
+    bound = torch.maximum(lo.abs(), hi.abs())
+    assert q.dequantize().abs().max() <= bound * (1 + 1e-6)
+    assert q.dequantize().abs().max() < x.abs().max() / 2  # the tails really were clipped
     x[0, 0] = math.inf
     assert bool(torch.isnan(quantize(x, "e2m1", "row", clip_quantile=0.99).values[0]).all())
-    del gen
 
 
 @pytest.mark.parametrize(
@@ -210,16 +387,141 @@ def test_clip_quantile_clamps_two_sided_and_keeps_non_finite():
         (dict(fmt="fp3"), ValueError, "e2m1"),
         (dict(fmt="e2m1", granularity="block"), ValueError, "tensor"),
         (dict(fmt="e2m1", granularity=(0, 32)), ValueError, "block"),
-        (dict(fmt="e2m1", clip_quantile=0.3), ValueError, "0.5"),
+        (dict(fmt="e2m1", granularity=(True, 16)), ValueError, "'tensor', 'row', 'column'"),
+        (dict(fmt="e2m1", granularity=(16, False)), ValueError, r"\(16, 16\)"),
+        (dict(fmt="e2m1", granularity=(1, 16, 1)), ValueError, "block shape"),
+        (dict(fmt="e2m1", granularity=(1.0, 16)), ValueError, "block shape"),
+        (dict(fmt="e2m1", clip_quantile=0.3), ValueError, r"\(0\.5, 1\)"),
+        (dict(fmt="e2m1", clip_quantile=1.0), ValueError, r"\(0\.5, 1\)"),
+        (dict(fmt="e2m1", clip_quantile=math.nan), ValueError, r"\(0\.5, 1\)"),
+        (dict(fmt="e2m1", clip_quantile="0.9"), TypeError, r"real number .*\(0\.5, 1\)"),
+        (dict(fmt="e2m1", clip_quantile=True), TypeError, r"real number .*\(0\.5, 1\)"),
+        (dict(fmt="e2m1", clip_quantile=torch.tensor(0.9)), TypeError, r"\(0\.5, 1\)"),
         (dict(fmt="e2m1", rounding="down"), ValueError, "stochastic"),
         (dict(fmt="e2m1", scale_format="fp16"), ValueError, "pow2"),
     ],
 )
-def test_bad_arguments(kwargs, exc, match):
+@pytest.mark.parametrize("fn", [quantize, minifloat.fake_quantize])
+def test_bad_arguments(fn, kwargs, exc, match):
     with pytest.raises(exc, match=match):
-        quantize(torch.randn(4, 4), **kwargs)
+        fn(torch.randn(4, 4), **kwargs)
+
+
+def test_clip_quantile_accepts_any_real_number():
+    x = student_t3((64, 64), seed=1)
+    want = quantize(x, "e2m1", "row", clip_quantile=0.99)
+    for alpha in (np.float64(0.99), Fraction(99, 100)):
+        q = quantize(x, "e2m1", "row", clip_quantile=alpha)
+        assert torch.equal(q.values, want.values) and torch.equal(q.scale, want.scale)
 
 
 def test_non_floating_input_is_type_error():
     with pytest.raises(TypeError, match="floating"):
         quantize(torch.arange(8), "e2m1")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        quantize(torch.tensor(1.0), "e2m1")
+
+
+# Empty inputs give empty values and the usual compact scale shapes (empty groups: scale 1).
+EMPTY_SCALE_SHAPES = {
+    (0, 4): {"tensor": (1, 1), "row": (0, 1), "column": (1, 4), (1, 16): (0, 1), (16, 16): (0, 1)},
+    (4, 0): {"tensor": (1, 1), "row": (4, 1), "column": (1, 0), (1, 16): (4, 0), (16, 16): (1, 0)},
+    (2, 0, 5): {
+        "tensor": (1, 1, 1),
+        "row": (2, 0, 1),
+        "column": (2, 1, 5),
+        (1, 16): (2, 0, 1),
+        (16, 16): (2, 0, 1),
+    },
+    (0,): {"tensor": (1,), "row": (1,), (1, 16): (1, 0), (16, 16): (1, 0)},
+}
+
+
+@pytest.mark.parametrize(
+    ("shape", "granularity"), [(s, g) for s, gs in EMPTY_SCALE_SHAPES.items() for g in gs]
+)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(scale_format="e4m3", clip_quantile=0.99),
+        dict(rounding="stochastic", generator=torch.Generator().manual_seed(0)),
+    ],
+)
+def test_empty_input_gives_empty_result(shape, granularity, kwargs):
+    x = torch.empty(shape, dtype=torch.bfloat16)
+    q = quantize(x, "e4m3", granularity, **kwargs)
+    assert q.values.shape == x.shape and q.values.dtype == torch.float32
+    assert tuple(q.scale.shape) == EMPTY_SCALE_SHAPES[shape][granularity]
+    assert bool((q.scale == 1).all())
+    assert q.expand_scale().shape == x.shape
+    y = minifloat.fake_quantize(x, "e4m3", granularity, **kwargs)
+    assert y.shape == x.shape and y.dtype == x.dtype
+
+
+OVERFLOW_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", OVERFLOW_DTYPES)
+@pytest.mark.parametrize("scale_format", ["pow2", "e8m0", "fp32"])
+@pytest.mark.parametrize("fmt", formats.names())
+@pytest.mark.parametrize("granularity", ["tensor", "row", (1, 4)])
+def test_finite_input_near_dtype_max_stays_finite(dtype, scale_format, fmt, granularity):
+    big = torch.finfo(dtype).max
+    rows = [
+        [big, -big, 1.0, -0.5],
+        [big * 0.99, big * 0.75, 3.0, 0.0],
+        [-big * 0.51, 1.0, 2.0, math.nan],
+        [1.0, math.inf, -2.0, 0.0],
+    ]
+    x = torch.tensor(rows, dtype=dtype)
+    y = minifloat.fake_quantize(x, fmt, granularity, scale_format=scale_format)
+    d = quantize(x, fmt, granularity, scale_format=scale_format).dequantize(dtype)
+    assert torch.equal(y.nan_to_num(0.0), d.nan_to_num(0.0))
+    nan_group = torch.isnan(quantize(x, fmt, granularity, scale_format=scale_format).expand_scale())
+    assert bool(torch.isnan(y[nan_group]).all())  # NaN/inf groups stay NaN ...
+    assert bool(torch.isfinite(y[~nan_group]).all())  # ... and nothing finite becomes inf
+    assert bool((y[~nan_group].float().abs() <= big).all())
+    if granularity != "tensor":  # the first two rows are finite groups
+        assert bool(torch.isfinite(y[:2]).all())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "big", "scale_format"),
+    [
+        (torch.float16, 65504.0, "pow2"),
+        (torch.bfloat16, torch.finfo(torch.bfloat16).max, "e8m0"),
+        (torch.float32, 3e38, "pow2"),
+        (torch.float32, torch.finfo(torch.float32).max, "e8m0"),
+    ],
+)
+def test_rounding_past_dtype_max_saturates(dtype, big, scale_format):
+    # E2M1 with a power-of-two scale rounds these up to 4 * 2^k, one past dtype's max.
+    x = torch.tensor([[big, -big / 8]], dtype=dtype)
+    q = quantize(x, "e2m1", "row", scale_format=scale_format)
+    assert q.values[0, 0] == 4.0 and (q.values[0, 0].double() * q.scale.double()) > big
+    assert bool(torch.isinf((q.values * q.expand_scale()).to(dtype)[0, 0]))  # unsaturated
+    y = minifloat.fake_quantize(x, "e2m1", "row", scale_format=scale_format)
+    assert y[0, 0].item() == torch.finfo(dtype).max and bool(torch.isfinite(y).all())
+    assert q.dequantize(dtype)[0, 0].item() == torch.finfo(dtype).max
+
+
+def test_dequantize_rejects_non_floating_dtype():
+    q = quantize(torch.randn(4, 4), "int8", "row")
+    with pytest.raises(TypeError, match="floating"):
+        q.dequantize(torch.int32)
+
+
+@pytest.mark.parametrize("scale_format", SCALE_FORMATS)
+@pytest.mark.parametrize("fmt", formats.names())
+def test_extreme_group_amax_keeps_results_finite(scale_format, fmt):
+    # A subnormal amax once gave a zero scale (0 / 0 = NaN for the group's zeros); a huge amax
+    # with E1M2's max < 2 once gave a pow2 scale of 2^128 = inf.
+    x = torch.tensor([[1e-45, 0.0, -3e-45], [3.4e38, 0.0, -1e38], [2.0**-140, 0.0, 1e-42]])
+    q = quantize(x, fmt, "row", scale_format=scale_format)
+    assert bool(torch.isfinite(q.scale).all()) and bool((q.scale > 0).all())
+    d = q.dequantize()
+    assert bool(torch.isfinite(d).all())
+    assert bool((d[:, 1] == 0).all())
+    if scale_format in ("fp32", "pow2"):  # these keep subnormal groups representable
+        assert d[0, 0] == x[0, 0] and d[0, 2] == x[0, 2]

@@ -1,11 +1,37 @@
-"""The SQNR metric and the claims the quantization demo makes."""
+"""The SQNR metric, the synthetic tensors, and the claims the quantization demo makes."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from minifloat.sqnr import sqnr_db, sqnr_table
+from minifloat.sqnr import (
+    FORMATS,
+    GRANULARITIES,
+    format_table,
+    granularity_label,
+    main,
+    sqnr_db,
+    sqnr_table,
+    student_t,
+    synthetic_activation,
+    synthetic_weight,
+)
+
+# Margins (dB) for the demo's orderings on 256 x 512 tensors (measured gaps in brackets).
+MARGIN_DB = {
+    "row_over_tensor": 3.0,  # E2M1 scales adapt to row norms / token magnitudes [6.2-6.9]
+    "fp8_over_fp4": 6.0,  # E4M3 has 2 more mantissa bits than E2M1, ~12 dB [12.6-19.1]
+    "block_over_row": 0.5,  # E2M1 1x32 blocks confine outliers better than rows [0.95-8.9]
+}
+
+
+@pytest.fixture(scope="module")
+def table():
+    rows = sqnr_table(256, 512)
+    return {(r["tensor"], r["format"], r["granularity"]): r["sqnr_db"] for r in rows}
 
 
 def test_sqnr_known_values():
@@ -15,12 +41,78 @@ def test_sqnr_known_values():
     assert sqnr_db(ref, ref + 0.01) == pytest.approx(40.0)
 
 
-def test_demo_orderings_hold():
-    rows = {
-        (r["tensor"], r["format"], r["granularity"]): r["sqnr_db"] for r in sqnr_table(256, 512)
-    }
-    for kind in ("weight", "activation"):
-        # On heavy-tailed data, per-row FP4 scaling beats per-tensor, and FP8 beats FP4.
-        assert rows[(kind, "e2m1", "row")] > rows[(kind, "e2m1", "tensor")] + 1.0
-        assert rows[(kind, "e4m3", "row")] > rows[(kind, "e2m1", "row")] + 6.0
-        assert rows[(kind, "e2m1", "1x32")] > rows[(kind, "e2m1", "row")]
+def test_table_covers_every_format_and_granularity(table):
+    labels = ["tensor", "row", "column", "1x16", "1x32", "1x128", "16x16", "128x128"]
+    assert [granularity_label(g) for g in GRANULARITIES] == labels
+    assert set(FORMATS) == {"e2m1", "e1m2", "e3m0", "e4m3", "e5m2", "int8", "int4"}
+    want = {(k, f, g) for k in ("weight", "activation") for f in FORMATS for g in labels}
+    assert set(table) == want
+    assert all(math.isfinite(v) and v > 0 for v in table.values())
+
+
+@pytest.mark.parametrize("kind", ["weight", "activation"])
+def test_demo_orderings_hold(table, kind):
+    # On heavy-tailed data, per-row FP4 scaling beats per-tensor, and FP8 beats FP4.
+    e2m1 = {g: table[(kind, "e2m1", g)] for g in ("tensor", "row", "1x32")}
+    assert e2m1["row"] > e2m1["tensor"] + MARGIN_DB["row_over_tensor"]
+    for gran in ("tensor", "row", "1x32"):
+        assert table[(kind, "e4m3", gran)] > e2m1[gran] + MARGIN_DB["fp8_over_fp4"]
+    assert e2m1["1x32"] > e2m1["row"] + MARGIN_DB["block_over_row"]
+
+
+def test_format_table_has_one_table_per_kind_with_formats_as_rows(table):
+    rows = [
+        {"tensor": k, "format": f, "granularity": g, "sqnr_db": v} for (k, f, g), v in table.items()
+    ]
+    text = format_table(rows)
+    assert text.count("| format | tensor | row | column | 1x16 |") == 2
+    body = [line for line in text.splitlines() if line.startswith("| ") and "format" not in line]
+    assert [line.split(" | ")[0][2:] for line in body] == list(FORMATS) * 2
+    assert f"{table[('activation', 'int4', '128x128')]:.1f} |" in text.splitlines()[-1]
+
+
+def test_synthetic_tensors_leave_global_rng_alone():
+    state = torch.get_rng_state()
+    a = synthetic_activation(64, 128, seed=3)
+    w = synthetic_weight(64, 128, seed=3)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a, synthetic_activation(64, 128, seed=3))
+    assert torch.equal(w, synthetic_weight(64, 128, seed=3))
+    assert not torch.equal(a, synthetic_activation(64, 128, seed=4))
+
+
+def test_activation_is_heavy_tailed_with_outlier_channels():
+    x = synthetic_activation(2048, 256, seed=0, outlier_channels=4)
+    channel_rms = x.pow(2).mean(0).sqrt()
+    assert int((channel_rms > 10 * channel_rms.median()).sum()) == 4
+    # Student-t(3): variance dof / (dof - 2) = 3 and a much heavier tail than a Gaussian.
+    plain = synthetic_activation(2048, 256, seed=0, outlier_channels=0)
+    assert plain.var().item() == pytest.approx(3.0, rel=0.25)
+    beyond = (plain.abs() > 5).double().mean().item()
+    assert 0.005 < beyond < 0.03  # t(3): 1.5%; a Gaussian: 6e-7
+
+
+def test_student_t_draws_only_from_its_generator():
+    state = torch.get_rng_state()
+    a = student_t((1000,), 3, torch.Generator().manual_seed(0))
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a, student_t((1000,), 3, torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="dof"):
+        student_t((4,), 0, torch.Generator())
+
+
+def test_main_prints_both_tables(capsys):
+    main(64, 256)
+    out = capsys.readouterr().out
+    assert "weight-like" in out and "activation-like" in out
+    assert out.count("| int4 |") == 2
+
+
+def test_demo_command_prints_without_runpy_warning():
+    # The command `make demo` should run (`python -m minifloat.sqnr` makes runpy warn, since
+    # `import minifloat` imports this module first).
+    code = "from minifloat.sqnr import main; main(64, 256)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "RuntimeWarning" not in done.stderr and "found in sys.modules" not in done.stderr
+    assert done.stdout.count("| e2m1 |") == 2

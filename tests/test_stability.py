@@ -57,6 +57,13 @@ def test_spike_detection_can_be_disabled() -> None:
     assert guard.check(math.nan, 1.0).skip
 
 
+def test_grad_norm_check_works_without_the_loss_check() -> None:
+    guard = _warm_guard(spike_k=0.0, grad_norm_spike_k=6.0)
+    assert not guard.check(1e6, 1.0).skip  # loss check off
+    decision = guard.check(3.0, 50.0)
+    assert decision.skip and "grad-norm spike" in decision.reason
+
+
 def test_persistent_level_shift_is_accepted() -> None:
     guard = _warm_guard(max_consecutive_spikes=3)
     assert [guard.check(9.0, 1.0).skip for _ in range(4)] == [True, True, True, False]
@@ -115,3 +122,24 @@ def test_z_loss_value_and_upcast() -> None:
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, 1e-4 * lse.pow(2).mean())
     assert z_loss(torch.zeros(2, 4), 1.0).item() == pytest.approx(math.log(4.0) ** 2)
+
+
+@pytest.mark.parametrize("grad_norm_spike_k", [None, 4.0])
+def test_train_config_reaches_the_trainers_guard(tmp_path, dataset, grad_norm_spike_k) -> None:
+    from minifloat.train import Trainer
+    from minifloat.train_config import TrainConfig
+
+    changes = {} if grad_norm_spike_k is None else {"grad_norm_spike_k": grad_norm_spike_k}
+    config = TrainConfig(
+        recipe="fp32", model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+        steps=2, batch_size=2, seq_len=16, spike_k=5.0, spike_warmup=7, device="cpu",
+        out_dir=str(tmp_path / "run"), **changes,
+    )  # fmt: skip
+    trainer = Trainer(config, dataset=dataset, progress=False)
+    try:
+        guard = trainer.guard.config
+    finally:
+        trainer.close()
+    expected = StepGuardConfig().grad_norm_spike_k if grad_norm_spike_k is None else 4.0
+    assert guard.grad_norm_spike_k == expected
+    assert guard.spike_k == 5.0 and guard.warmup_steps == 7

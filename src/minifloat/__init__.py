@@ -9,7 +9,7 @@ helpers live in their own modules (`minifloat.train`, `minifloat.models`, `minif
 """
 
 from minifloat import formats, recipes
-from minifloat.convert import AlreadyConvertedError, ConversionReport, convert
+from minifloat.convert import AlreadyConvertedError, ConversionReport, convert, is_output_head
 from minifloat.dge import dge_derivative
 from minifloat.linear import QuantLinear
 from minifloat.quantize import PackedQTensor, QTensor, fake_quantize, quantize
@@ -25,6 +25,7 @@ __all__ = [
     "convert",
     "ConversionReport",
     "AlreadyConvertedError",
+    "is_output_head",
     "QuantLinear",
     "dge_derivative",
     "sqnr_db",

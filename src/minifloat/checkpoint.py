@@ -20,6 +20,7 @@ import json
 import os
 import random
 import tempfile
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,14 @@ __all__ = [
     "fingerprint",
     "fsync_dir",
     "load_checkpoint",
+    "read_stored_config",
     "restore_rng_state",
     "save_checkpoint",
 ]
 
 CHECKPOINT_FORMAT = "minifloat-checkpoint"
 CHECKPOINT_VERSION = 1
+_NO_HEADER = "a torch file, but without a minifloat header"
 
 
 class CheckpointError(Exception):
@@ -138,8 +141,9 @@ def check_header(body: Any, path: str | os.PathLike, *, fmt: str, version: int, 
     `what` names the digested part in the error ("content", "manifest").
     """
     if not isinstance(body, dict) or body.get("format") != fmt:
-        kind = "checkpoint" if fmt == CHECKPOINT_FORMAT else "sharded checkpoint"
-        raise CheckpointError(f"{path} is not a minifloat {kind}")
+        if fmt == CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path} is not a valid minifloat checkpoint ({_NO_HEADER})")
+        raise CheckpointError(f"{path} is not a minifloat sharded checkpoint")
     if body.get("version") != version:
         raise CheckpointError(
             f"checkpoint {path} has format version {body.get('version')}, "
@@ -159,7 +163,11 @@ def describe_mismatch(saved: Mapping[str, Any], current: Mapping[str, Any]) -> s
         for k in keys
         if saved.get(k, "<absent>") != current.get(k, "<absent>")
     ]
-    return "; ".join(diffs) if diffs else "fingerprint differs"
+    if not diffs:
+        return "fingerprint differs"
+    if saved.get("total_steps") != current.get("total_steps"):
+        diffs.append("the LR schedule spans total_steps, so a resume keeps the run's steps/tokens")
+    return "; ".join(diffs)
 
 
 def load_checkpoint(
@@ -170,14 +178,7 @@ def load_checkpoint(
     Raises :class:`CheckpointError` when the file is missing, unreadable, corrupt, of another
     format or version, or (if ``fields`` is given) written under different run settings.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"no checkpoint at {path}")
-    try:
-        body = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({first_line})") from exc
+    body = _read_body(Path(path), mmap=False)
     check_header(body, path, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_VERSION, what="content")
     if fields is not None and body["fingerprint"] != fingerprint(fields):
         raise CheckpointError(
@@ -185,6 +186,64 @@ def load_checkpoint(
             f"({describe_mismatch(body['fields'], fields)})"
         )
     return body["state"]
+
+
+def _short_reason(exc: BaseException) -> str:
+    """A few words on why torch.load failed, without its multi-line advice on weights_only."""
+    text = str(exc).strip()
+    marker = "WeightsUnpickler error:"
+    if marker in text:  # what the unpickler met comes after the advice, on the next lines
+        after = [line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()]
+        what = after[0].split(". ")[0].rstrip(".") if after else "?"
+        text = f"unsupported pickle content: {what}"
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first if len(first) <= 120 else first[:117] + "..."
+
+
+def _read_body(path: Path, *, mmap: bool) -> Any:
+    """torch.load of a checkpoint file; one-line CheckpointError for anything that is not one.
+
+    ``mmap=True`` maps the tensors instead of reading them (to look at the small parts only).
+    """
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}")
+    # torch.save always writes a zip archive; anything else (a truncated file, some other file)
+    # would reach torch's legacy loader and its long weights_only advice.
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(
+            f"{path} is not a valid minifloat checkpoint (not a torch zip archive: truncated or "
+            "corrupt, or some other kind of file)"
+        )
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as exc:
+        reason = _short_reason(exc)
+        raise CheckpointError(f"{path} is not a valid minifloat checkpoint ({reason})") from exc
+
+
+def read_stored_config(path: str | os.PathLike) -> dict[str, Any]:
+    """The run settings (``TrainConfig.to_dict()``) saved in the checkpoint at ``path``.
+
+    ``path`` is a full checkpoint file or a sharded checkpoint directory. Only the small parts
+    are read (tensors stay memory-mapped) and the digest is not checked here: resuming loads
+    and verifies the whole checkpoint anyway. Raises :class:`CheckpointError`.
+    """
+    path = Path(path)
+    if path.suffix == ".dcp" or path.is_dir():
+        # Imported here: sharded_checkpoint builds on this module.
+        from minifloat.sharded_checkpoint import GLOBAL_NAME, read_manifest
+
+        directory = Path(read_manifest(path)["path"])
+        state = _read_body(directory / GLOBAL_NAME, mmap=True)
+    else:
+        body = _read_body(path, mmap=True)
+        if not isinstance(body, dict) or body.get("format") != CHECKPOINT_FORMAT:
+            raise CheckpointError(f"{path} is not a valid minifloat checkpoint ({_NO_HEADER})")
+        state = body.get("state")
+    config = state.get("config") if isinstance(state, dict) else None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"checkpoint {path} holds no run settings")
+    return dict(config)
 
 
 def capture_rng_state() -> dict[str, Any]:

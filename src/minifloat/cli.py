@@ -1,7 +1,9 @@
-"""The ``minifloat`` command line: train, compare, recipes, data.
+"""The ``minifloat`` command line: train, compare, export, recipes, data.
 
 Settings come from three layers, later ones winning: TrainConfig defaults, a TOML file
-(``--config``; keys are TrainConfig field names, '-' or '_'), then command-line flags.
+(``--config``; keys are TrainConfig field names, '-' or '_'), then command-line flags. With
+``train --resume`` the first layer is the settings stored in the run's checkpoint instead, so
+``minifloat train --out DIR --resume`` continues a run without repeating its flags.
 User errors (unknown recipe/model/corpus, unreadable data, bad values, a checkpoint that does not
 fit) print one line ``minifloat: error: ...`` and exit with status 2; ``--traceback`` shows the
 full Python traceback instead, for debugging.
@@ -10,14 +12,16 @@ full Python traceback instead, for debugging.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tomllib
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["build_parser", "main", "parse_override"]
+__all__ = ["build_parser", "main", "parse_count", "parse_override"]
 
 EXIT_USAGE = 2
 
@@ -29,11 +33,31 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"minifloat: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+def parse_count(text: str, *, minimum: int = 1) -> int:
+    """A count written as an integer or in scientific notation (``2e9``, ``1.5e6``).
+
+    Decimal arithmetic keeps large values exact; non-integral values (``2.5``) and values below
+    ``minimum`` raise ``argparse.ArgumentTypeError``.
+    """
+    try:
+        number = Decimal(text.strip().replace("_", ""))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not number.is_finite() or number != number.to_integral_value():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    value = int(number)
+    if value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return parse_count(text)
+
+
+def _nonnegative_int(text: str) -> int:
+    return parse_count(text, minimum=0)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -66,7 +90,11 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--grad-clip", "grad_clip", {"type": float, "help": "max global grad norm (0: off)"}),
     ("--vocab-size", "vocab_size", {"type": int}),
     ("--tokenizer", "tokenizer", {"choices": ["bpe", "byte"]}),
-    ("--data-max-bytes", "data_max_bytes", {"type": int, "help": "cap on corpus bytes"}),
+    (
+        "--data-max-bytes",
+        "data_max_bytes",
+        {"type": _nonnegative_int, "help": "cap on corpus bytes (0: none)"},
+    ),
     ("--cache-dir", "cache_dir", {"help": "dataset/tokenizer cache directory"}),
     ("--device", "device", {"help": "auto, cpu, cuda, cuda:N"}),
     ("--seed", "seed", {"type": int}),
@@ -79,6 +107,14 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--z-loss", "z_loss", {"type": float, "help": "z-loss coefficient (e.g. 1e-4; 0: off)"}),
     ("--embed-grad-shrink", "embed_grad_shrink", {"type": float, "help": "alpha (1: off)"}),
     ("--spike-k", "spike_k", {"type": float, "help": "skip steps above mean + k*std (0: off)"}),
+    (
+        "--grad-norm-spike-k",
+        "grad_norm_spike_k",
+        {
+            "type": float,
+            "help": "skip steps whose grad norm is above mean + k*std (default 0: off)",
+        },
+    ),
     ("--sqnr-every", "sqnr_every", {"type": int, "help": "per-layer SQNR every N steps (0: off)"}),
 ]
 
@@ -128,6 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_cmp.add_argument("--out", dest="out_dir", default="runs/compare", help="output directory")
     p_cmp.set_defaults(func=_cmd_compare)
 
+    p_hf = sub.add_parser("export", help="write a trained run as a Hugging Face LLaMA")
+    p_hf.add_argument("run_dir", type=Path, help="run directory (train --out) with checkpoint.pt")
+    p_hf.add_argument("--out", dest="dest_dir", required=True, type=Path, help="output directory")
+    p_hf.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p_hf.add_argument(
+        "--with-tokenizer",
+        action="store_true",
+        help="also write tokenizer.json (re-opens the run's dataset, from its cache if present)",
+    )
+    p_hf.set_defaults(func=_cmd_export)
+
     p_rec = sub.add_parser("recipes", help="list precision recipes and variant keys")
     p_rec.set_defaults(func=_cmd_recipes)
 
@@ -145,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_export = data_sub.add_parser("export", help="write a corpus to one .xz file")
     p_export.add_argument("name")
     p_export.add_argument("--out", required=True, type=Path)
-    p_export.add_argument("--max-bytes", type=int, default=None)
+    p_export.add_argument("--max-bytes", type=_positive_int, default=None)
     p_export.add_argument("--cache-dir", default=None, help="cache directory of built corpora")
     p_export.set_defaults(func=_cmd_data_export)
     p_info = data_sub.add_parser("info", help="show a corpus's size and sha256")
@@ -156,8 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _train_config(args: argparse.Namespace) -> Any:
-    """TrainConfig from defaults < TOML file < command-line flags."""
-    from minifloat.train_config import ConfigError, TrainConfig
+    """TrainConfig from defaults (or, on resume, the checkpoint's) < TOML file < flags."""
+    from minifloat.train_config import TrainConfig
+
+    values = _explicit_values(args)
+    if args.command == "train" and values.get("resume") is True:
+        values = _with_stored_settings(values)
+    return TrainConfig.from_dict(values)
+
+
+def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the user gave: the TOML file's, then the flags' on top."""
+    from minifloat.train_config import ConfigError
 
     values: dict[str, Any] = {}
     if args.config is not None:
@@ -179,11 +236,56 @@ def _train_config(args: argparse.Namespace) -> Any:
         if value is not None:
             values[dest] = value
     if args.model_overrides:
-        values["model_overrides"] = {
-            **values.get("model_overrides", {}),
-            **dict(args.model_overrides),
-        }
-    return TrainConfig.from_dict(values)
+        values["model_overrides"] = _merged(
+            values.get("model_overrides", {}), dict(args.model_overrides)
+        )
+    return values
+
+
+def _merged(base: Any, extra: Any) -> Any:
+    """Model overrides ``extra`` on top of ``base``; a value that is not a table is kept as is,
+    for TrainConfig.from_dict to reject with a clear message."""
+    if not isinstance(base, dict):
+        return base
+    return {**base, **extra} if isinstance(extra, dict) else extra
+
+
+# Stored settings a resume does not take over: the current command decides these.
+_NOT_RESUMED = ("resume", "stop_after")
+
+
+def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` on top of the settings stored in the checkpoint of the run being resumed.
+
+    A setting given now that changes the trajectory still fails the fingerprint check on load.
+    """
+    from minifloat.checkpoint import CheckpointError, read_stored_config
+    from minifloat.train import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
+    from minifloat.train_config import TrainConfig
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    out_dir, fmt = values.get("out_dir", fields["out_dir"].default), values.get("checkpoint_format")
+    if not isinstance(out_dir, str):
+        return values  # from_dict reports the wrong type
+    out = Path(out_dir)
+    names = {"full": [CHECKPOINT_NAME], "sharded": [SHARDED_CHECKPOINT_NAME]}.get(
+        fmt if isinstance(fmt, str) else "", [CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME]
+    )
+    # A sharded save that crashed between its two renames leaves only the ".old" directory.
+    found = [out / n for n in names if (out / n).exists() or (out / f".{n}.old").is_dir()]
+    if not found:
+        raise CheckpointError(
+            f"--resume: no checkpoint in {out} (looked for {' and '.join(names)}); "
+            "leave out --resume to start a new run"
+        )
+    stored = read_stored_config(found[0])
+    base = {k: v for k, v in stored.items() if k in fields and k not in _NOT_RESUMED}
+    if "steps" in values or "tokens" in values:
+        base.pop("steps", None)
+        base.pop("tokens", None)
+    overrides = _merged(base.get("model_overrides", {}), values.get("model_overrides", {}))
+    # The directory the checkpoint was found in, even if the run was moved since.
+    return {**base, **values, "model_overrides": overrides, "out_dir": str(out)}
 
 
 def _progress(args: argparse.Namespace) -> bool | str:
@@ -215,6 +317,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(result.table)
     print(f"plot: {result.plot_path}")
     print(f"table: {result.markdown_path}  json: {result.json_path}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from minifloat.run_export import export_run
+
+    dtype = getattr(torch, args.dtype)
+    exported = export_run(args.run_dir, args.dest_dir, dtype=dtype,
+                          with_tokenizer=args.with_tokenizer)  # fmt: skip
+    files = ", ".join(sorted(p.name for p in exported.files))
+    print(f"exported {args.run_dir} ({exported.recipe} {exported.model}, step {exported.step}) "
+          f"to {exported.out_dir}: {files}")  # fmt: skip
     return 0
 
 

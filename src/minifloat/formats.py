@@ -5,8 +5,9 @@ A scale format says how the per-group dequantization multiplier is stored (fp32,
 MX's E8M0, or NVFP4's E4M3 block scale under an fp32 tensor scale).
 
 Rounding here is the *reference*: plain float32 arithmetic that is exact by construction (every
-step divides or multiplies by a power of two, then `torch.round`, which is round-half-to-even).
-Fast paths (Triton kernels) are tested bit-exactly against it.
+step divides or multiplies by a power of two, then `torch.round`, which is round-half-to-even;
+formats without mantissa bits, such as E3M0, search their 8-entry grid instead). Fast paths
+(Triton kernels) are tested bit-exactly against it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ __all__ = [
     "IntFormat",
     "ScaleFormat",
     "SCALE_FORMATS",
+    "ROUNDING_MODES",
     "get",
     "get_scale_format",
     "names",
+    "pow2_ceil",
+    "represent_scale",
 ]
 
 ROUNDING_MODES = ("nearest", "stochastic")
@@ -102,8 +106,9 @@ def _round_nearest_even_by_table(mag: torch.Tensor, grid: torch.Tensor) -> torch
 class FloatFormat(ElementFormat):
     """A sign-exponent-mantissa minifloat with subnormals and no infinities in the grid.
 
-    `max_code_mantissa` limits the top binade (E4M3 "fn" reserves S.1111.111 for NaN, E5M2
-    reserves the whole top exponent for inf/NaN).
+    Two flags remove codes that are not finite numbers from the top binade:
+    `top_exponent_reserved` (IEEE-like, E5M2: the all-ones exponent is inf/NaN) and
+    `nan_at_top_code` (E4M3 "fn": only S.1111.111 is NaN).
     """
 
     ebits: int
@@ -156,7 +161,11 @@ class FloatFormat(ElementFormat):
 
 @dataclass(frozen=True, kw_only=True)
 class IntFormat(ElementFormat):
-    """Symmetric signed integers in [-max, max] (the most negative code is unused)."""
+    """Symmetric two's-complement integers in [-max, max], max = 2^(bits-1) - 1.
+
+    The most negative code (-2^(bits-1)) is unused so that the grid is symmetric, as the
+    absmax scaling of `quantize` assumes.
+    """
 
     @property
     def max(self) -> float:
@@ -213,8 +222,9 @@ class ScaleFormat:
     """How a group's dequantization multiplier is represented.
 
     fp32: exact `amax / fmt.max`. pow2: the smallest power of two >= that (so no value overflows
-    the grid). e8m0: pow2 limited to MX's exponent range [-127, 127]. e4m3: NVFP4's two-level
-    scale, an E4M3 block scale times an fp32 per-tensor scale.
+    the grid), capped at 2^127, the largest power of two in float32. e8m0: pow2 limited to MX's
+    exponent range [-127, 127]. e4m3: NVFP4's two-level scale, an E4M3 block scale times an fp32
+    per-tensor scale.
     """
 
     name: str
@@ -246,6 +256,7 @@ def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
 
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 _E8M0_LO, _E8M0_HI = math.ldexp(1.0, E8M0_MIN_EXP), math.ldexp(1.0, E8M0_MAX_EXP)
+_FP32_MAX_POW2 = math.ldexp(1.0, 127)
 
 
 def represent_scale(
@@ -259,7 +270,9 @@ def represent_scale(
     if name == "fp32":
         return raw_scale
     if name == "pow2":
-        return pow2_ceil(raw_scale)
+        # 2^128 is inf in float32; the cap only matters for formats with max < 2 (E1M2), whose
+        # largest groups then saturate on the grid instead of dividing by an infinite scale.
+        return pow2_ceil(raw_scale).clamp(max=_FP32_MAX_POW2)
     if name == "e8m0":
         return pow2_ceil(raw_scale).clamp(_E8M0_LO, _E8M0_HI)
     # e4m3 block scale under an fp32 tensor scale chosen so the largest block scale is 448.

@@ -38,7 +38,12 @@ def _delayed_scale(
     amax = x.detach().abs().amax().float()
     past = torch.nan_to_num(history[row], nan=0.0, posinf=0.0).amax()
     ref = torch.where(past > 0, past, amax)
-    scale = ref * (2.0**cfg.margin) / torch.full_like(ref, formats.get(fmt).max)  # see quantize()
+    # amax / fmt.max as quantize() computes it, but divided in float64 and rounded once to
+    # float32: the same bits (a correctly rounded double quotient of float32 operands rounds to the
+    # correctly rounded float32 quotient), also under torch.compile, whose Triton code may lower a
+    # float32 division to an approximate one.
+    scaled_ref = (ref * (2.0**cfg.margin)).double()
+    scale = (scaled_ref / torch.full_like(scaled_ref, formats.get(fmt).max)).float()
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     history[row] = torch.roll(history[row], 1)
     history[row, 0] = amax

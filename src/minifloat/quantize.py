@@ -7,10 +7,18 @@ multiplier `scale = amax / fmt.max` (represented in a scale format), and each el
 
 Non-finite input is never made finite: a group holding NaN or ±inf gets a NaN scale and NaN
 values, so a downstream step guard sees the problem instead of a silently clipped number.
+Finite input is never made non-finite: dequantized results saturate to the output dtype's finite
+range (see `QTensor.dequantize`).
+
+Scale shapes: `QTensor.scale` is compact, one entry per group. For "tensor" it is [1, ..., 1]
+(x.dim() ones), for "row" [..., R, 1], for "column" [..., 1, C]: all three broadcast against x.
+For a block shape (br, bc) it is [..., ceil(R/br), ceil(C/bc)] (a 1-D x counts as one row, giving
+[1, ceil(C/bc)]), which does not broadcast; `QTensor.expand_scale()` gives the per-element scale.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +40,12 @@ __all__ = [
 
 Granularity = str | tuple[int, int]
 _NAMED_GRANULARITIES = ("tensor", "row", "column")
+_VALID_GRANULARITIES = (
+    "'tensor', 'row', 'column', or a block shape tuple of two positive ints such as (1, 16), "
+    "(1, 32), (1, 128), (16, 16), (128, 128)"
+)
+# Smallest positive float32 (a subnormal): the floor of a raw scale whose group amax is positive.
+_FP32_TINIEST = 2.0**-149
 
 
 def normalize_granularity(granularity: Granularity) -> Granularity:
@@ -41,13 +55,11 @@ def normalize_granularity(granularity: Granularity) -> Granularity:
     if (
         isinstance(granularity, tuple | list)
         and len(granularity) == 2
-        and all(isinstance(b, int) and b > 0 for b in granularity)
+        # bool is an int subclass, but (True, 16) is a typo, not a block of one row
+        and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in granularity)
     ):
         return (int(granularity[0]), int(granularity[1]))
-    raise ValueError(
-        f"unknown granularity {granularity!r}; valid: 'tensor', 'row', 'column', or a block "
-        "shape tuple of two positive ints such as (1, 32), (1, 128), (16, 16), (128, 128)"
-    )
+    raise ValueError(f"unknown granularity {granularity!r}; valid: {_VALID_GRANULARITIES}")
 
 
 def _as_matrix(x: torch.Tensor) -> torch.Tensor:
@@ -63,26 +75,39 @@ def _pad_to_blocks(x2: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     return x2
 
 
+def _amax(a: torch.Tensor, dims: tuple[int, ...], *, keepdim: bool) -> torch.Tensor:
+    """`a.amax(dims)`, except that an empty `a` gives zeros (empty groups count as all-zero)."""
+    if a.numel() > 0:
+        return a.amax(dim=dims, keepdim=keepdim)
+    shape = list(a.shape)
+    for d in sorted((d % a.dim() for d in dims), reverse=True):
+        if keepdim:
+            shape[d] = 1
+        else:
+            del shape[d]
+    return a.new_zeros(shape)
+
+
 def group_amax(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
-    """Absolute maximum of each group, in float32, NaN-propagating.
+    """Absolute maximum of each group, in float32, NaN-propagating (empty groups give 0).
 
     Shapes: tensor -> all-ones dims; row -> [..., R, 1]; column -> [..., 1, C]; block (br, bc)
     -> [..., ceil(R/br), ceil(C/bc)] (1-D inputs are treated as a single row).
     """
     a = x.detach().float().abs()
     if granularity == "tensor":
-        return a.amax().reshape([1] * x.dim())
+        return _amax(a, tuple(range(a.dim())), keepdim=True)
     if granularity == "row":
-        return a.amax(dim=-1, keepdim=True)
+        return _amax(a, (-1,), keepdim=True)
     if granularity == "column":
         if x.dim() < 2:
             raise ValueError("column granularity needs a tensor with at least 2 dims")
-        return a.amax(dim=-2, keepdim=True)
+        return _amax(a, (-2,), keepdim=True)
     br, bc = granularity
     a2 = _pad_to_blocks(_as_matrix(a), granularity)
     lead, (rp, cp) = a2.shape[:-2], a2.shape[-2:]
     blocks = a2.reshape(*lead, rp // br, br, cp // bc, bc)
-    return blocks.amax(dim=(-3, -1))
+    return _amax(blocks, (-3, -1), keepdim=False)
 
 
 def expand_scale(scale: torch.Tensor, shape: torch.Size, granularity: Granularity) -> torch.Tensor:
@@ -172,9 +197,11 @@ def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch
 class QTensor:
     """A quantized tensor: grid values and group scales, with `x ≈ values * scale`.
 
-    `values` are float32 on `fmt`'s grid (unscaled) with x's shape. `scale` is float32 and
-    broadcastable to x for tensor/row/column granularity; for block granularity it holds one entry
-    per block ([..., ceil(R/br), ceil(C/bc)]) and `expand_scale()` gives it per element.
+    `values` are float32 on `fmt`'s grid (unscaled) with x's shape. `scale` is float32, one entry
+    per group: [1, ..., 1] for "tensor", [..., R, 1] for "row", [..., 1, C] for "column" (these
+    broadcast against x); for a block shape (br, bc) it is compact, [..., ceil(R/br),
+    ceil(C/bc)] ([1, ceil(C/bc)] for 1-D x), and `expand_scale()` gives it per element.
+    A group that held NaN or ±inf has a NaN scale and NaN values.
     """
 
     values: torch.Tensor
@@ -192,8 +219,19 @@ class QTensor:
         return expand_scale(self.scale, self.values.shape, self.granularity)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """values * scale, computed in float32, then cast to `dtype`."""
-        return (self.values * self.expand_scale()).to(dtype)
+        """values * scale, computed in float32, saturated to `dtype`'s finite range, cast to it.
+
+        Saturation matters at the top of the range: rounding up to the next grid point, or a
+        pow2/e8m0 scale above amax / fmt.max, can put a group's largest result past the largest
+        finite float32 or `dtype` value (fp16 65504 quantized to E2M1 with a pow2 scale gives
+        4 * 2^14 = 65536), and finite input must not come back as inf. The bound is the smaller
+        of `dtype`'s and float32's largest finite values. NaN groups (input NaN or ±inf) stay NaN.
+        """
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dequantize needs a floating-point dtype, got {dtype!r}")
+        out = self.values * self.expand_scale()
+        bound = min(torch.finfo(dtype).max, torch.finfo(torch.float32).max)
+        return out.clamp(-bound, bound).to(dtype)  # clamp keeps NaN
 
     def pack(self) -> PackedQTensor:
         """Store values in their bit width: E2M1 as `torch.float4_e2m1fn_x2` (two per byte),
@@ -239,8 +277,18 @@ def _check_args(x: torch.Tensor, rounding: str, clip_quantile: float | None) -> 
         raise ValueError("quantize expects a tensor with at least one dimension")
     if rounding not in formats.ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}, got {rounding!r}")
-    if clip_quantile is not None and not 0.5 < clip_quantile < 1.0:
-        raise ValueError(f"clip_quantile must lie in (0.5, 1), got {clip_quantile!r}")
+    if clip_quantile is None:
+        return
+    # bool is a numbers.Real, but clip_quantile=True is a mistake, not the quantile 1.0
+    if isinstance(clip_quantile, bool) or not isinstance(clip_quantile, numbers.Real):
+        raise TypeError(
+            "clip_quantile must be None or a real number in the open interval (0.5, 1), "
+            f"got {type(clip_quantile).__name__} {clip_quantile!r}"
+        )
+    if not 0.5 < float(clip_quantile) < 1.0:
+        raise ValueError(
+            f"clip_quantile must lie in the open interval (0.5, 1), got {clip_quantile!r}"
+        )
 
 
 def clip_to_quantiles(x: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -262,15 +310,26 @@ def quantize(
 ) -> QTensor:
     """Quantize `x` onto `fmt`'s grid with one absmax scale per group.
 
+    Each group's scale is `amax / fmt.max` in `scale_format` (1 for an all-zero or empty group,
+    NaN for a group holding NaN or ±inf, whose values are then NaN too); values are
+    `round(x / scale)` on the grid. An empty `x` gives empty values and scales of the usual
+    shape (see `QTensor`).
+
     Args:
-        x: floating-point tensor (any dtype; computed in float32).
+        x: floating-point tensor with at least one dim (any dtype; computed in float32).
         fmt: element format or its name ("e2m1", "e4m3", "e5m2", "int8", ...).
         granularity: "tensor", "row" (reduce over the last dim), "column" (reduce over dim -2),
             or a block shape such as (1, 32) or (128, 128); ragged edges are padded internally.
         scale_format: "fp32", "pow2", "e8m0" or "e4m3" (NVFP4's block scale x fp32 tensor scale).
         rounding: "nearest" (ties to even, saturating) or "stochastic" (unbiased).
         generator: random source for stochastic rounding (for reproducibility).
-        clip_quantile: if set to alpha, clamp x to its [1-alpha, alpha] per-tensor quantiles first.
+        clip_quantile: if set to alpha, a real number in (0.5, 1), clamp x's finite entries to
+            its [1-alpha, alpha] per-tensor quantiles first.
+
+    Raises:
+        TypeError: non-floating `x`, or a `clip_quantile` that is not a real number.
+        ValueError: unknown format, scale format, granularity or rounding, 0-dim `x`, column
+            granularity on 1-D `x`, or `clip_quantile` outside (0.5, 1).
     """
     _check_args(x, rounding, clip_quantile)
     fmt = formats.get(fmt)
@@ -278,15 +337,20 @@ def quantize(
     granularity = normalize_granularity(granularity)
     xf = x.float()
     if clip_quantile is not None:
-        xf = clip_to_quantiles(xf, clip_quantile)
+        xf = clip_to_quantiles(xf, float(clip_quantile))
 
     amax = group_amax(xf, granularity)
     positive = amax > 0
     # Divide by a tensor, not a Python float: on CUDA, ATen turns division by a scalar into a
     # multiplication by its reciprocal, which is not correctly rounded.
     raw = torch.where(positive, amax / torch.full_like(amax, fmt.max), torch.ones_like(amax))
+    # A subnormal amax can underflow to a zero scale, and 0 / 0 would turn the group's zeros
+    # into NaN: floor at the smallest positive float32. Underflow means amax < max * 2^-150, so
+    # x / 2^-149 still lies below max and nothing saturates.
+    raw = raw.clamp(min=_FP32_TINIEST)
     # NVFP4's tensor scale comes from the finite groups, so one bad block doesn't poison the rest.
-    tensor_amax = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax)).amax()
+    finite_amax = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
+    tensor_amax = _amax(finite_amax, tuple(range(amax.dim())), keepdim=False)
     scale = formats.represent_scale(raw, sfmt, tensor_amax, fmt.max)
     scale = torch.where(positive, scale, torch.ones_like(scale))  # all-zero groups: scale 1
     scale = torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
@@ -296,6 +360,28 @@ def quantize(
     return QTensor(values, scale, fmt, granularity, sfmt)
 
 
-def fake_quantize(x: torch.Tensor, fmt: str | ElementFormat, *args, **kwargs) -> torch.Tensor:
-    """`quantize(x, fmt, ...).dequantize(x.dtype)`: the quantization error, in x's dtype."""
-    return quantize(x, fmt, *args, **kwargs).dequantize(x.dtype)
+def fake_quantize(
+    x: torch.Tensor,
+    fmt: str | ElementFormat,
+    granularity: Granularity = "tensor",
+    *,
+    scale_format: str | ScaleFormat = "fp32",
+    rounding: str = "nearest",
+    generator: torch.Generator | None = None,
+    clip_quantile: float | None = None,
+) -> torch.Tensor:
+    """`quantize(x, ...).dequantize(x.dtype)`: x with its quantization error, in x's dtype.
+
+    Arguments are those of `quantize`. Finite results saturate to x.dtype's finite range (see
+    `QTensor.dequantize`); groups holding NaN or ±inf come back as NaN.
+    """
+    q = quantize(
+        x,
+        fmt,
+        granularity,
+        scale_format=scale_format,
+        rounding=rounding,
+        generator=generator,
+        clip_quantile=clip_quantile,
+    )
+    return q.dequantize(x.dtype)

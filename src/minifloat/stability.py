@@ -96,22 +96,22 @@ class StepGuard:
         return self.skipped_nonfinite + self.skipped_spike
 
     @property
-    def _spike_active(self) -> bool:
-        k = self.config.spike_k
-        return 0 < k < math.inf and len(self._loss.values) >= max(self.config.warmup_steps, 2)
+    def _warmed_up(self) -> bool:
+        return len(self._loss.values) >= max(self.config.warmup_steps, 2)
 
     def _spike_reason(self, loss: float, grad_norm: float) -> str:
-        if not self._spike_active:
+        """Why this step is a spike ("" if it is not); each check is on when its k is finite > 0."""
+        if not self._warmed_up:
             return ""
         cfg = self.config
-        loss_limit = self._loss.threshold(cfg.spike_k, cfg.min_rel_std)
-        if loss > loss_limit:
-            return f"loss spike ({loss:.4g} > {loss_limit:.4g})"
-        if not 0 < cfg.grad_norm_spike_k < math.inf:
-            return ""
-        norm_limit = self._grad_norm.threshold(cfg.grad_norm_spike_k, cfg.min_rel_std)
-        if grad_norm > norm_limit:
-            return f"grad-norm spike ({grad_norm:.4g} > {norm_limit:.4g})"
+        if 0 < cfg.spike_k < math.inf:
+            loss_limit = self._loss.threshold(cfg.spike_k, cfg.min_rel_std)
+            if loss > loss_limit:
+                return f"loss spike ({loss:.4g} > {loss_limit:.4g})"
+        if 0 < cfg.grad_norm_spike_k < math.inf:
+            norm_limit = self._grad_norm.threshold(cfg.grad_norm_spike_k, cfg.min_rel_std)
+            if grad_norm > norm_limit:
+                return f"grad-norm spike ({grad_norm:.4g} > {norm_limit:.4g})"
         return ""
 
     def check(self, loss: float, grad_norm: float) -> GuardDecision:

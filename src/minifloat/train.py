@@ -125,12 +125,15 @@ def load_dataset(config: TrainConfig, *, progress: bool = True) -> Any:
 
 
 def check_names(config: TrainConfig) -> None:
-    """Fail fast (before any data work) on an unknown recipe, model or optimizer-state name."""
+    """Fail fast (before any data work) on an unknown recipe, model, model override or
+    optimizer-state name."""
     from minifloat.models.llama import PRESETS
+    from minifloat.train_config import check_model_overrides
 
     recipes.get(config.recipe)
     if config.model not in PRESETS:
         raise ConfigError(f"unknown model {config.model!r}; choose one of {', '.join(PRESETS)}")
+    check_model_overrides(config.model, config.model_overrides)
     if config.optim_states != "fp32":
         from minifloat.optim import OPTIM_STATE_PRESETS
 
@@ -237,7 +240,11 @@ class Trainer:
         self._build_optimizer()
         self.scaler = LossScaler(enabled=self.recipe.loss_scaling)
         self.guard = StepGuard(
-            StepGuardConfig(spike_k=self.config.spike_k, warmup_steps=self.config.spike_warmup)
+            StepGuardConfig(
+                spike_k=self.config.spike_k,
+                grad_norm_spike_k=self.config.grad_norm_spike_k,
+                warmup_steps=self.config.spike_warmup,
+            )
         )
         self._build_iterator()
         self.step = 0

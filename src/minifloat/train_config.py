@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,8 @@ __all__ = [
     "ConfigError",
     "MODEL_DEFAULTS",
     "TrainConfig",
+    "check_model_overrides",
+    "check_setting_type",
 ]
 
 
@@ -90,6 +94,7 @@ class TrainConfig:
     z_loss: float = 0.0
     embed_grad_shrink: float = 1.0
     spike_k: float = 6.0
+    grad_norm_spike_k: float = 0.0  # 0: off (StepGuardConfig explains why that is the default)
     spike_warmup: int = 20
     # Execution.
     seed: int = 0
@@ -142,6 +147,8 @@ class TrainConfig:
             raise ConfigError("embed-grad-shrink must be in (0, 1] (1 disables it)")
         if self.z_loss < 0 or self.weight_decay < 0 or self.grad_clip < 0:
             raise ConfigError("z-loss, weight-decay and grad-clip must be >= 0")
+        if self.spike_k < 0 or self.grad_norm_spike_k < 0:
+            raise ConfigError("spike-k and grad-norm-spike-k must be >= 0 (0: off)")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
         if self.sqnr_every and self.parallel == "fsdp":
@@ -184,14 +191,23 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
-        """Build from a mapping (e.g. a TOML table); keys may use '-' or '_'."""
+        """Build from a mapping (e.g. a TOML table); keys may use '-' or '_'.
+
+        Each value is checked against its field's type (integral floats such as TOML's ``2e9``
+        count as integers, integers as floats); a wrong type raises :class:`ConfigError` naming
+        the setting and the expected type.
+        """
+        hints = typing.get_type_hints(cls)
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             name = key.replace("-", "_")
             if name not in known:
                 raise ConfigError(f"unknown setting {key!r}")
-            kwargs[name] = value
+            kwargs[name] = check_setting_type(name.replace("_", "-"), value, hints[name])
+        if "model_overrides" in kwargs:
+            overrides = kwargs["model_overrides"]
+            kwargs["model_overrides"] = {k.replace("-", "_"): v for k, v in overrides.items()}
         try:
             return cls(**kwargs)
         except TypeError as exc:
@@ -209,7 +225,102 @@ class TrainConfig:
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format",
         }  # fmt: skip
+        # A setting added later enters only when it is on, so the fingerprints of checkpoints
+        # written before it existed stay valid.
+        if not cfg.grad_norm_spike_k:
+            skip.add("grad_norm_spike_k")
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}
         fields["total_steps"] = cfg.total_steps(world_size)
         fields["world_size"] = world_size
         return fields
+
+
+class _WrongType(Exception):
+    """Internal: a value does not fit a type annotation."""
+
+
+_TYPE_WORDS: dict[Any, str] = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+}
+
+
+def _describe(annotation: Any) -> str:
+    """Words for the values ``annotation`` admits, as a user writes them (None is not)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args if a is not type(None))
+    if origin is tuple:
+        return f"a list of {len(args)} numbers"
+    if origin in (Mapping, dict):
+        return "a table of KEY = VALUE"
+    return _TYPE_WORDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _coerce(value: Any, annotation: Any) -> Any:
+    """``value`` as ``annotation`` admits it, or raise _WrongType."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is not type(None):
+                try:
+                    return _coerce(value, arg)
+                except _WrongType:
+                    pass
+        raise _WrongType
+    if annotation is bool and isinstance(value, bool):
+        return value
+    if isinstance(value, bool):  # True is an int to Python, but not a count or a rate
+        raise _WrongType
+    if annotation is int:
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)  # TOML writes 2e9 as a float
+        raise _WrongType
+    if annotation is float and isinstance(value, int | float):
+        return float(value)
+    if annotation is str and isinstance(value, str):
+        return value
+    if origin is tuple and isinstance(value, list | tuple) and len(value) == len(args):
+        return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
+    mapping = origin in (Mapping, dict) and isinstance(value, Mapping)
+    if mapping and all(isinstance(k, str) for k in value):
+        return dict(value)
+    raise _WrongType
+
+
+def check_setting_type(name: str, value: Any, annotation: Any) -> Any:
+    """Return ``value`` converted to the type ``annotation`` names (an integral float to int,
+    an int to float); raise :class:`ConfigError` "NAME must be TYPE, got VALUE" otherwise."""
+    try:
+        return _coerce(value, annotation)
+    except _WrongType:
+        raise ConfigError(f"{name} must be {_describe(annotation)}, got {value!r}") from None
+
+
+def check_model_overrides(model: str, overrides: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` unless preset ``model`` accepts ``overrides``.
+
+    Checks each key is a ``LlamaConfig`` field and each value has its type, then builds the
+    config so shape rules (e.g. ``dim`` divisible by ``n_heads``) fail here, before any data work.
+    """
+    from minifloat.models.llama import LlamaConfig, get_config
+
+    hints = typing.get_type_hints(LlamaConfig)
+    valid = [f.name for f in dataclasses.fields(LlamaConfig)]
+    for key, value in overrides.items():
+        if key not in valid:
+            raise ConfigError(f"unknown model override {key!r}; valid keys: {', '.join(valid)}")
+        check_setting_type(f"model override {key}", value, hints[key])
+    try:
+        get_config(model, **overrides)
+    except (TypeError, ValueError) as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model {model!r} does not accept these overrides: {text}") from None

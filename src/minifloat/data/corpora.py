@@ -7,6 +7,15 @@ a UTF-8 text file, a directory of text files, a ``.jsonl`` file with a ``"text"`
 or a corpus file (``.xz``) written by ``export_corpus``. Order is always deterministic (sorted
 relative paths), so the same data gives the same corpus sha256 on every machine with the same
 files.
+
+What one document is, per input (training needs at least two, to split train from validation):
+
+- ``stdlib`` / ``site-packages``: one ``.py`` file; ``english`` and ``.xz``: one stored record.
+- a directory: one text file (hidden and binary files are skipped).
+- ``.jsonl``: one non-empty line's ``"text"``.
+- a lone text file: cut into pieces of at least 16,384 characters, each ending at the next blank
+  line, else the next line break, else the next space, else exactly there (text with no
+  whitespace). A text file of 16,384 characters or fewer is therefore a single document.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ class Corpus:
 
     name: str
     documents: list[str] = field(repr=False)
+    # What one document is for this source, worded for error messages (see the module docstring).
+    document_rule: str = ""
 
     @cached_property
     def sha256(self) -> str:
@@ -109,13 +120,21 @@ def _read_bytes(path: Path) -> bytes:
 
 
 def _chunk_text(text: str, target: int = _TEXT_CHUNK_CHARS) -> list[str]:
-    """Cut one long text into documents at blank lines (else newlines) after ``target`` chars."""
+    """Cut one long text into documents of at least ``target`` characters, losslessly.
+
+    Each piece ends at the first blank line after ``target`` characters, else the first line
+    break, else the first space; text with no whitespace at all is cut at exactly ``target``, so
+    a huge single-line file still yields many documents instead of one.
+    """
     documents, start = [], 0
     while start < len(text):
-        cut = text.find("\n\n", start + target)
-        if cut < 0:
-            cut = text.find("\n", start + target)
-        end = len(text) if cut < 0 else cut + 1
+        pos = start + target
+        end = min(pos, len(text))  # no whitespace left: a hard cut (or the end of the text)
+        for separator in ("\n\n", "\n", " "):
+            cut = text.find(separator, pos)
+            if cut >= 0:
+                end = cut + 1
+                break
         documents.append(text[start:end])
         start = end
     return documents
@@ -167,21 +186,37 @@ def _path_documents(path: Path) -> list[str]:
     return _chunk_text(_decode_strict(data, path))
 
 
-def _resolve(data: str | Path, cache_dir: Path) -> tuple[str, Callable[[], list[str]]]:
+def _path_rule(path: Path) -> str:
+    if path.is_dir():
+        return "a directory gives one document per text file (hidden and binary files skipped)"
+    if path.suffix == ".xz":
+        return "an exported .xz corpus gives one document per stored record"
+    if path.suffix == ".jsonl":
+        return 'a .jsonl file gives one document per non-empty line\'s "text"'
+    return (
+        f"a text file is cut into documents of at least {_TEXT_CHUNK_CHARS:,} characters "
+        "(ending at the next blank line, else line break, else space), so a file of "
+        f"{_TEXT_CHUNK_CHARS:,} characters or fewer is one document"
+    )
+
+
+def _resolve(data: str | Path, cache_dir: Path) -> tuple[str, Callable[[], list[str]], str]:
+    """(corpus name, reader of its documents, what one document is) for ``data``."""
+    per_file = f"{data} gives one document per .py file"
     if isinstance(data, str) and data == "stdlib":
-        return "stdlib", _stdlib_documents
+        return "stdlib", _stdlib_documents, per_file
     if isinstance(data, str) and data == "site-packages":
-        return "site-packages", _site_packages_documents
+        return "site-packages", _site_packages_documents, per_file
     if isinstance(data, str) and data == "english":
         path = corpus_dir(cache_dir) / "english.xz"
         if not path.is_file():
             raise DataError(
                 f"english corpus not built ({path} missing): run `minifloat data build english`"
             )
-        return "english", lambda: read_corpus_file(path)
+        return "english", lambda: read_corpus_file(path), "english gives one document per record"
     path = Path(data)
     if path.exists():
-        return path.name, lambda: _path_documents(path)
+        return path.name, lambda: _path_documents(path), _path_rule(path)
     text = str(data)
     if "/" in text or "\\" in text or path.suffix:
         raise DataError(f"data path {text!r} does not exist")
@@ -203,8 +238,9 @@ def load_corpus(
     ``max_docs`` keeps the first documents; ``max_bytes`` keeps whole documents while the total
     stays within the cap (at least one). Caps change the sha256, so capped corpora cache apart.
     """
-    name, read = _resolve(data, Path(cache_dir))
+    name, read, rule = _resolve(data, Path(cache_dir))
     documents = [doc for doc in read() if doc]
+    uncapped = len(documents)
     if max_docs is not None:
         documents = documents[:max_docs]
     if max_bytes is not None:
@@ -217,7 +253,9 @@ def load_corpus(
         documents = kept
     if not documents:
         raise DataError(f"no text found in {data!s}: the corpus is empty")
-    return Corpus(name=name, documents=documents)
+    if len(documents) < uncapped:
+        rule += f" (max_bytes/max_docs kept {len(documents)} of {uncapped})"
+    return Corpus(name=name, documents=documents, document_rule=rule)
 
 
 def corpus_info(data: str | Path, *, cache_dir: str | Path = DEFAULT_CACHE_DIR) -> dict:

@@ -68,7 +68,9 @@ def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str
     if not 0.0 < val_fraction < 1.0:
         raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if len(documents) < 2:
-        raise DataError("need at least 2 documents to split into train and validation")
+        raise DataError(
+            f"need at least 2 documents to split into train and validation, got {len(documents)}"
+        )
     hashes = [_doc_hash(doc) for doc in documents]
     threshold = int(val_fraction * 2**64)
     is_val = [h < threshold for h in hashes]
@@ -79,6 +81,18 @@ def split_documents(documents: list[str], val_fraction: float) -> tuple[list[str
     train = [doc for doc, v in zip(documents, is_val, strict=True) if not v]
     val = [doc for doc, v in zip(documents, is_val, strict=True) if v]
     return train, val
+
+
+def _check_two_documents(corpus: Corpus, data: str | Path) -> None:
+    """Fail with what a document is for this input, and how to get more, before any work."""
+    if len(corpus.documents) >= 2:
+        return
+    raise DataError(
+        f"{data!s} gives 1 document, but training needs at least 2 documents to split into "
+        f"train and validation: {corpus.document_rule or 'see minifloat.data.corpora'}. "
+        "To fix, pass a longer text file (blank lines between documents), a directory with one "
+        'file per document, or a .jsonl file with one {"text": ...} object per line'
+    )
 
 
 def _logger(progress: bool | Callable[[str], None]) -> Callable[[str], None]:
@@ -175,6 +189,7 @@ def build_dataset(
         f"corpus {corpus.name}: {len(corpus.documents)} documents, {corpus.num_bytes:,} bytes, "
         f"sha256 {corpus.sha256}"
     )
+    _check_two_documents(corpus, data)
     settings = {
         "format_version": _FORMAT_VERSION,
         "tokenizer": tokenizer,
@@ -204,10 +219,12 @@ def build_dataset(
         f"{tok.vocab_size}) in {time.perf_counter() - start:.1f}s"
     )
     if seq_len is not None:
+        docs = dict(zip(("train", "validation"), meta["documents"], strict=True))
         for split, tokens in (("train", train), ("validation", val)):
             if len(tokens) < seq_len + 1:
                 raise DataError(
-                    f"{split} split has {len(tokens)} tokens, fewer than seq_len+1={seq_len + 1}"
+                    f"{split} split has {len(tokens)} tokens in {docs[split]} documents, fewer "
+                    f"than seq_len+1={seq_len + 1}: give more text or use a shorter seq_len"
                 )
     return TokenDataset(
         tokenizer=tok,

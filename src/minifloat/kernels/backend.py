@@ -11,7 +11,6 @@ Selection is by device only: never by global flags or environment variables.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -118,13 +117,20 @@ class Backend(Protocol):
         ...
 
 
-def _hopper_available(device: torch.device) -> bool:
-    if device.type != "cuda" or not torch.cuda.is_available():
+@torch.compiler.assume_constant_result
+def _hopper_available(device_type: str, device_index: int | None) -> bool:
+    """Whether the Hopper backend can run on this device.
+
+    A constant to torch.compile: dynamo calls it once while tracing instead of tracing it (the
+    capability query and the import would each break the graph, and the resumed frame would then
+    be recompiled for every input dtype until dynamo's recompile limit sends it back to eager).
+    """
+    if device_type != "cuda" or not torch.cuda.is_available():
         return False
-    if torch.cuda.get_device_capability(device) < (8, 9):
+    if torch.cuda.get_device_capability(device_index) < (8, 9):
         return False
     try:
-        importlib.import_module("minifloat.kernels.hopper")
+        import minifloat.kernels.hopper  # noqa: F401
     except ImportError:
         return False
     return True
@@ -143,8 +149,10 @@ def get_backend(name: str, device: torch.device | str) -> Backend:
         raise ValueError(f"unknown backend {name!r}; valid: {', '.join(BACKEND_NAMES)}")
     if name == "emulated":
         return EmulatedBackend()
-    if _hopper_available(device):
-        return importlib.import_module("minifloat.kernels.hopper").HopperBackend()
+    if _hopper_available(device.type, device.index):
+        from minifloat.kernels.hopper import HopperBackend
+
+        return HopperBackend()
     if name == "hopper":
         raise RuntimeError(
             f"the hopper backend needs a CUDA device with compute capability >= 8.9 and "

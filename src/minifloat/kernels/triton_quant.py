@@ -45,6 +45,18 @@ __all__ = [
 ]
 
 _MAX_PARTIALS = 1024
+# Whole-row quantization splits long rows into slices when the row bands alone give fewer
+# programs than this (e.g. a wgrad operand x.t() of 768 rows x 32768 tokens: 48 bands).
+_ROW_PROGRAMS = 1024
+
+
+def _row_slices(bands: int, chunks: int) -> int:
+    """How many column slices whole-row quantization uses for `bands` row bands of `chunks`
+    column tiles: 1 when the bands alone fill the GPU, else enough slices to reach
+    _ROW_PROGRAMS programs, each at least two tiles wide."""
+    if bands >= _ROW_PROGRAMS or chunks < 4:
+        return 1
+    return min(triton.cdiv(_ROW_PROGRAMS, bands), chunks // 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +128,9 @@ def _abs_inf_nan(x):
 def _scale_of(amax, FMAX: tl.constexpr):
     """Dequantization scale of a group from its amax (NaN already mapped to inf)."""
     s = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
+    # As quantize(): a subnormal amax may underflow to a zero scale; floor at 2^-149.
+    tiniest = tl.full(amax.shape, 1, tl.int32).to(tl.float32, bitcast=True)
+    s = tl.where(s > 0.0, s, tiniest)
     s = tl.where(amax > 0.0, s, 1.0)
     return tl.where(amax == float("inf"), float("nan"), s)
 
@@ -202,39 +217,65 @@ def _store_tile(q, q_ptr, rows, cols, mask, stride_qr, stride_qc):
 
 
 @triton.jit
-def _quant_rows_kernel(
-    x_ptr, stride_xr, stride_xc, R, C,
-    rmul_ptr, cmul_ptr, lo_ptr, hi_ptr,
-    q_ptr, stride_qr, stride_qc,
-    s_ptr, stride_sr, stride_sg,
-    seed,
-    GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, N_CHUNKS: tl.constexpr,
+def _band_amax(
+    x_ptr, stride_xr, stride_xc, R, C, rmul_ptr, cmul_ptr, lo_ptr, hi_ptr, rows, first_chunk,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, N_CHUNKS: tl.constexpr,
     HAS_CLIP: tl.constexpr, HAS_RMUL: tl.constexpr, HAS_CMUL: tl.constexpr,
-    FMAX: tl.constexpr, EMIN: tl.constexpr, MBITS: tl.constexpr, IS_INT: tl.constexpr,
-    STOCHASTIC: tl.constexpr,
 ):  # fmt: skip
-    """Groups of 1 x GROUP along each row (GROUP == 0: the whole row, two passes over C).
-
-    Loop trip counts are compile-time constants (N_CHUNKS = ceil(C / BLOCK_C) for whole rows):
-    Triton's CPU interpreter cannot loop over run-time bounds with numpy >= 2.4.
-    """
-    pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    # Whole rows loop over C twice (amax, then quantize; the re-read mostly hits L2); a 1 x GROUP
-    # block is one BLOCK_C-wide tile (BLOCK_C == GROUP).
+    """Per-row amax (NaN -> inf) of `rows` over N_CHUNKS tiles of BLOCK_C columns."""
     amax = tl.zeros([BLOCK_R], dtype=tl.float32)
     for i in range(0, N_CHUNKS):
-        cols = (pid_g + i) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cols = (first_chunk + i) * BLOCK_C + tl.arange(0, BLOCK_C)
         x, mask = _load_scaled(
             x_ptr, rmul_ptr, cmul_ptr, rows, cols, R, C, stride_xr, stride_xc, lo_ptr, hi_ptr,
             HAS_CLIP, HAS_RMUL, HAS_CMUL,
         )  # fmt: skip
         amax = tl.maximum(amax, tl.max(_abs_inf_nan(x), axis=1))
-    scale = _scale_of(amax, FMAX)
-    tl.store(s_ptr + rows.to(tl.int64) * stride_sr + pid_g * stride_sg, scale, mask=rows < R)
+    return amax
+
+
+@triton.jit
+def _quant_rows_kernel(
+    x_ptr, stride_xr, stride_xc, R, C,
+    rmul_ptr, cmul_ptr, lo_ptr, hi_ptr,
+    q_ptr, stride_qr, stride_qc,
+    s_ptr, stride_sr, stride_sg,
+    part_ptr, stride_pr, seed,
+    GROUP: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, N_CHUNKS: tl.constexpr,
+    N_PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
+    HAS_CLIP: tl.constexpr, HAS_RMUL: tl.constexpr, HAS_CMUL: tl.constexpr,
+    FMAX: tl.constexpr, EMIN: tl.constexpr, MBITS: tl.constexpr, IS_INT: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):  # fmt: skip
+    """Groups of 1 x GROUP along each row (GROUP == 0: the whole row).
+
+    Program (pid_r, pid_g) covers N_CHUNKS tiles of BLOCK_C columns starting at tile
+    pid_g * N_CHUNKS: one 1 x GROUP group, a whole row (one program per row band, two passes over
+    C: amax, then quantize; the re-read mostly hits L2), or, when N_PARTS > 0, one of N_PARTS
+    slices of whole rows whose amax `_row_amax_kernel` already wrote to `part_ptr` [R, N_PARTS]
+    (long rows, few row bands: splitting C keeps every SM busy). Loop trip counts are
+    compile-time constants: Triton's CPU interpreter cannot loop over run-time bounds with
+    numpy >= 2.4.
+    """
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    if N_PARTS > 0:
+        parts = tl.arange(0, BLOCK_P)
+        pmask = (rows[:, None] < R) & (parts[None, :] < N_PARTS)
+        pptrs = part_ptr + rows.to(tl.int64)[:, None] * stride_pr + parts[None, :]
+        amax = tl.max(tl.load(pptrs, mask=pmask, other=0.0), axis=1)
+        scale = _scale_of(amax, FMAX)
+        tl.store(s_ptr + rows.to(tl.int64) * stride_sr, scale, mask=(rows < R) & (pid_g == 0))
+    else:
+        amax = _band_amax(
+            x_ptr, stride_xr, stride_xc, R, C, rmul_ptr, cmul_ptr, lo_ptr, hi_ptr, rows,
+            pid_g * N_CHUNKS, BLOCK_R, BLOCK_C, N_CHUNKS, HAS_CLIP, HAS_RMUL, HAS_CMUL,
+        )  # fmt: skip
+        scale = _scale_of(amax, FMAX)
+        tl.store(s_ptr + rows.to(tl.int64) * stride_sr + pid_g * stride_sg, scale, mask=rows < R)
     for i in range(0, N_CHUNKS):
-        cols = (pid_g + i) * BLOCK_C + tl.arange(0, BLOCK_C)
+        cols = (pid_g * N_CHUNKS + i) * BLOCK_C + tl.arange(0, BLOCK_C)
         x, mask = _load_scaled(
             x_ptr, rmul_ptr, cmul_ptr, rows, cols, R, C, stride_xr, stride_xc, lo_ptr, hi_ptr,
             HAS_CLIP, HAS_RMUL, HAS_CMUL,
@@ -246,6 +287,24 @@ def _quant_rows_kernel(
 
 
 @triton.jit
+def _row_amax_kernel(
+    x_ptr, stride_xr, stride_xc, R, C,
+    rmul_ptr, cmul_ptr, lo_ptr, hi_ptr, part_ptr, stride_pr,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, N_CHUNKS: tl.constexpr,
+    HAS_CLIP: tl.constexpr, HAS_RMUL: tl.constexpr, HAS_CMUL: tl.constexpr,
+):  # fmt: skip
+    """Per-row amax (NaN -> inf) of one slice of N_CHUNKS x BLOCK_C columns, into part_ptr
+    [R, slices]; max is exact in any order, so the split changes no bit of the result."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    amax = _band_amax(
+        x_ptr, stride_xr, stride_xc, R, C, rmul_ptr, cmul_ptr, lo_ptr, hi_ptr, rows,
+        tl.program_id(1) * N_CHUNKS, BLOCK_R, BLOCK_C, N_CHUNKS, HAS_CLIP, HAS_RMUL, HAS_CMUL,
+    )  # fmt: skip
+    ptrs = part_ptr + rows.to(tl.int64) * stride_pr + tl.program_id(1)
+    tl.store(ptrs, amax, mask=rows < R)
+
+
+@triton.jit
 def _amax_partial_kernel(
     x_ptr, stride_xr, stride_xc, R, C,
     rmul_ptr, cmul_ptr, lo_ptr, hi_ptr, part_ptr,
@@ -254,14 +313,10 @@ def _amax_partial_kernel(
 ):  # fmt: skip
     """One amax (NaN -> inf) per band of BLOCK_R rows, for tensor-wise scales."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    amax = tl.zeros([BLOCK_R], dtype=tl.float32)
-    for i in range(0, N_CHUNKS):
-        cols = i * BLOCK_C + tl.arange(0, BLOCK_C)
-        x, mask = _load_scaled(
-            x_ptr, rmul_ptr, cmul_ptr, rows, cols, R, C, stride_xr, stride_xc, lo_ptr, hi_ptr,
-            HAS_CLIP, HAS_RMUL, HAS_CMUL,
-        )  # fmt: skip
-        amax = tl.maximum(amax, tl.max(_abs_inf_nan(x), axis=1))
+    amax = _band_amax(
+        x_ptr, stride_xr, stride_xc, R, C, rmul_ptr, cmul_ptr, lo_ptr, hi_ptr, rows, 0,
+        BLOCK_R, BLOCK_C, N_CHUNKS, HAS_CLIP, HAS_RMUL, HAS_CMUL,
+    )  # fmt: skip
     tl.store(part_ptr + tl.program_id(0), tl.max(amax, 0))
 
 
@@ -440,13 +495,26 @@ def quantize_rows(
     if tuning is not None:
         block_r, warps = tuning[0], tuning[2]
         block_c = tuning[1] if group is None else block_c
-    grid = (triton.cdiv(r, block_r), n_groups)
+    n_chunks, n_parts, parts = 1, 0, scale  # parts: any pointer unless rows are split
+    if group is None:
+        n_chunks = triton.cdiv(c, block_c)
+        slices = _row_slices(triton.cdiv(r, block_r), n_chunks)
+        if slices > 1:
+            n_chunks = triton.cdiv(n_chunks, slices)
+            n_parts = triton.cdiv(triton.cdiv(c, block_c), n_chunks)
+            parts = torch.empty((r, n_parts), dtype=torch.float32, device=x.device)
+            _row_amax_kernel[(triton.cdiv(r, block_r), n_parts)](
+                x, *x.stride(), r, c, rm, cm, k.lo, k.hi, parts, parts.stride(0),
+                BLOCK_R=block_r, BLOCK_C=block_c, N_CHUNKS=n_chunks,
+                HAS_CLIP=k.has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm, num_warps=warps,
+            )  # fmt: skip
+    grid = (triton.cdiv(r, block_r), max(n_groups, n_parts))
     _quant_rows_kernel[grid](
         x, *x.stride(), r, c, rm, cm, k.lo, k.hi,
         k.q, *k.q.stride(),
-        scale, *scale.stride(), k.seed,
-        GROUP=group or 0, BLOCK_R=block_r, BLOCK_C=block_c,
-        N_CHUNKS=triton.cdiv(c, block_c) if group is None else 1,
+        scale, *scale.stride(), parts, parts.stride(0), k.seed,
+        GROUP=group or 0, BLOCK_R=block_r, BLOCK_C=block_c, N_CHUNKS=n_chunks,
+        N_PARTS=n_parts, BLOCK_P=triton.next_power_of_2(max(n_parts, 1)),
         HAS_CLIP=k.has_clip, HAS_RMUL=has_rm, HAS_CMUL=has_cm,
         STOCHASTIC=k.stochastic, num_warps=warps, **_fmt_kwargs(k.fmt),
     )  # fmt: skip

@@ -106,6 +106,20 @@ class LlamaConfig:
         return 6 * self.non_embedding_params() + 12 * self.n_layers * self.dim * seq_len
 
 
+# Preset names are nominal sizes, not the count at minifloat's default vocabulary. 125M, 350M,
+# 1.3B, 7B and 13B are named for the parameter count (embedding + untied head included) at
+# LLaMA's 32,000-token vocabulary, within +8 % / -4 %; 1.3B, 7B and 13B use that vocabulary by
+# default. With minifloat's default BPE vocab of 8192 the small presets are smaller. 20M is named
+# for its count at 8192. 50M fits neither vocabulary (-32 % at 8192, +17 % at 32000). Its shape
+# stays as it is because the measured GPU results were taken with it.
+#
+#   preset   vocab 8192   vocab 32000        preset   vocab 8192   vocab 32000
+#   tiny        2.90M        9.00M           350M       325.1M       373.9M
+#   20M        20.5M        38.7M            1.3B      1.267B       1.364B  (default vocab)
+#   50M        34.1M        58.5M            7B        6.543B       6.738B  (default vocab)
+#   125M       97.5M       134.1M            13B      12.772B      13.016B  (default vocab)
+#
+# tests/test_llama.py checks every name except tiny and 50M to within 15 %.
 PRESETS: dict[str, LlamaConfig] = {
     # CPU demo: ~2.9M parameters at vocab 8192 (2.1M of them in embedding + head).
     "tiny": LlamaConfig(dim=128, n_layers=4, n_heads=4, ffn_dim=352, max_seq_len=256),

@@ -1,0 +1,109 @@
+"""Export a trained run (its ``checkpoint.pt``) as a Hugging Face LLaMA model.
+
+The trainer's checkpoint holds the model's state dict and the run's settings; this module
+rebuilds the same ``Llama`` from those settings, loads the weights (verified by the checkpoint's
+digest) and writes them with :func:`minifloat.models.export_hf`. Quantized layers store a
+high-precision weight, so the export is a plain floating-point model: transformers computes the
+high-precision forward, not the recipe's quantized one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minifloat.checkpoint import CheckpointError, load_checkpoint
+from minifloat.train_config import ConfigError, TrainConfig
+
+__all__ = ["ExportedRun", "export_run", "model_config_of_run"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportedRun:
+    """What :func:`export_run` wrote: the directory, its files and which run they came from."""
+
+    out_dir: Path
+    files: tuple[Path, ...]
+    recipe: str
+    model: str
+    step: int
+
+
+def model_config_of_run(config: TrainConfig, model_state: dict[str, Any]) -> Any:
+    """The ``LlamaConfig`` a run trained: its preset and overrides, the vocabulary of the saved
+    embedding, and the trainer's rule for the sequence length."""
+    from minifloat.models.llama import PRESETS, get_config
+
+    overrides = {**config.model_overrides}
+    overrides["vocab_size"] = int(model_state["tok_embeddings.weight"].shape[0])
+    # train_model.build_model's rule: room for the preset's length and the run's seq_len.
+    overrides.setdefault("max_seq_len", max(PRESETS[config.model].max_seq_len, config.seq_len))
+    return get_config(config.model, **overrides)
+
+
+def _checkpoint_of(run_dir: Path) -> Path:
+    from minifloat.train import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
+
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run directory {run_dir} does not exist")
+    path = run_dir / CHECKPOINT_NAME
+    if path.is_file():
+        return path
+    if (run_dir / SHARDED_CHECKPOINT_NAME).exists():
+        raise CheckpointError(
+            f"{run_dir} holds a sharded checkpoint; export reads full ones (checkpoint.pt): "
+            "sharded checkpoints (--ckpt-format sharded) cannot be exported yet"
+        )
+    raise CheckpointError(
+        f"{run_dir} holds no {CHECKPOINT_NAME}; give the --out directory of a finished "
+        "`minifloat train` run"
+    )
+
+
+def export_run(
+    run_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    with_tokenizer: bool = False,
+) -> ExportedRun:
+    """Write the model of the run in ``run_dir`` to ``out_dir`` in the HF LLaMA layout.
+
+    ``with_tokenizer``: also write ``tokenizer.json`` (BPE runs), which re-opens the run's
+    dataset (a cache hit when the data cache is still there, else a rebuild). Raises
+    :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint.
+    """
+    from minifloat.models import Llama, export_hf
+
+    path = _checkpoint_of(Path(run_dir))
+    state = load_checkpoint(path)
+    try:
+        known = {f.name for f in dataclasses.fields(TrainConfig)}
+        config = TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})
+        model = Llama(model_config_of_run(config, state["model"]))
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError, ValueError, ConfigError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise CheckpointError(f"checkpoint {path} does not describe a model ({first})") from exc
+    if with_tokenizer and config.tokenizer == "byte":
+        raise ValueError(
+            f"{run_dir} was trained with the byte tokenizer, which has no tokenizer.json: "
+            "export without --with-tokenizer"
+        )
+    tokenizer = None
+    if with_tokenizer:
+        from minifloat.train import load_dataset
+
+        tokenizer = load_dataset(config, progress=False).tokenizer
+    out = export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)
+    return ExportedRun(
+        out_dir=out,
+        files=tuple(sorted(p for p in out.iterdir() if p.is_file())),
+        recipe=config.recipe,
+        model=config.model,
+        step=int(state.get("step", 0)),
+    )

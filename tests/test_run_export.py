@@ -1,0 +1,103 @@
+"""Tests for minifloat.run_export and `minifloat export`: a trained run as a HF LLaMA."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from minifloat.checkpoint import CheckpointError, load_checkpoint
+from minifloat.cli import main
+from minifloat.models import Llama, get_config
+from minifloat.run_export import export_run
+
+SMALL = ["dim=32", "n_layers=2", "n_heads=2", "ffn_dim=64"]
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-step fp4 run (quantized layers: the export must hold their high-precision weights)
+    with a small BPE tokenizer."""
+    root = tmp_path_factory.mktemp("export")
+    overrides = [arg for kv in SMALL for arg in ("--model-override", kv)]
+    status = main(["train", "--recipe", "fp4", "--model", "tiny", *overrides, "--steps", "3",
+                   "--batch-size", "2", "--seq-len", "32", "--vocab-size", "300",
+                   "--data-max-bytes", "60000", "--eval-batches", "0", "--device", "cpu",
+                   "--cache-dir", str(root / "cache"), "--out", str(root / "run"),
+                   "--quiet"])  # fmt: skip
+    assert status == 0
+    return root / "run"
+
+
+def _our_model(run: Path) -> Llama:
+    """The trained model, rebuilt here from the checkpoint independently of run_export."""
+    state = load_checkpoint(run / "checkpoint.pt")["model"]
+    vocab = state["tok_embeddings.weight"].shape[0]
+    model = Llama(get_config("tiny", dim=32, n_layers=2, n_heads=2, ffn_dim=64, vocab_size=vocab))
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def test_export_command_writes_the_trained_weights(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from safetensors.torch import load_file
+
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 0
+    out = capsys.readouterr().out
+    assert "(fp4 tiny, step 3)" in out and "model.safetensors" in out
+    config = json.loads((tmp_path / "hf/config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 2
+    assert config["max_position_embeddings"] == 256  # the trainer's rule: the preset's length
+    tensors = load_file(str(tmp_path / "hf/model.safetensors"))
+    ours = _our_model(run_dir).state_dict()
+    down = ours["layers.1.feed_forward.w2.weight"]
+    assert torch.equal(tensors["model.layers.1.mlp.down_proj.weight"], down)
+    assert torch.equal(tensors["lm_head.weight"], ours["output.weight"])
+    assert not (tmp_path / "hf/tokenizer.json").exists()  # only with --with-tokenizer
+
+
+@pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (logits check)")
+def test_exported_run_gives_the_same_logits_in_transformers(run_dir: Path, tmp_path: Path) -> None:
+    import transformers
+
+    exported = export_run(run_dir, tmp_path / "hf", with_tokenizer=True)
+    assert {p.name for p in exported.files} >= {"model.safetensors", "tokenizer.json"}
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = tokenizer("def export(run):\n    return run\n")["input_ids"]
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        expected = _our_model(run_dir)(tokens)
+        got = hf.eval()(tokens).logits
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_export_of_a_bad_run_dir_raises(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        export_run(tmp_path / "missing", tmp_path / "hf")
+    (tmp_path / "run.dcp" / "checkpoint.dcp").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match="holds a sharded checkpoint"):
+        export_run(tmp_path / "run.dcp", tmp_path / "hf")
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn/checkpoint.pt").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match=r"not a valid minifloat checkpoint \("):
+        export_run(tmp_path / "torn", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_with_tokenizer_on_a_byte_run_is_refused(tmp_path: Path) -> None:
+    overrides = [arg for kv in SMALL for arg in ("--model-override", kv)]
+    status = main(["train", "--model", "tiny", *overrides, "--steps", "1", "--tokenizer", "byte",
+                   "--batch-size", "2", "--seq-len", "32", "--data-max-bytes", "60000",
+                   "--eval-batches", "0", "--device", "cpu", "--cache-dir", str(tmp_path / "c"),
+                   "--out", str(tmp_path / "run"), "--quiet"])  # fmt: skip
+    assert status == 0
+    with pytest.raises(ValueError, match="byte tokenizer"):
+        export_run(tmp_path / "run", tmp_path / "hf", with_tokenizer=True)
+    assert not (tmp_path / "hf").exists()
