@@ -47,24 +47,31 @@ def _kernel_table(prof, steps: int) -> tuple[float, list[tuple[str, float, int]]
     return sum(totals.values()) / steps, rows
 
 
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def profile_recipe(config: TrainConfig, dataset, args: argparse.Namespace) -> dict:
     """Throughput and kernel breakdown of one recipe's training step."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = args.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     trainer = Trainer(config, dataset=dataset, progress=False)
     try:
         for _ in range(args.warmup):
             trainer.train_step()
-        torch.cuda.synchronize()
+        _sync(args.device)
         start = time.perf_counter()
         for _ in range(args.steps):
             trainer.train_step()
-        torch.cuda.synchronize()
+        _sync(args.device)
         step_ms = (time.perf_counter() - start) * 1000.0 / args.steps
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=activities) as prof:
             for _ in range(args.profile_steps):
                 trainer.train_step()
-            torch.cuda.synchronize()
+            _sync(args.device)
         kernel_ms, kernels = _kernel_table(prof, args.profile_steps)
         tokens = config.batch_size * config.seq_len
         return {
@@ -73,12 +80,13 @@ def profile_recipe(config: TrainConfig, dataset, args: argparse.Namespace) -> di
             "kernel_ms": kernel_ms,
             "tokens_per_s": tokens / step_ms * 1000.0,
             "launches_per_step": sum(n for _, _, n in kernels),
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
             "top_kernels": kernels[:TOP_KERNELS],
         }
     finally:
         trainer.close()
-        torch.cuda.reset_peak_memory_stats()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
 
 
 def _markdown(records: list[dict], args: argparse.Namespace) -> str:
@@ -105,7 +113,7 @@ def _markdown(records: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--model", default="125M")
@@ -124,7 +132,7 @@ def main() -> None:
         help="a results .json of an earlier call (same settings) whose "
         "records come first: long recipe lists split over several 10-minute calls",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("train_profile.py needs a CUDA GPU")
     run_dir = tempfile.mkdtemp(prefix="train_profile_")
