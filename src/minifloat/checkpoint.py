@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from minifloat.errors import first_line
+
 __all__ = [
     "CHECKPOINT_FORMAT",
     "CHECKPOINT_VERSION",
@@ -195,8 +197,8 @@ def _short_reason(exc: BaseException) -> str:
     if marker in text:  # what the unpickler met comes after the advice, on the next lines
         after = [line.strip() for line in text.split(marker, 1)[1].splitlines() if line.strip()]
         what = after[0].split(". ")[0].rstrip(".") if after else "?"
-        text = f"unsupported pickle content: {what}"
-    first = text.splitlines()[0] if text else type(exc).__name__
+        return f"unsupported pickle content: {what}"
+    first = first_line(exc)
     return first if len(first) <= 120 else first[:117] + "..."
 
 

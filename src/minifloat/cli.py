@@ -21,6 +21,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, NoReturn
 
+from minifloat.errors import first_line
+
 __all__ = ["build_parser", "main", "parse_count", "parse_override"]
 
 EXIT_USAGE = 2
@@ -392,13 +394,6 @@ def _cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    if isinstance(exc, KeyError) and text.startswith("'"):
-        text = text.strip("'")
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``minifloat`` console script and ``python -m minifloat``."""
     from minifloat.checkpoint import CheckpointError
@@ -412,5 +407,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, OSError) as exc:
         if args.traceback:
             raise
-        print(f"minifloat: error: {_first_line(exc)}", file=sys.stderr)
+        print(f"minifloat: error: {first_line(exc)}", file=sys.stderr)
         return EXIT_USAGE

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from minifloat.checkpoint import CheckpointError, load_checkpoint
+from minifloat.errors import first_line
 from minifloat.train_config import ConfigError, TrainConfig
 
-__all__ = ["ExportedRun", "export_run", "model_config_of_run"]
+__all__ = ["ExportedRun", "export_run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,18 +31,6 @@ class ExportedRun:
     recipe: str
     model: str
     step: int
-
-
-def model_config_of_run(config: TrainConfig, model_state: dict[str, Any]) -> Any:
-    """The ``LlamaConfig`` a run trained: its preset and overrides, the vocabulary of the saved
-    embedding, and the trainer's rule for the sequence length."""
-    from minifloat.models.llama import PRESETS, get_config
-
-    overrides = {**config.model_overrides}
-    overrides["vocab_size"] = int(model_state["tok_embeddings.weight"].shape[0])
-    # train_model.build_model's rule: room for the preset's length and the run's seq_len.
-    overrides.setdefault("max_seq_len", max(PRESETS[config.model].max_seq_len, config.seq_len))
-    return get_config(config.model, **overrides)
 
 
 def _checkpoint_of(run_dir: Path) -> Path:
@@ -78,17 +66,20 @@ def export_run(
     :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint.
     """
     from minifloat.models import Llama, export_hf
+    from minifloat.train_model import model_config
 
     path = _checkpoint_of(Path(run_dir))
     state = load_checkpoint(path)
     try:
         known = {f.name for f in dataclasses.fields(TrainConfig)}
         config = TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})
-        model = Llama(model_config_of_run(config, state["model"]))
+        # The saved embedding's rows are the run's vocabulary (the tokenizer is not reopened).
+        vocab_size = int(state["model"]["tok_embeddings.weight"].shape[0])
+        model = Llama(model_config(config, vocab_size=vocab_size))
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, ValueError, ConfigError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise CheckpointError(f"checkpoint {path} does not describe a model ({first})") from exc
+        reason = first_line(exc)
+        raise CheckpointError(f"checkpoint {path} does not describe a model ({reason})") from exc
     if with_tokenizer and config.tokenizer == "byte":
         raise ValueError(
             f"{run_dir} was trained with the byte tokenizer, which has no tokenizer.json: "

@@ -32,6 +32,7 @@ from torch import nn
 from minifloat import checkpoint as ckpt
 from minifloat import recipes
 from minifloat.amp import LossScaler, autocast_context, full_precision
+from minifloat.errors import first_line
 from minifloat.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
 from minifloat.runtime import Runtime, all_gather_objects, mean_across_ranks, seed_everything
 from minifloat.runtime import setup as setup_runtime
@@ -436,9 +437,8 @@ class Trainer:
             ckpt.restore_rng_state(local["rng"])
             restore_buffers(self.raw_model, local["buffers"])
         except (KeyError, RuntimeError, ValueError, IndexError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
             raise ckpt.CheckpointError(
-                f"checkpoint {self.checkpoint_path} does not fit this run ({first})"
+                f"checkpoint {self.checkpoint_path} does not fit this run ({first_line(exc)})"
             ) from exc
         self.step = int(state["step"])
         self.losses = [float(v) for v in state["losses"]]

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from minifloat.errors import first_line
+
 __all__ = [
     "CHOICES",
     "ConfigError",
@@ -322,5 +324,5 @@ def check_model_overrides(model: str, overrides: Mapping[str, Any]) -> None:
     try:
         get_config(model, **overrides)
     except (TypeError, ValueError) as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"model {model!r} does not accept these overrides: {text}") from None
+        reason = first_line(exc)
+        raise ConfigError(f"model {model!r} does not accept these overrides: {reason}") from None

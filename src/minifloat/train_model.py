@@ -21,7 +21,7 @@ from minifloat.runtime import Runtime
 from minifloat.stability import attach_embedding_grad_shrink
 from minifloat.train_config import ConfigError, TrainConfig
 
-__all__ = ["build_model", "param_dtype", "deferred_init"]
+__all__ = ["build_model", "model_config", "param_dtype", "deferred_init"]
 
 
 def param_dtype(config: TrainConfig) -> torch.dtype:
@@ -32,6 +32,14 @@ def param_dtype(config: TrainConfig) -> torch.dtype:
 
     bf16 = preset_param_dtype(config.optim_states) == "bf16"
     return torch.bfloat16 if bf16 else torch.float32
+
+
+def model_config(config: TrainConfig, *, vocab_size: int) -> LlamaConfig:
+    """The LlamaConfig a run trains: its preset and overrides, the tokenizer's vocabulary, and
+    room for both the preset's and the run's sequence length (RoPE tables are sized by it)."""
+    overrides = {"vocab_size": vocab_size, **config.model_overrides}
+    overrides.setdefault("max_seq_len", max(PRESETS[config.model].max_seq_len, config.seq_len))
+    return get_config(config.model, **overrides)
 
 
 def deferred_init(config: TrainConfig, runtime: Runtime) -> bool:
@@ -56,12 +64,10 @@ def build_model(
 ) -> tuple[LlamaConfig, nn.Module, nn.Module]:
     """(model config, the model, the module to call): the last is the model wrapped by FSDP,
     torch.compile and/or DDP as `config` asks; the model itself holds the parameters."""
-    overrides = {"vocab_size": vocab_size, **config.model_overrides}
-    overrides.setdefault("max_seq_len", max(PRESETS[config.model].max_seq_len, config.seq_len))
-    model_config = get_config(config.model, **overrides)
+    llama_config = model_config(config, vocab_size=vocab_size)
     deferred = deferred_init(config, runtime)
     with torch.device("meta") if deferred else contextlib.nullcontext():
-        model = Llama(model_config)
+        model = Llama(llama_config)
     if not deferred:
         model.to(runtime.device)
         model.init_weights(config.seed)
@@ -75,7 +81,7 @@ def build_model(
         model_transform(model)
     if config.embed_grad_shrink < 1.0:
         attach_embedding_grad_shrink(model.tok_embeddings, config.embed_grad_shrink)
-    return model_config, model, _wrap(model, config, runtime, deferred=deferred)
+    return llama_config, model, _wrap(model, config, runtime, deferred=deferred)
 
 
 def _materialize(model: nn.Module, device: torch.device, seed: int) -> None:
