@@ -35,7 +35,7 @@ gpu-test:
 	PYTHONPATH=src $(PYTHON) -m pytest -q -m gpu tests
 
 bench:
-	bash benchmarks/gpu_all.sh
+	bash benchmarks/gpu_all.sh tests kernels linear e2e-1.3B
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One command for the GPU machine (H100/H200, torch + triton preinstalled): the GPU tests, then the
-# kernel probes and the linear-layer benchmark. Logs and results go to $OUT (default: ./gpu_out).
+# The GPU machine's driver (H100/H200; torch, triton and transformers preinstalled): run the named
+# stages in order, logs and results to $OUT (default ./gpu_out). torchao, for the comparison rows,
+# is installed from the wheels in .whl/ if that folder exists (see shared/ANCHORS.md).
 #
-#   bash benchmarks/gpu_all.sh            # everything
-#   SKIP_TESTS=1 bash benchmarks/gpu_all.sh
-#   BENCH_ARGS="--shapes 7b" bash benchmarks/gpu_all.sh
-#   SKIP_TESTS=1 SKIP_EAGER=1 bash benchmarks/gpu_all.sh    # compiled layer benchmark only
+#   bash benchmarks/gpu_all.sh tests kernels linear e2e-1.3B e2e-125M e2e-hf
 #
-# torchao (for the comparison rows) is installed from wheels in .whl/ if that folder exists.
+# Stages: tests (pytest -m gpu), kernels (benchmarks/kernels.py), linear (one layer, compiled,
+# 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py). Extra arguments for a
+# stage's script follow it after "--" up to the next stage name, e.g.
+#   bash benchmarks/gpu_all.sh e2e-1.3B -- --rows bf16,fp8-tensorwise --profile fp8-tensorwise
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
@@ -17,16 +18,32 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 status=0
-if [ -z "${SKIP_TESTS:-}" ]; then
-  python3 -m pytest -m gpu -q -p no:cacheprovider --durations=15 tests 2>&1 | tee "$OUT/pytest_gpu.log"
-  status=${PIPESTATUS[0]}
-fi
-if [ -z "${SKIP_BENCH:-}" ]; then
-  python3 benchmarks/kernels.py 2>&1 | tee "$OUT/kernels.log"
-  [ -z "${SKIP_EAGER:-}" ] && python3 benchmarks/linear.py --out-dir "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/linear.log"
-  # Every layer compiled (the fair torchao comparison; host overhead removed), 7B shapes only.
-  python3 benchmarks/linear.py --out-dir "$OUT" --compile --shapes 7b 2>&1 | tee "$OUT/linear_compiled.log"
-fi
+run_stage() {
+  local stage=$1; shift
+  case "$stage" in
+    tests) python3 -m pytest -m gpu -q -p no:cacheprovider --durations=10 tests "$@" \
+             2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
+    kernels) python3 benchmarks/kernels.py --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
+    linear) python3 benchmarks/linear.py --out-dir "$OUT" --compile --shapes 7b "$@" \
+              2>&1 | tail -60 ;;
+    e2e-1.3B) python3 benchmarks/train_e2e.py --model 1.3B --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
+    e2e-125M) python3 benchmarks/train_e2e.py --model 125M --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
+    e2e-hf) python3 benchmarks/train_e2e.py --model 1.3B --impl hf --out-dir "$OUT" "$@" \
+              2>&1 | tail -60 ;;
+    *) echo "unknown stage $stage"; return 2 ;;
+  esac
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || status=$rc
+}
+while [ $# -gt 0 ]; do
+  stage=$1; shift; args=()
+  if [ "${1:-}" = "--" ]; then
+    shift
+    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|kernels|linear|e2e-.*)$ ]]; do args+=("$1"); shift; done
+  fi
+  echo "=== $stage ${args[*]:-}"
+  run_stage "$stage" "${args[@]}"
+done
 exit "$status"

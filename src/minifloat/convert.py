@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from minifloat import recipes
-from minifloat.kernels.backend import BACKEND_NAMES
+from minifloat.kernels.select import BACKEND_NAMES
 from minifloat.linear import QuantLinear
 from minifloat.recipes import QuantRecipe, Recipe
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 import torch
 
 from minifloat import formats
+from minifloat.exact import div_rn
 from minifloat.formats import ElementFormat
 
-__all__ = ["dge_function", "dge_derivative"]
+__all__ = ["dge_function", "dge_derivative", "dge_scale"]
 
 
 def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
@@ -36,7 +37,9 @@ def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
     idx = idx.clamp(0, grid.numel() - 2)
     a, b = grid[idx], grid[idx + 1]
     delta = b - a
-    t = (2.0 * (mag - a) / delta - 1.0).clamp(-1.0, 1.0)
+    # Grid spacings are powers of two: multiplying by the reciprocal is exact, and unlike a
+    # division it compiles to the same bits (Triton's float32 division is approximate).
+    t = (2.0 * (mag - a) * delta.reciprocal() - 1.0).clamp(-1.0, 1.0)
     return a, delta, t
 
 
@@ -76,3 +79,20 @@ def dge_derivative(
     deriv = (1.0 / k) * t.abs().pow(1.0 / k - 1.0)
     deriv = deriv.clamp(max=cap)
     return torch.where(torch.isnan(x), x, deriv)
+
+
+def dge_scale(
+    dw: torch.Tensor,
+    w: torch.Tensor,
+    w_scale: torch.Tensor,
+    fmt: str | ElementFormat = "e2m1",
+    k: float = 5.0,
+    cap: float = 3.0,
+) -> torch.Tensor:
+    """DGE's weight-gradient correction dw * f'(w / w_scale), float32.
+
+    `w_scale` broadcasts against `w` (e.g. [N, 1] row scales). Plain PyTorch that torch.compile
+    fuses into one pass; the division is `exact.div_rn`, so compiled equals eager.
+    """
+    w_scaled = div_rn(w.detach().float(), w_scale.float())
+    return dw.float() * dge_derivative(w_scaled, fmt=fmt, k=k, cap=cap)

@@ -11,7 +11,8 @@ Precision choices:
 - The output dtype is the autocast dtype when autocast is active on the input's device, else the
   input's dtype. dx has the input's dtype, dw the weight's, db the bias's.
 - Activations saved for backward stay quantized (the wgrad operand, transposed) plus their row
-  scales; the high-precision input is never saved. OCC keeps only Δx on the outlier columns.
+  scales; the high-precision input is never saved. E2M1 operands are saved packed, two values a
+  byte. OCC keeps only Δx on the outlier columns.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from torch import nn
 
 from minifloat import formats, recipes
-from minifloat.kernels.backend import BACKEND_NAMES, Backend, QOperand, get_backend
+from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
+from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
 from minifloat.recipes import DelayedScaling, OCCConfig, OperandSpec, QuantRecipe
 
 __all__ = ["QuantLinear", "QuantLinearFunction"]
@@ -85,14 +87,16 @@ class QuantLinearFunction(torch.autograd.Function):
                 s_w = _delayed_scale(amax_history, _WEIGHT, weight, w_fmt, recipe.delayed)
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
-            x_q = backend.quantize(
-                x, recipe.fprop.lhs, clip=clip, scale=s_x, transposed_copy=reuse_x
-            )
-            w_q = backend.quantize(weight, recipe.fprop.rhs, scale=s_w, transposed_copy=reuse_w)
+            x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
+            w_q = backend.quantize(weight, recipe.fprop.rhs, scale=s_w)
             if delta is None:
-                y = backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias)
+                y = backend.scaled_mm(
+                    x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=recipe.fprop_fast_accum
+                )
             else:
-                y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32)
+                y = backend.scaled_mm(
+                    x_q, w_q, out_dtype=torch.float32, fast_accum=recipe.fprop_fast_accum
+                )
                 if recipe.occ.compensation_format == "e4m3":
                     delta = _pad_columns(delta)  # once, for both GEMMs (saved for wgrad)
                 y = y + _compensation_fprop(backend, recipe.occ, delta, weight[:, cols])
@@ -110,17 +114,16 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.recipe, ctx.backend, ctx.amax_history = recipe, backend, amax_history
         ctx.x_dtype = x.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
-        ctx.meta = {
-            name: None if q is None else (q.fmt, q.granularity)
-            for name, q in (("x_rhs", x_rhs), ("w_q", w_q), ("w_rhs", w_rhs))
-        }
+        x_rhs_data, ctx.x_rhs_meta = _stash(backend, x_rhs)
+        w_rhs_data, ctx.w_rhs_meta = _stash(backend, w_rhs)
+        ctx.w_q_meta = (w_q.fmt, w_q.granularity)
         ctx.save_for_backward(
             weight,
-            None if x_rhs is None else x_rhs.data,
+            x_rhs_data,
             None if x_rhs is None else x_rhs.scale,
             x_q.scale if recipe.folds("wgrad") else None,
             w_q.scale,
-            None if w_rhs is None else w_rhs.data,
+            w_rhs_data,
             None if w_rhs is None else w_rhs.scale,
             cols,
             delta,
@@ -142,7 +145,6 @@ class QuantLinearFunction(torch.autograd.Function):
             cols,
             delta,
         ) = ctx.saved_tensors
-        meta = ctx.meta
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dx = dw = db = None
         with torch.autocast(dy.device.type, enabled=False):
@@ -153,7 +155,7 @@ class QuantLinearFunction(torch.autograd.Function):
             g_q = None
             if need_dx:
                 w_rhs = (
-                    QOperand(w_rhs_data, w_rhs_scale, *meta["w_rhs"])
+                    _unstash(backend, w_rhs_data, w_rhs_scale, ctx.w_rhs_meta)
                     if w_rhs_data is not None
                     else backend.quantize(weight, recipe.dgrad.rhs, transpose=True)
                 )
@@ -161,13 +163,13 @@ class QuantLinearFunction(torch.autograd.Function):
                 g_q = backend.quantize(dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g)
                 dx = backend.scaled_mm(g_q, w_rhs, out_dtype=ctx.x_dtype)
             if need_dw:
-                x_rhs = QOperand(x_rhs_data, x_rhs_scale, *meta["x_rhs"])
+                x_rhs = _unstash(backend, x_rhs_data, x_rhs_scale, ctx.x_rhs_meta)
                 dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g)
                 if delta is not None and cols.numel() > 0:
                     dw_comp = _compensation_wgrad(backend, recipe.occ, dy, delta, cols.numel())
                     dw.index_add_(1, cols, dw_comp)
                 if recipe.dge is not None:
-                    w_q = QOperand(weight, w_scale, *meta["w_q"])  # data unused by apply_dge
+                    w_q = QOperand(weight, w_scale, *ctx.w_q_meta)  # data unused by apply_dge
                     dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
                 dw = dw.to(weight.dtype)
             if need_db and ctx.bias_dtype is not None:
@@ -176,6 +178,32 @@ class QuantLinearFunction(torch.autograd.Function):
 
 
 _E4M3_ROWS = OperandSpec(fmt="e4m3", granularity="row")
+
+
+def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, tuple | None]:
+    """(data to save, metadata) of an operand kept for backward.
+
+    Saved in its storage layout: a transposed operand (a transposed view of the input's layout,
+    see kernels/operand.py) is saved untransposed and transposed when backward uses it, in the
+    backward's own kernels. E2M1 values are packed two a byte along the storage rows.
+    """
+    if q is None:
+        return None, None
+    data, transposed = q.data, not q.data.is_contiguous()
+    if transposed:
+        data = data.t()  # contiguous: the layout quantize wrote
+    packed_cols = None
+    if q.fmt == "e2m1" and data.dtype == torch.float8_e4m3fn:
+        data, packed_cols = backend.kernel(pack_e2m1, data)(data), data.shape[1]
+    return data, (q.fmt, q.granularity, packed_cols, transposed)
+
+
+def _unstash(backend: Backend, data: torch.Tensor, scale: torch.Tensor, meta: tuple) -> QOperand:
+    """The operand `_stash` saved (a transposed view again where it was one)."""
+    fmt, granularity, packed_cols, transposed = meta
+    if packed_cols is not None:
+        data = backend.kernel(unpack_e2m1, data)(data, packed_cols)
+    return QOperand(data.t() if transposed else data, scale, fmt, granularity)
 
 
 def _pad_columns(t: torch.Tensor) -> torch.Tensor:

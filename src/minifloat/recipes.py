@@ -208,6 +208,10 @@ class QuantRecipe(Recipe):
     occ: OCCConfig | None = None
     delayed: DelayedScaling | None = None
     min_multiple: int = 16  # in/out features must be multiples of this (FP8 tensor-core GEMMs)
+    # fprop on FP8 tensor cores with fast accumulation (no periodic promotion of partial sums to
+    # fp32), as torchao's float8 layers run their output GEMM: 7-20 % faster at LLaMA shapes.
+    # Exact for E2M1 x E2M1 (every partial sum fits); the emulation always sums in fp32.
+    fprop_fast_accum: bool = True
 
     def __post_init__(self) -> None:
         if self.fprop.lhs.reuse or self.fprop.rhs.reuse or self.dgrad.lhs.reuse:
@@ -414,6 +418,7 @@ VARIANT_KEYS: dict[str, str] = {
     "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
     "scaling.grad_output": "row|tensor: scale granularity of the output gradient dy",
+    "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
 }
 
 
@@ -464,6 +469,8 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
     rep = dataclasses.replace
     if key == "dge":
         return rep(r, dge=(r.dge or DGEConfig()) if _switch(key, value) else None)
+    if key == "fast_accum":
+        return rep(r, fprop_fast_accum=_switch(key, value))
     if key == "occ":
         on = _switch(key, value)
         return rep(r, occ=(r.occ or OCCConfig(threshold="sampled")) if on else None)

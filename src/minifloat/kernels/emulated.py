@@ -1,19 +1,23 @@
-"""The reference backend: exact emulation of the quantized GEMMs in plain PyTorch, on any device.
+"""The reference backend: the quantized GEMMs emulated exactly in plain PyTorch, on any device.
 
-Quantization is `minifloat.quantize` (float32 values on the grid, float32 scales). GEMMs with
-tensor or row scales multiply the grid values in fp32 and apply the scales afterwards, in the
-order torch's row-wise scaled GEMM uses on Hopper (`(acc * b_scaleᵀ) * a_scale`, measured);
-block-scaled GEMMs multiply the
-dequantized operands in fp32. On CUDA, keep TF32 matmuls off (the PyTorch default) or fp32 GEMMs
-are not fp32.
+Operands are quantized by `kernels/operand.py` (values stored in FP8 bytes, bit-identical to
+`minifloat.quantize.quantize`), or by `quantize()` itself for formats and scale formats without
+a fast path (values in float32). GEMMs with tensor or row scales multiply the grid values in
+fp32 and apply the scales afterwards, in the order torch's row-wise scaled GEMM uses on Hopper
+(`(acc * b_scaleᵀ) * a_scale`, measured); block-scaled GEMMs multiply the dequantized operands
+in fp32. On CUDA, keep TF32 matmuls off (the PyTorch default) or fp32 GEMMs are not fp32.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from minifloat import formats
-from minifloat.dge import dge_derivative
+from minifloat.dge import dge_scale
+from minifloat.exact import div_rn
+from minifloat.kernels import operand
 from minifloat.kernels.backend import QOperand
 from minifloat.occ import outliers, thresholds
 from minifloat.quantize import quantize
@@ -29,6 +33,11 @@ class EmulatedBackend:
 
     name = "emulated"
 
+    def kernel(self, fn: Callable, like: torch.Tensor) -> Callable:
+        """`fn` (a PyTorch function of kernels/ or dge.py) as this backend runs it on `like`'s
+        device: here as is; the Hopper backend runs a compiled twin for eager CUDA calls."""
+        return fn
+
     def quantize(
         self,
         x: torch.Tensor,
@@ -38,40 +47,20 @@ class EmulatedBackend:
         transpose: bool = False,
         clip: tuple[torch.Tensor, torch.Tensor] | None = None,
         scale: torch.Tensor | None = None,
-        transposed_copy: bool = False,  # a hint for fused backends; nothing to do here
     ) -> QOperand:
-        xf = x.detach().float()
-        if clip is not None:
-            lo, hi = clip
-            xf = torch.where(torch.isfinite(xf), torch.clamp(xf, lo, hi), xf)
-        if prescale is not None:
-            xf = xf * prescale.float()
-        if transpose:
-            xf = xf.t().contiguous()
-        if scale is None:
-            q = quantize(
-                xf,
-                spec.fmt,
-                spec.granularity,
-                scale_format=spec.scale_format,
-                rounding=spec.rounding,
-            )
-            return QOperand(
-                q.values, q.scale.reshape(_scale_shape(q.scale)), spec.fmt, spec.granularity
-            )
-        if spec.granularity != "tensor":
+        if scale is not None and spec.granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
-        fmt = formats.get(spec.fmt)
-        scale = scale.float().reshape(1, 1)
-        values = fmt.round(xf / scale, rounding=spec.rounding)
-        return QOperand(values, scale, spec.fmt, "tensor")
-
-    def _transposed_data(self, q: QOperand) -> torch.Tensor:
-        """q's values transposed and contiguous (backends may keep or copy them faster)."""
-        return q.data.t().contiguous()
+        fast = operand.supports(spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
+        if fast:
+            values, s = self.kernel(operand.quantize_operand, x)(
+                x.detach(), spec.fmt, spec.granularity,
+                clip=clip, prescale=prescale, transpose=transpose, scale=scale,
+            )  # fmt: skip
+            return QOperand(values, s, spec.fmt, spec.granularity)
+        return _reference_quantize(x, spec, prescale, transpose, clip, scale)
 
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
-        data = self._transposed_data(q)
+        data = q.data.t()  # a view: made contiguous by whatever needs it so (a GEMM, a save)
         if unit_scale:
             ones = torch.ones(1, 1, dtype=torch.float32, device=q.scale.device)
             return QOperand(data, ones, q.fmt, "tensor")
@@ -89,6 +78,7 @@ class EmulatedBackend:
         *,
         out_dtype: torch.dtype,
         bias: torch.Tensor | None = None,
+        fast_accum: bool = False,  # a hint for tensor cores; fp32 sums here
     ) -> torch.Tensor:
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
@@ -104,8 +94,8 @@ class EmulatedBackend:
     def apply_dge(
         self, dw: torch.Tensor, w_hp: torch.Tensor, w_q: QOperand, cfg: DGEConfig
     ) -> torch.Tensor:
-        w_scaled = w_hp.detach().float() / w_q.expanded_scale()
-        return dw.float() * dge_derivative(w_scaled, fmt=w_q.fmt, k=cfg.k, cap=cfg.cap)
+        scale = w_q.scale if w_q.granularity in _ROWISH else w_q.expanded_scale()
+        return self.kernel(dge_scale, dw)(dw, w_hp, scale, fmt=w_q.fmt, k=cfg.k, cap=cfg.cap)
 
     def occ_thresholds(self, x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Tensor]:
         return thresholds(x, cfg)
@@ -119,6 +109,21 @@ class EmulatedBackend:
         return a.float() @ b.float().t()
 
 
-def _scale_shape(scale: torch.Tensor) -> torch.Size:
-    """quantize() returns 2-D scales for 2-D data already; keep them 2-D."""
-    return scale.shape if scale.dim() == 2 else torch.Size([1, 1])
+def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:
+    """`quantize()` for the specs `operand.quantize_operand` does not cover (float32 values)."""
+    xf = x.detach().float()
+    if clip is not None:
+        xf = torch.where(torch.isfinite(xf), torch.clamp(xf, *clip), xf)
+    if prescale is not None:
+        xf = xf * prescale.float()
+    if transpose:
+        xf = xf.t().contiguous()
+    if scale is not None:
+        scale = scale.float().reshape(1, 1)
+        values = formats.get(spec.fmt).round(div_rn(xf, scale), rounding=spec.rounding)
+        return QOperand(values, scale, spec.fmt, "tensor")
+    q = quantize(
+        xf, spec.fmt, spec.granularity, scale_format=spec.scale_format, rounding=spec.rounding
+    )
+    s = q.scale if q.scale.dim() == 2 else q.scale.reshape(1, 1)
+    return QOperand(q.values, s, spec.fmt, spec.granularity)

@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FP8_DTYPES", "supported", "pad_contraction", "scaled_mm_rowish", "scaled_mm_blocks"]
+__all__ = [
+    "FP8_DTYPES",
+    "supported",
+    "pad_contraction",
+    "scaled_mm_rowish",
+    "scaled_mm_blocks",
+]
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -39,9 +45,14 @@ def pad_contraction(t: torch.Tensor, multiple: int = 16) -> torch.Tensor:
     k = t.shape[1]
     pad = (-k) % multiple
     if pad == 0:
+        # No stride queries here (`is_contiguous()`): this runs in QuantLinear's backward, where
+        # dynamo cannot evaluate them on the saved tensors (torch 2.11); the failed attempt made
+        # it retrace the backward and leave autocast disabled for the rest of the graph (seen on
+        # an H200: key/value projections in fp32 beside a bf16 query). contiguous() is a no-op
+        # on a contiguous tensor and copies FP8 values bit for bit.
         return t.contiguous()
     out = torch.zeros((t.shape[0], k + pad), dtype=torch.uint8, device=t.device)
-    out[:, :k] = t.view(torch.uint8)
+    out[:, :k] = t.contiguous().view(torch.uint8)
     return out.view(t.dtype)
 
 

@@ -1,0 +1,352 @@
+"""End-to-end training throughput per recipe, against bf16 and torchao in the same process.
+
+    PYTHONPATH=src python benchmarks/train_e2e.py --model 1.3B [--impl ours|hf] \
+        [--rows bf16,torchao-tensorwise,torchao-rowwise,fp8-tensorwise,fp4] [--profile fp4] \
+        [--out-dir DIR] [--tag NAME]
+
+One process, one GPU, the same model shape, seed and token batches for every row: a LLaMA
+(`--impl ours`: minifloat.models.Llama; `hf`: a `transformers` LlamaForCausalLM of the same
+shape), converted with `minifloat.convert` (or torchao's `convert_to_float8_training`; the
+output head stays high precision in both), compiled with `torch.compile`, trained under bf16
+autocast with fp32 master weights and torch's fused AdamW. Each row runs `--warmup` steps
+(compilation included) and `--steps` timed steps; the step time is the median of CUDA-event
+timings of whole steps (forward, loss, backward, optimizer). Rows named in `--profile` are then
+profiled for 3 steps: GPU kernel time per step split into GEMM / attention / everything else,
+kernel launches per step and the top kernels.
+
+Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `125M` batch
+32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
+benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `model`,
+`impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
+`peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import statistics
+import sys
+import time
+import traceback
+from collections import defaultdict
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torch._dynamo.utils import counters  # noqa: E402
+
+from common import gpu_tag, write_results  # noqa: E402
+from minifloat import recipes  # noqa: E402
+from minifloat.convert import convert, is_output_head  # noqa: E402
+from minifloat.models.llama import Llama, get_config  # noqa: E402
+
+PRESETS = {  # model -> (batch, seq, vocab)
+    "1.3B": (8, 2048, 32000),
+    "125M": (32, 1024, 8192),
+    "tiny": (2, 64, 512),  # a CPU smoke test of this script (--device cpu)
+}
+TORCHAO_ROWS = {"torchao-tensorwise": "tensorwise", "torchao-rowwise": "rowwise"}
+DEFAULT_ROWS = ["bf16", *TORCHAO_ROWS] + [
+    "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "fp4-direct", "fp4-dge", "fp4",
+]  # fmt: skip
+GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "matmul", "splitk")
+ATTENTION_WORDS = ("flash", "fmha", "attention", "attn")
+
+
+def build_model(
+    model: str, impl: str, vocab: int, seq: int, device: str, layers: int | None, seed: int = 0
+) -> nn.Module:
+    """The model of `model`'s shape, deterministically initialised, on `device` in fp32."""
+    cfg = get_config(model, vocab_size=vocab, max_seq_len=seq)
+    if layers:
+        cfg = dataclasses.replace(cfg, n_layers=layers)
+    torch.manual_seed(seed)
+    if impl == "ours":
+        net = Llama(cfg)
+        net.init_weights(seed)
+        return net.to(device)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hf_cfg = LlamaConfig(
+        hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, vocab_size=vocab,
+        max_position_embeddings=seq, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
+        tie_word_embeddings=False, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(hf_cfg).to(device)
+
+
+def _float8_eligible(module: nn.Module, fqn: str) -> bool:
+    """torchao's layers: plain nn.Linear, not the head, both dims multiples of 16."""
+    return (
+        type(module) is nn.Linear
+        and not is_output_head(fqn)
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
+
+
+def prepare(net: nn.Module, row: str) -> nn.Module:
+    """Apply the row's precision recipe to `net` in place; returns it."""
+    if row in TORCHAO_ROWS:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = Float8LinearConfig.from_recipe_name(TORCHAO_ROWS[row])
+        convert_to_float8_training(net, config=config, module_filter_fn=_float8_eligible)
+    elif recipes.get(row).quantized:
+        convert(net, row)
+    return net
+
+
+def compile_model(net: nn.Module, scope: str, mode: str | None) -> nn.Module:
+    """torch.compile the whole model, or each repeated block (torchtitan's way: identical blocks
+    share one compiled graph, so compilation takes one block's time)."""
+    if scope == "model":
+        return torch.compile(net, mode=mode)
+    blocks = getattr(net, "layers", None) or net.model.layers  # ours, or transformers' Llama
+    for i, block in enumerate(blocks):
+        blocks[i] = torch.compile(block, mode=mode)
+    return net
+
+
+def _logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    out = net(tokens)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def make_step(net: nn.Module, opt: torch.optim.Optimizer):
+    def step(tokens: torch.Tensor) -> None:
+        with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+            logits = _logits(net, tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _classify(name: str) -> str:
+    low = name.lower()
+    if any(w in low for w in ATTENTION_WORDS):
+        return "attention"
+    if any(w in low for w in GEMM_WORDS):
+        return "gemm"
+    return "other"
+
+
+def profile_steps(step, batches: list[torch.Tensor], steps: int = 3) -> dict:
+    """GPU kernel ms per step by class, launches per step, the top kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for ev in prof.events():
+        # user annotations (e.g. the optimizer's record_function range) also show on the GPU
+        # timeline, over kernels that are counted themselves
+        if ev.device_type == DeviceType.CUDA and not getattr(ev, "is_user_annotation", False):
+            totals[ev.name] += ev.device_time_total / 1000.0 / steps
+            counts[ev.name] += 1
+    by_class: dict[str, float] = defaultdict(float)
+    for name, ms in totals.items():
+        by_class[_classify(name)] += ms
+    top = sorted(totals, key=totals.get, reverse=True)[:12]
+    return {
+        "kernel_ms": sum(totals.values()),
+        "gemm_ms": by_class["gemm"],
+        "attention_ms": by_class["attention"],
+        "other_ms": by_class["other"],
+        "kernels_per_step": sum(counts.values()) // steps,
+        "top_kernels": [(n[:100], round(totals[n], 3), counts[n] // steps) for n in top],
+    }
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(step, tokens: torch.Tensor) -> float:
+    """Milliseconds of one step: CUDA events on the GPU, the wall clock elsewhere."""
+    if tokens.is_cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(tokens)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    step(tokens)
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model = build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers)
+    net = prepare(model, row)
+    compiled = compile_model(net, args.compile_scope, args.compile_mode)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    step = make_step(compiled, opt)
+    counters.clear()
+    t0 = time.perf_counter()
+    step(batches[0])
+    _sync(args.device)
+    compile_s = time.perf_counter() - t0
+    print(f"{row}: first step (compilation) {compile_s:.0f} s", flush=True)
+    for i in range(1, args.warmup):
+        step(batches[i % len(batches)])
+    _sync(args.device)
+    warmup_s = time.perf_counter() - t0
+    times = [_timed(step, batches[i % len(batches)]) for i in range(args.steps)]
+    step_ms = statistics.median(times)
+    rec = {
+        "model": args.model, "impl": args.impl, "recipe": row,
+        "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
+        "tokens_per_s": args.batch * args.seq / step_ms * 1000.0,
+        "step_ms": step_ms, "step_ms_min": min(times), "step_ms_max": max(times),
+        "warmup_s": warmup_s, "compile_s": compile_s,
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "compile_mode": args.compile_mode or "default", "gpu": gpu_tag(),
+        "date": args.date or date.today().isoformat(),
+    }  # fmt: skip
+    if row in args.profile and cuda:
+        rec |= profile_steps(step, batches)
+    del step, opt, compiled, net
+    _release()
+    return rec
+
+
+def _release() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    torch._dynamo.reset()
+
+
+def with_ratios(records: list[dict]) -> list[dict]:
+    """Add speed and memory ratios against this run's bf16 and torchao tensorwise rows."""
+    base = {r["recipe"]: r for r in records}
+    bf16, tao = base.get("bf16"), base.get("torchao-tensorwise")
+    for r in records:
+        r["speedup_vs_bf16"] = r["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None
+        r["mem_vs_bf16"] = (
+            r["peak_mem_gib"] / bf16["peak_mem_gib"] if bf16 and bf16["peak_mem_gib"] else None
+        )
+        r["speedup_vs_torchao_tensorwise"] = (
+            r["tokens_per_s"] / tao["tokens_per_s"] if tao else None
+        )
+    return records
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}x"
+
+
+def markdown(records: list[dict], args) -> str:
+    lines = [
+        f"`{' '.join(sys.argv)}`",
+        "",
+        f"Model {args.model} ({args.impl}), batch {args.batch} x {args.seq}, vocab {args.vocab}, "
+        f"torch.compile ({args.compile_scope}, mode {args.compile_mode or 'default'}), bf16 "
+        f"autocast, fused AdamW{f', {args.layers} layers' if args.layers else ''}; "
+        f"median of {args.steps} steps after {args.warmup} warm-up steps.",
+        "",
+        "| recipe | tokens/s | vs bf16 | vs torchao tensorwise | peak GiB | mem vs bf16 "
+        "| step ms | compile s | graphs / breaks |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        lines.append(
+            f"| {r['recipe']} | {r['tokens_per_s']:,.0f} | {_x(r['speedup_vs_bf16'])} | "
+            f"{_x(r['speedup_vs_torchao_tensorwise'])} | {r['peak_mem_gib']:.1f} | "
+            f"{_x(r['mem_vs_bf16'])} | {r['step_ms']:.1f} | {r['compile_s']:.0f} | "
+            f"{r['graphs']} / {r['graph_breaks']} |"
+        )
+    profiled = [r for r in records if "kernel_ms" in r]
+    if profiled:
+        lines += ["", "GPU kernel time per step (profiler, 3 steps):", "",
+                  "| recipe | kernel ms | GEMM ms | attention ms | other ms | kernels/step |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in profiled:
+            lines.append(
+                f"| {r['recipe']} | {r['kernel_ms']:.1f} | {r['gemm_ms']:.1f} | "
+                f"{r['attention_ms']:.1f} | {r['other_ms']:.1f} | {r['kernels_per_step']} |"
+            )
+        for r in profiled:
+            lines += ["", f"Top kernels, {r['recipe']}:", "", "| kernel | ms/step | launches |",
+                      "|---|---|---|"]  # fmt: skip
+            lines += [f"| `{n}` | {ms:.2f} | {c} |" for n, ms, c in r["top_kernels"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="1.3B", choices=sorted(PRESETS))
+    ap.add_argument("--impl", default="ours", choices=("ours", "hf"))
+    ap.add_argument("--rows", default=",".join(DEFAULT_ROWS))
+    ap.add_argument("--profile", default="", help="rows to profile (comma-separated)")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--seq", type=int, default=None)
+    ap.add_argument("--vocab", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: None)")
+    ap.add_argument("--compile-scope", default="model", choices=("model", "block"))
+    ap.add_argument("--layers", type=int, default=None, help="override the preset's n_layers")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--date", default=None)
+    args = ap.parse_args(argv)
+    batch, seq, vocab = PRESETS[args.model]
+    args.batch, args.seq, args.vocab = args.batch or batch, args.seq or seq, args.vocab or vocab
+    args.profile = [r for r in args.profile.split(",") if r]
+    rows = args.rows.split(",")
+    for row in rows:  # fail on a typo before spending GPU time
+        if row not in TORCHAO_ROWS:
+            recipes.get(row)
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen).to(args.device)
+        for _ in range(4)
+    ]
+    name = f"train_e2e_{args.model}_{args.impl}" + (f"_{args.tag}" if args.tag else "")
+    print(f"{name}: rows {rows}", flush=True)
+    out = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
+    records: list[dict] = []
+    errors: list[dict] = []
+    for row in rows:
+        try:
+            records.append(run_row(args, row, batches))
+            rec = records[-1]
+            print(f"{row}: {rec['tokens_per_s']:,.0f} tokens/s, {rec['peak_mem_gib']:.1f} GiB, "
+                  f"warm-up {rec['warmup_s']:.0f} s", flush=True)  # fmt: skip
+        except Exception as exc:  # one failing row must not lose the others
+            errors.append({"model": args.model, "impl": args.impl, "recipe": row,
+                           "error": f"{type(exc).__name__}: {exc}"[-3000:]})  # fmt: skip
+            traceback.print_exc()
+            print(f"{row}: FAILED", flush=True)
+            _release()
+        body = markdown(with_ratios(records), args)
+        body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)
+        md, _ = write_results(name, records + errors, body, **out)
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()

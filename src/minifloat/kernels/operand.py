@@ -1,0 +1,213 @@
+"""GEMM operand quantization in plain PyTorch: the emulation eagerly, the GPU fast path compiled.
+
+`quantize_operand` computes exactly what `minifloat.quantize.quantize` computes for the formats
+and granularities the quantized GEMMs use (E2M1, E4M3, E5M2; tensor, row, 1 x bc and br x bc
+blocks; fp32 scales; round-to-nearest-even), bit for bit, and stores the values in the FP8 byte
+that feeds `torch._scaled_mm` (E2M1 values ride exactly in E4M3). It is written with ops that
+inductor fuses (abs, amax, where, round, casts), so under `torch.compile` the quantizer becomes
+one or two memory passes fused with whatever produced its input (a norm, an activation, a
+residual), which is where the speed of FP8 training comes from (DESIGN.md "The fast path").
+
+Pinned forms, so that compiled code equals eager code bit for bit:
+- Quotients x / s through `minifloat.exact.div_rn` (float64, rounded once): the correctly
+  rounded float32 quotient the reference computes, whatever division inductor emits. (Subnormal
+  quotients may differ in their last bit; every format here rounds them to zero either way.)
+- Grid rounding by multiplications with powers of two and `torch.round` (E2M1), or the
+  saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
+  Hopper's `cvt.rn.satfinite`).
+
+`pack_e2m1` / `unpack_e2m1` store E2M1 values two per byte (the saved activation of fp4 recipes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minifloat import formats
+from minifloat.exact import div_rn
+from minifloat.quantize import Granularity
+
+__all__ = [
+    "FP8_STORAGE",
+    "supports",
+    "quantize_operand",
+    "scale_from_amax",
+    "round_to_storage",
+    "pack_e2m1",
+    "unpack_e2m1",
+]
+
+# Element formats with a fast path, and the float8 dtype holding their values exactly.
+FP8_STORAGE: dict[str, torch.dtype] = {
+    "e2m1": torch.float8_e4m3fn,
+    "e4m3": torch.float8_e4m3fn,
+    "e5m2": torch.float8_e5m2,
+}
+_FP32_TINIEST = 2.0**-149  # the reference's floor of a positive group's scale
+
+
+def supports(fmt: str, granularity: Granularity, scale_format: str, rounding: str) -> bool:
+    """Whether `quantize_operand` covers this operand spec (else use `quantize.quantize`)."""
+    if fmt not in FP8_STORAGE or scale_format != "fp32" or rounding != "nearest":
+        return False
+    return granularity in ("tensor", "row") or isinstance(granularity, tuple)
+
+
+def scale_from_amax(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
+    """Dequantization scales `amax / fmt_max` of absmax groups, float32, as `quantize()` sets them.
+
+    Positive groups: the correctly rounded float32 quotient (`exact.div_rn`), floored at the
+    smallest positive float32; all-zero groups: 1; groups whose amax is NaN or inf: NaN.
+    """
+    raw = div_rn(amax, torch.full_like(amax, fmt_max)).clamp(min=_FP32_TINIEST)
+    scale = torch.where(amax > 0, raw, torch.ones_like(raw))
+    return torch.where(torch.isfinite(amax), scale, torch.full_like(raw, float("nan")))
+
+
+def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Round float32 `q` (already divided by its scale) onto `fmt`'s grid, saturating at ±max,
+    ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
+    if fmt == "e2m1":
+        # Grid spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6]: round(|q| / spacing) * spacing,
+        # written with multiplications by powers of two (exact in every compiled form).
+        mag = q.abs().clamp(max=6.0)
+        inv_step = torch.where(mag < 2.0, 2.0, torch.where(mag < 4.0, 1.0, 0.5))
+        step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+        return torch.copysign(torch.round(mag * inv_step) * step, q).to(FP8_STORAGE[fmt])
+    fmt_max = formats.get(fmt).max
+    return q.clamp(-fmt_max, fmt_max).to(FP8_STORAGE[fmt])
+
+
+def _quantize_blocks(
+    v: torch.Tensor, fmt: str, block: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scale [ceil(R/br), ceil(C/bc)]) of 2-D float32 v in br x bc blocks."""
+    (r, c), (br, bc) = v.shape, block
+    pad_r, pad_c = -r % br, -c % bc
+    if pad_r or pad_c:  # zeros never change a block's amax
+        v = F.pad(v, (0, pad_c, 0, pad_r))
+    blocks = v.reshape(v.shape[0] // br, br, v.shape[1] // bc, bc)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = scale_from_amax(amax, formats.get(fmt).max)
+    q = div_rn(blocks, scale[:, None, :, None]).reshape(v.shape)[:r, :c]
+    return round_to_storage(q, fmt), scale
+
+
+def quantize_operand(
+    x: torch.Tensor,
+    fmt: str,
+    granularity: Granularity,
+    *,
+    clip: tuple[torch.Tensor, torch.Tensor] | None = None,
+    prescale: torch.Tensor | None = None,
+    transpose: bool = False,
+    scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a 2-D GEMM operand: clip -> * prescale -> transpose -> absmax-quantize.
+
+    Args:
+        x: [R, C] floating tensor (any float dtype; computed in float32).
+        fmt: "e2m1", "e4m3" or "e5m2".
+        granularity: "tensor", "row" (one scale per row of the operand, i.e. along the GEMM's
+            contraction dim) or a block shape (br, bc), relative to the (transposed) operand.
+        clip: OCC's (lo, hi) bounds: finite entries are clamped to them first.
+        prescale: a [R, 1] or [1, C] multiplier applied before quantizing (folded row scales).
+        transpose: quantize x.t(): values [C, R], a transposed view of a contiguous [R, C]
+            tensor (see `_layout`).
+        scale: a given [1, 1] tensor scale (delayed scaling) instead of the absmax one.
+    Returns:
+        (values, scale): values on the grid in `FP8_STORAGE[fmt]`; scale float32,
+        [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
+    """
+    v = x.float()
+    if clip is not None:
+        v = torch.where(torch.isfinite(v), torch.clamp(v, clip[0], clip[1]), v)
+    if prescale is not None:
+        v = v * prescale.float()
+    if scale is not None:
+        if granularity != "tensor":
+            raise ValueError("a given (delayed) scale needs tensor granularity")
+        scale = scale.float().reshape(1, 1)
+        return _layout(round_to_storage(div_rn(v, scale), fmt), transpose), scale
+    # A transposed operand is quantized in x's own layout, where its groups are columns or
+    # column blocks, and written transposed at the end: the reductions then read rows of x
+    # (coalesced) instead of columns of a transposed view.
+    if isinstance(granularity, tuple):
+        block = granularity[::-1] if transpose else granularity
+        values, s = _quantize_blocks(v, fmt, block)
+        return _layout(values, transpose), (s.t().contiguous() if transpose else s)
+    if granularity == "tensor":
+        amax = v.abs().amax().reshape(1, 1)
+    elif granularity == "row":
+        amax = _column_amax(v) if transpose else _row_amax(v)
+    else:
+        raise ValueError(
+            f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
+        )
+    s = scale_from_amax(amax, formats.get(fmt).max)
+    values = round_to_storage(div_rn(v, s), fmt)
+    return _layout(values, transpose), (s.t().contiguous() if transpose else s)
+
+
+def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """The operand's values: x's layout computed, returned as a transposed *view* if asked.
+
+    Transposed values are never written here: the consumer that needs them contiguous (the
+    GEMM, or a later transposition) copies them, in a kernel of its own. Writing the transposed
+    copy while quantizing let inductor fuse that store into a row reduction, whose tiles are a
+    few rows by a whole row wide: byte stores with a stride of a whole column, ~10x slower.
+    """
+    values = values.contiguous()
+    return values.t() if transpose else values
+
+
+def _row_amax(v: torch.Tensor, cols_per_partial: int = 256) -> torch.Tensor:
+    """|v|.amax over columns, [R, 1], in two stages for long rows: maxima of column chunks, then
+    of the chunks. Exactly the one-stage result (max is order-independent). Two stages keep the
+    values' store out of the reduction's kernel: a store fused there is tiled a few rows by a
+    whole row wide, and a transposed store of the same input fused into it is ~10x slower."""
+    r, c = v.shape
+    if c % cols_per_partial or c <= cols_per_partial:
+        return v.abs().amax(dim=1, keepdim=True)
+    chunks = v.abs().reshape(r, c // cols_per_partial, cols_per_partial).amax(dim=2)
+    return chunks.amax(dim=1, keepdim=True)
+
+
+def _column_amax(v: torch.Tensor, rows_per_partial: int = 64) -> torch.Tensor:
+    """|v|.amax over rows, [1, C], in two stages: partial maxima of row bands (each reading
+    whole rows, coalesced, with many bands in flight), then the maximum of the partials. Max is
+    order-independent, so this equals a one-stage reduction bit for bit."""
+    r = v.shape[0]
+    if r % rows_per_partial or r <= rows_per_partial:
+        return v.abs().amax(dim=0, keepdim=True)
+    bands = v.abs().reshape(r // rows_per_partial, rows_per_partial, v.shape[1]).amax(dim=1)
+    return bands.amax(dim=0, keepdim=True)
+
+
+def pack_e2m1(values: torch.Tensor) -> torch.Tensor:
+    """E2M1 values (any float dtype, e.g. their E4M3 storage) [R, C] -> uint8 [R, ceil(C/2)].
+
+    Codes are sign << 3 | grid index (OCP MX FP4, `torch.float4_e2m1fn_x2`), the first element of
+    each pair in the low nibble. NaN has no code: it packs as 0 (a NaN group's scale keeps it
+    non-finite).
+    """
+    v = values.float()
+    mag = v.abs()
+    # grid index of |v| in {0, .5, 1, 1.5, 2, 3, 4, 6}: 2|v| below 2, |v| + 2 up to 3, |v|/2 + 4
+    index = torch.where(mag < 2.0, mag * 2.0, torch.where(mag < 4.0, mag + 2.0, mag * 0.5 + 4.0))
+    code = torch.where(torch.isnan(v), 0.0, index + torch.signbit(v).float() * 8.0)
+    code = code.to(torch.uint8)
+    if code.shape[-1] % 2:
+        code = F.pad(code, (0, 1))
+    return code[..., 0::2] | (code[..., 1::2] << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """Inverse of `pack_e2m1`: float8_e4m3fn values [R, cols]."""
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)[..., :cols]
+    index = (codes & 0x7).float()
+    mag = torch.where(
+        index < 4.0, index * 0.5, torch.where(index < 6.0, index - 2.0, index * 2.0 - 8.0)
+    )
+    return torch.where((codes & 0x8) != 0, -mag, mag).to(torch.float8_e4m3fn)

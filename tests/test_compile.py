@@ -1,0 +1,55 @@
+"""QuantLinear under torch.compile on CPU: bit-identical to eager, one graph, no recompiles.
+
+The quantizers are the same PyTorch functions eager and compiled (kernels/operand.py); inductor
+may fuse and reorder them but must not change a bit, because divisions are pinned
+(`exact.div_rn`) and reductions are maxima (order-independent). fp32 GEMMs are the same ATen
+matmul in both modes here, so whole-layer outputs and gradients must be equal too.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from bits import bits_equal
+from minifloat import recipes
+from minifloat.linear import QuantLinear
+
+# OCC's thresholds and compensation are compiled in tests/test_occ.py.
+RECIPES = [n for n in recipes.names() if recipes.get(n).quantized and recipes.get(n).occ is None]
+
+
+def _step(module, x, dy, autocast: bool):
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = module(x)
+    y.backward(dy.to(y.dtype))
+    return y.detach(), x.grad, module.weight.grad.clone()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("name", RECIPES)
+def test_compiled_equals_eager_without_breaks_or_recompiles(name, autocast):
+    torch._dynamo.reset()
+    counters.clear()
+    gen = torch.Generator().manual_seed(0)
+    eager = QuantLinear(128, 96, bias=False, recipe=name, backend="emulated")
+    compiled_layer = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_layer, fullgraph=True)
+    for step in range(3):  # new data each step: the graph must not be recompiled for it
+        x = torch.randn(64, 128, generator=gen) * (1 + step)
+        x[step, :4] *= 50.0  # outliers move around
+        dy = torch.randn(64, 96, generator=gen)
+        eager.weight.grad = compiled_layer.weight.grad = None
+        want = _step(eager, x, dy, autocast)
+        got = _step(compiled, x, dy, autocast)
+        for key, a, b in zip(("y", "dx", "dw"), want, got, strict=True):
+            assert a.dtype == b.dtype and bits_equal(a, b), (
+                f"{name} step {step}: compiled {key} differs from eager"
+            )
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -1,0 +1,150 @@
+"""kernels/operand.py: the GEMM operand quantizer, bit for bit `minifloat.quantize.quantize`.
+
+Eager on the CPU (the emulation), compiled on the CPU (what inductor may rewrite: divisions,
+reduction order, fusion), compiled on a GPU (`-m gpu`: the fast path), each against the
+reference on random data and adversarial rows (exact grid midpoints, huge, tiny, subnormal,
+zero, NaN and inf entries); plus E2M1 packing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from bits import bits_equal
+from minifloat import formats
+from minifloat.kernels import operand
+from minifloat.quantize import quantize
+
+FMTS = ["e2m1", "e4m3", "e5m2"]
+GRANULARITIES = ["tensor", "row", (1, 32), (1, 128), (32, 32), (16, 128)]
+CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def adversarial(r: int, c: int, fmt: str, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Heavy-tailed random rows plus rows built to land on rounding boundaries and specials."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(r, c, generator=gen) * torch.exp(3 * torch.randn(r, c, generator=gen))
+    grid = formats.get(fmt).grid.float()
+    points = torch.cat([grid, (grid[1:] + grid[:-1]) / 2])  # grid points and exact midpoints
+    s = x.abs().amax(1, keepdim=True) / grid[-1]
+    n, row = min(points.numel(), c), torch.zeros(c)
+    tops = torch.tensor([448.0, 464.0, 480.0, 57344.0, 61440.0])  # E4M3 / E5M2 tops
+    specials = [
+        torch.cat([points[:n] * s[0], x[0, n:]]),  # x / scale lands exactly on ties
+        torch.cat([-points[:n] * s[1 % r], x[1 % r, n:]]),
+        row,
+        row.index_fill(0, torch.tensor([min(3, c - 1)]), float("nan")),
+        row.index_fill(0, torch.tensor([min(4, c - 1)]), float("inf")),
+        torch.full((c,), 1e-42),  # subnormal amax: the scale's floor
+        torch.cat([tops, torch.ones(c)])[:c],
+        row.index_fill(0, torch.tensor([0]), 3.0e38),  # huge, finite
+    ]
+    for i, special in enumerate(specials[:r]):
+        x[i] = special
+    return x.to(dtype)
+
+
+def reference(x: torch.Tensor, fmt: str, granularity, transpose: bool):
+    q = quantize((x.t() if transpose else x).float(), fmt, granularity)
+    return q.values, q.scale.reshape(q.scale.shape if q.scale.dim() == 2 else (1, 1))
+
+
+def check(fn, x, fmt, granularity, transpose):
+    values, scale = fn(x, fmt, granularity, transpose=transpose)
+    want_values, want_scale = reference(x, fmt, granularity, transpose)
+    assert values.dtype == operand.FP8_STORAGE[fmt]
+    assert bits_equal(values, want_values), "values differ from quantize()"
+    assert bits_equal(scale, want_scale), "scales differ from quantize()"
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("granularity", GRANULARITIES, ids=str)
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_equals_reference(dtype, fmt, granularity, transpose):
+    # 256 x 384: long enough rows and columns for the two-stage amax reductions.
+    check(operand.quantize_operand, adversarial(256, 384, fmt, dtype), fmt, granularity, transpose)
+
+
+@pytest.mark.parametrize("shape", [(50, 384), (77, 130), (1, 17)])
+def test_ragged_shapes(shape):
+    x = adversarial(*shape, "e2m1", torch.float32)
+    for granularity in ("row", (1, 128), (32, 32)):
+        for transpose in (False, True):
+            check(operand.quantize_operand, x, "e2m1", granularity, transpose)
+
+
+def test_prescale_clip_and_given_scale():
+    x = adversarial(128, 256, "e5m2", torch.bfloat16)
+    col = torch.rand(1, 256) + 0.5
+    row = torch.rand(128, 1) + 0.5
+    lo, hi = torch.tensor(-2.0), torch.tensor(3.0)
+    values, scale = operand.quantize_operand(x, "e5m2", "row", prescale=col)
+    want = quantize(x.float() * col, "e5m2", "row")
+    assert bits_equal(values, want.values) and bits_equal(scale, want.scale)
+    values, scale = operand.quantize_operand(x, "e5m2", "row", prescale=row, transpose=True)
+    want = quantize((x.float() * row).t(), "e5m2", "row")
+    assert bits_equal(values, want.values) and bits_equal(scale, want.scale)
+    values, _ = operand.quantize_operand(x, "e2m1", "row", clip=(lo, hi))
+    clipped = torch.where(x.float().isfinite(), x.float().clamp(lo, hi), x.float())
+    assert bits_equal(values, quantize(clipped, "e2m1", "row").values)
+    given = torch.tensor([[0.37]])
+    values, scale = operand.quantize_operand(x, "e4m3", "tensor", scale=given)
+    assert torch.equal(scale, given)
+    assert bits_equal(values, formats.get("e4m3").round(x.float() / given))
+    with pytest.raises(ValueError, match="tensor granularity"):
+        operand.quantize_operand(x, "e4m3", "row", scale=given)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("granularity", ["tensor", "row", (1, 128), (32, 32)], ids=str)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_compiled_equals_reference_on_cpu(fmt, granularity, transpose):
+    torch._dynamo.reset()
+    fn = torch.compile(operand.quantize_operand, fullgraph=True)
+    check(fn, adversarial(256, 384, fmt, torch.bfloat16), fmt, granularity, transpose)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores")
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("granularity", GRANULARITIES, ids=str)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_compiled_on_gpu_equals_cpu_reference(fmt, granularity, transpose):
+    torch._dynamo.reset()
+    kw = dict(fmt=fmt, granularity=granularity, transpose=transpose)
+    fn = torch.compile(functools.partial(operand.quantize_operand, **kw), fullgraph=True)
+    x = adversarial(256, 384, fmt, torch.bfloat16)
+    values, scale = fn(x.cuda())
+    want_values, want_scale = reference(x, fmt, granularity, transpose)
+    assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
+
+
+@pytest.mark.parametrize("cols", [256, 255])
+def test_pack_e2m1_round_trip(cols):
+    values, _ = operand.quantize_operand(
+        adversarial(64, cols, "e2m1", torch.float32), "e2m1", "row"
+    )
+    packed = operand.pack_e2m1(values)
+    assert packed.dtype == torch.uint8 and packed.shape == (64, (cols + 1) // 2)
+    back = operand.unpack_e2m1(packed, cols)
+    finite = ~values.float().isnan()
+    assert bits_equal(back.float()[finite], values.float()[finite])  # signed zeros included
+    assert (back.float()[~finite] == 0).all()  # NaN has no code: its group's NaN scale keeps it
+    # the packed codes are those of torch.float4_e2m1fn_x2 / minifloat.packing
+    from minifloat.packing import pack_values
+
+    ref = pack_values(values.float().nan_to_num(0.0), formats.get("e2m1")).view(torch.uint8)
+    assert torch.equal(packed, ref)
+
+
+def test_supports():
+    assert operand.supports("e2m1", "row", "fp32", "nearest")
+    assert operand.supports("e4m3", (1, 128), "fp32", "nearest")
+    assert not operand.supports("e2m1", "row", "e8m0", "nearest")
+    assert not operand.supports("e2m1", "row", "fp32", "stochastic")
+    assert not operand.supports("int8", "row", "fp32", "nearest")
