@@ -183,7 +183,9 @@ def _recipe_reason(recipe: Recipe, module: nn.Module, conv1d: type | None) -> st
     return recipe.unsuitable(*_features(module))
 
 
-def _filter_reason(module_filter_fn: ModuleFilter | None, module: nn.Module, fqn: str):
+def _filter_reason(
+    module_filter_fn: ModuleFilter | None, module: nn.Module, fqn: str
+) -> str | None:
     if module_filter_fn is None:
         return None
     keep = module_filter_fn(module, fqn)
