@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
+import warnings
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 
 from minifloat import recipes
 from minifloat.convert import (
+    REPORT_ATTR,
     AlreadyConvertedError,
     ConversionReport,
     convert,
@@ -43,7 +44,8 @@ def tiny_llama(config: LlamaConfig = TINY, seed: int = 0) -> Llama:
 def test_swaps_the_right_layers_of_llama():
     model = tiny_llama()
     params_before = {n: p for n, p in model.named_parameters()}
-    report = convert(model, "fp4")
+    returned, report = convert(model, "fp4", return_report=True)
+    assert returned is model and model.minifloat_report is report
     expected = [f"layers.{i}.{name}" for i in range(2) for name in BLOCK_LINEARS]
     assert sorted(report.converted) == sorted(expected)
     assert dict(report.skipped) == {
@@ -62,7 +64,7 @@ def test_swaps_the_right_layers_of_llama():
 def test_converted_state_dict_loads_into_original():
     model = tiny_llama()
     converted = copy.deepcopy(model)
-    convert(converted, "fp8-delayed")
+    assert convert(converted, "fp8-delayed") is converted
     assert list(converted.state_dict()) == list(model.state_dict())
     fresh = Llama(TINY)
     fresh.load_state_dict(converted.state_dict(), strict=True)
@@ -76,7 +78,8 @@ def test_bf16_preserves_outputs_and_fp8_stays_close():
     with torch.no_grad():
         ref = model(tokens)
         bf16 = copy.deepcopy(model)
-        report = convert(bf16, "bf16")
+        with pytest.warns(UserWarning, match="does not quantize linear layers"):
+            bf16, report = convert(bf16, "bf16", return_report=True)
         assert report.converted == []
         assert all("autocast only" in r for n, r in report.skipped if "layers" in n)
         assert torch.equal(bf16(tokens), ref)
@@ -88,28 +91,144 @@ def test_bf16_preserves_outputs_and_fp8_stays_close():
 
 def test_unsuitable_dims_are_reported():
     model = nn.Sequential(nn.Linear(64, 60), nn.ReLU(), nn.Linear(60, 32), nn.Linear(32, 128))
-    report = convert(model, "fp8-tensorwise")
+    report = convert(model, "fp8-tensorwise").minifloat_report
     assert report.converted == ["3"]
     reasons = dict(report.skipped)
     assert "multiples of 16" in reasons["0"] and "multiples of 16" in reasons["2"]
     # blockwise needs 128: the tiny llama's attention (64) is skipped with the reason
-    block = convert(tiny_llama(), "fp8-blockwise")
+    with pytest.warns(UserWarning, match="multiples of 128"):
+        _, block = convert(tiny_llama(), "fp8-blockwise", return_report=True)
     assert block.converted == []
     assert all("multiples of 128" in r for n, r in block.skipped if n.startswith("layers"))
 
 
-def test_skip_rules():
+def test_skip_patterns():
     model = tiny_llama()
-    report = convert(model, "fp4", skip="layers.0.*")
+    report = convert(model, "fp4", skip="layers.0.*").minifloat_report
     assert all(n.startswith("layers.1.") for n in report.converted)
-    assert ("layers.0.attention.wq", "matched skip") in report.skipped
+    assert ("layers.0.attention.wq", "matched skip pattern 'layers.0.*'") in report.skipped
+    report = convert(tiny_llama(), "fp4", skip=["*.wq", "*.w2"]).minifloat_report
+    assert "layers.1.attention.wk" in report.converted
+    assert dict(report.skipped)["layers.1.feed_forward.w2"] == "matched skip pattern '*.w2'"
     model = tiny_llama()
-    report = convert(model, "fp4", skip=lambda fqn, m: m.out_features == TINY.ffn_dim)
-    assert "layers.0.feed_forward.w1" not in report.converted
-    assert "layers.0.feed_forward.w2" in report.converted
-    model = tiny_llama()
-    report = convert(model, "fp4", keep_head=False)
+    report = convert(model, "fp4", keep_head=False).minifloat_report
     assert "output" in report.converted and isinstance(model.output, QuantLinear)
+
+
+def test_module_filter_fn_true_means_convert():
+    # torchao's contract: (module, fqn) -> bool, True = convert
+    model = tiny_llama()
+    seen = []
+
+    def only_attention(module: nn.Module, fqn: str) -> bool:
+        seen.append((type(module), fqn))
+        return ".attention." in fqn
+
+    report = convert(model, "fp4", module_filter_fn=only_attention).minifloat_report
+    assert sorted(report.converted) == sorted(
+        f"layers.{i}.attention.{w}" for i in range(2) for w in ("wq", "wk", "wv", "wo")
+    )
+    assert dict(report.skipped)["layers.0.feed_forward.w1"] == "module_filter_fn returned False"
+    assert isinstance(model.layers[0].attention.wq, QuantLinear)
+    assert type(model.layers[0].feed_forward.w1) is nn.Linear
+    # called with the module first, only for layers the built-in rules would convert
+    assert (nn.Linear, "layers.0.attention.wq") in seen and all(f != "output" for _, f in seen)
+
+
+def test_skip_callable_is_refused_not_inverted():
+    # A torchao-style filter (True = convert) passed as `skip` used to keep exactly the layers it
+    # meant to convert; now any callable there is refused, pointing at module_filter_fn.
+    model = tiny_llama()
+    with pytest.raises(TypeError, match=r"skip takes fnmatch patterns.*module_filter_fn"):
+        convert(model, "fp4", skip=lambda module, fqn: True)
+    with pytest.raises(TypeError, match="skip patterns must be strings"):
+        convert(model, "fp4", skip=["layers.0.*", 3])
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert not hasattr(model, REPORT_ATTR)  # refused before marking: the model converts later
+    assert convert(model, "fp4").minifloat_report.converted
+
+
+def test_module_filter_fn_must_return_bool():
+    with pytest.raises(TypeError, match=r"must return a bool.*got None for 'layers.0"):
+        convert(tiny_llama(), "fp4", module_filter_fn=lambda module, fqn: None)
+    with pytest.raises(TypeError, match="module_filter_fn must be a callable"):
+        convert(tiny_llama(), "fp4", module_filter_fn="layers.0.*")
+
+
+def test_returns_model_with_report_attribute():
+    model = tiny_llama()
+    keys = list(model.state_dict())
+    returned = convert(model, "fp8-rowwise")
+    assert returned is model
+    report = getattr(model, REPORT_ATTR)
+    assert REPORT_ATTR == "minifloat_report" and isinstance(report, ConversionReport)
+    assert report.recipe == "fp8-rowwise" and len(report.converted) == 14
+    assert list(model.state_dict()) == keys  # the report is no parameter or buffer
+    clone = copy.deepcopy(model)
+    assert clone.minifloat_report == report and clone.minifloat_report is not report
+    pair = convert(tiny_llama(), "fp4", return_report=True)
+    assert isinstance(pair, tuple) and pair[1] is pair[0].minifloat_report
+
+
+class _Tied(nn.Module):
+    """An embedding and a tied output projection whose name is no head name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 32)
+        self.hidden = nn.Linear(32, 32)
+        self.unembed = nn.Linear(32, 64, bias=False)
+        self.unembed.weight = self.embed.weight
+
+
+def test_tied_head_found_by_identity():
+    model = _Tied()
+    report = convert(model, "fp4").minifloat_report
+    assert report.converted == ["hidden"]
+    reason = dict(report.skipped)["unembed"]
+    assert reason == "output head, weight tied to embedding 'embed' (kept in high precision)"
+    assert type(model.unembed) is nn.Linear
+    # the name rule still holds for untied heads
+    assert ("output", "output head (kept in high precision)") in convert(
+        tiny_llama(), "fp4"
+    ).minifloat_report.skipped
+    untied = _Tied()
+    untied.unembed.weight = nn.Parameter(untied.embed.weight.detach().clone())
+    assert "unembed" in convert(untied, "fp4").minifloat_report.converted
+
+
+class _Experts(nn.Module):
+    """Fused expert weights [experts, out, in] and a router matrix, as plain parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Parameter(torch.randn(4, 32))
+        self.w_experts = nn.Parameter(torch.randn(4, 64, 32))
+        self.norm = nn.LayerNorm(32)  # 1-D parameters are no matrices: not reported
+        self.proj = nn.Linear(32, 32)
+
+
+def test_plain_matrix_parameters_are_reported():
+    model = nn.Sequential(_Experts())
+    report = convert(model, "fp8-tensorwise").minifloat_report
+    assert report.converted == ["0.proj"]
+    skipped = dict(report.skipped)
+    assert set(skipped) == {"0.router", "0.w_experts"}
+    assert skipped["0.w_experts"].startswith("3-D parameter [4, 64, 32] of _Experts (a stack of")
+    assert "not in an nn.Linear or Conv1D layer" in skipped["0.router"]
+    assert "0.w_experts" in str(report)
+
+
+def test_warns_when_nothing_is_converted():
+    with pytest.warns(UserWarning, match=r"converted no layer: the model has no nn.Linear"):
+        convert(nn.Sequential(nn.Embedding(8, 16), nn.LayerNorm(16)), "fp4")
+    with pytest.warns(UserWarning, match=r"all 3 linear layers were kept, e.g. '0': in_features"):
+        convert(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)), "fp4")
+    with pytest.warns(UserWarning, match=r"converted no layer: .*matched skip pattern"):
+        convert(tiny_llama(), "fp4", skip="*")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(nn.Sequential(nn.Linear(16, 16)), "fp4")  # converts one: no warning
 
 
 def test_converting_twice_raises():
@@ -124,7 +243,8 @@ def test_converting_twice_raises_when_nothing_was_swapped(second):
     # bf16 swaps nothing (autocast only); the mark still records the first conversion
     model = tiny_llama()
     keys = list(model.state_dict())
-    assert convert(model, "bf16").converted == []
+    with pytest.warns(UserWarning, match="converted no layer"):
+        assert convert(model, "bf16").minifloat_report.converted == []
     with pytest.raises(AlreadyConvertedError, match="already converted with recipe 'bf16'"):
         convert(model, second)
     assert not any(isinstance(m, QuantLinear) for m in model.modules())
@@ -134,16 +254,18 @@ def test_converting_twice_raises_when_nothing_was_swapped(second):
         convert(copy.deepcopy(model), second)
     # every layer skipped (skip pattern, unsuitable dims): marked as well
     skipped = tiny_llama()
-    assert convert(skipped, "fp8-rowwise", skip="*").converted == []
+    with pytest.warns(UserWarning, match="converted no layer"):
+        assert convert(skipped, "fp8-rowwise", skip="*").minifloat_report.converted == []
     with pytest.raises(AlreadyConvertedError, match="'fp8-rowwise'"):
         convert(skipped, second)
     blockwise = tiny_llama()
-    assert convert(blockwise, "fp8-blockwise").converted == []  # dims are not multiples of 128
+    with pytest.warns(UserWarning, match="converted no layer"):  # dims: not multiples of 128
+        assert convert(blockwise, "fp8-blockwise").minifloat_report.converted == []
     with pytest.raises(AlreadyConvertedError, match="'fp8-blockwise'"):
         convert(blockwise, second)
     # a fresh model converts normally, and its state_dict loads into the original architecture
     fresh = tiny_llama()
-    assert convert(fresh, "fp4").converted
+    assert convert(fresh, "fp4").minifloat_report.converted
     Llama(TINY).load_state_dict(fresh.state_dict(), strict=True)
 
 
@@ -153,13 +275,14 @@ def test_converting_a_model_with_a_converted_submodule_raises():
     with pytest.raises(AlreadyConvertedError, match="submodule 'layers.1'.*'fp8-rowwise'"):
         convert(model, "fp4")
     other = tiny_llama()
-    convert(other.layers[0], "bf16")
+    with pytest.warns(UserWarning, match="converted no layer"):
+        convert(other.layers[0], "bf16")
     with pytest.raises(AlreadyConvertedError, match="submodule 'layers.0'.*'bf16'"):
         convert(other, "fp4")
     # QuantLinear layers put in by hand (no mark) are refused as before
     manual = tiny_llama()
     manual.layers[0].attention.wq = QuantLinear.from_linear(manual.layers[0].attention.wq, "fp4")
-    with pytest.raises(AlreadyConvertedError, match=r"1 QuantLinear layers.*wq.*'fp4'"):
+    with pytest.raises(AlreadyConvertedError, match=r"1 quantized layers.*wq.*'fp4'"):
         convert(manual, "fp8-rowwise")
 
 
@@ -176,7 +299,8 @@ def test_root_linear_is_refused(recipe):
 
 
 def test_report_type_and_unknown_recipe():
-    assert isinstance(convert(nn.Sequential(nn.Linear(16, 16)), "fp4"), ConversionReport)
+    model = nn.Sequential(nn.Linear(16, 16))
+    assert isinstance(convert(model, "fp4").minifloat_report, ConversionReport)
     with pytest.raises(ValueError, match="unknown recipe"):
         convert(tiny_llama(), "fp5")
 
@@ -201,7 +325,7 @@ class _BlockModel(nn.Module):
 
 def test_output_heads_only_outside_repeated_blocks():
     model = _BlockModel()
-    report = convert(model, "fp4")
+    report = convert(model, "fp4").minifloat_report
     inner = [f"layers.{i}.{n}" for i in range(2) for n in ("attention.query", "attention.output")]
     assert sorted(report.converted) == sorted(inner + ["layers.0.head", "layers.1.head"])
     assert report.skipped == [("output", "output head (kept in high precision)")]
@@ -210,48 +334,6 @@ def test_output_heads_only_outside_repeated_blocks():
     assert is_output_head("output") and is_output_head("lm_head") and is_output_head("model.head")
     assert not is_output_head("layers.0.attention.output") and not is_output_head("h.11.head")
     assert not is_output_head("layers.0.attention.wo")
-
-
-@pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
-)
-def test_transformers_llama():
-    from transformers import LlamaConfig as HFConfig
-    from transformers import LlamaForCausalLM
-
-    cfg = HFConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).eval()
-    tokens = torch.randint(0, 128, (1, 12))
-    with torch.no_grad():
-        ref = model(tokens).logits
-    report = convert(model, "fp4")
-    projs = (
-        "self_attn.q_proj",
-        "self_attn.k_proj",
-        "self_attn.v_proj",
-        "self_attn.o_proj",
-        "mlp.gate_proj",
-        "mlp.up_proj",
-        "mlp.down_proj",
-    )
-    assert sorted(report.converted) == sorted(
-        f"model.layers.{i}.{p}" for i in range(2) for p in projs
-    )
-    assert {n for n, _ in report.skipped} == {"model.embed_tokens", "lm_head"}
-    assert type(model.lm_head) is nn.Linear
-    with torch.no_grad():
-        out = model(tokens).logits
-    assert out.shape == ref.shape and torch.isfinite(out).all()
-    assert not torch.equal(out, ref)
 
 
 # ---------------------------------------------------------------------------------------------

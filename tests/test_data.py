@@ -7,6 +7,7 @@ import random
 import re
 import shutil
 import sysconfig
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -215,6 +216,16 @@ def test_batch_iterator_too_few_tokens():
         BatchIterator(np.arange(64, dtype=np.uint16), 4, 16)
 
 
+def _truncated_xz(path: Path) -> Path:
+    """A corpus file cut in the middle of its xz stream, as an interrupted copy leaves it."""
+    from minifloat.data.corpus_file import write_corpus_file
+
+    write_corpus_file([f"document {i} " * 500 for i in range(4)], path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
 @pytest.mark.parametrize(
     ("setup", "match"),
     [
@@ -225,6 +236,7 @@ def test_batch_iterator_too_few_tokens():
         (lambda d: (d / "x.bin").write_bytes(b"\0\1\2") and d / "x.bin", "binary"),
         (lambda d: (d / "x.jsonl").write_text('{"text": 1}\n') and d / "x.jsonl", ":1:"),
         (lambda d: (d / "x.xz").write_bytes(b"junk") and d / "x.xz", "cannot read corpus"),
+        (lambda d: _truncated_xz(d / "cut.xz"), r"corpus file .*cut\.xz is truncated"),
         (lambda d: "english", "minifloat data build english"),
     ],
 )
@@ -302,3 +314,74 @@ def test_corpus_file_header(small_corpus, tmp_path):
     with lzma.open(out) as f:
         assert f.read(len(MAGIC)) == MAGIC
     assert corpus_info(out)["documents"] == 2
+
+
+def test_truncated_xz_fails_build_dataset_in_one_line(tmp_path):
+    path = _truncated_xz(tmp_path / "carry.xz")
+    with pytest.raises(DataError) as info:
+        build_dataset(path, tokenizer="byte", cache_dir=tmp_path / "cache", progress=False)
+    message = str(info.value)
+    assert str(path) in message and "truncated" in message and "\n" not in message
+
+
+def _byte_dataset(corpus: Path, cache: Path):
+    return build_dataset(corpus, tokenizer="byte", cache_dir=cache, val_fraction=0.2,
+                         progress=False)  # fmt: skip
+
+
+def _zero(path: Path) -> None:
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 4])
+
+
+def _garble_meta(path: Path) -> None:
+    (path.parent / "meta.json").write_text("{not json")
+
+
+# damage done to a file of a built cache -> what the warning must say
+CACHE_DAMAGE = {
+    "zeroed train.bin": ("train.bin", _zero, "train.bin does not match its recorded sha256"),
+    "truncated train.bin": ("train.bin", _truncate, r"train.bin has [\d,]+ bytes, expected"),
+    "truncated val.bin": ("val.bin", _truncate, r"val.bin has [\d,]+ bytes, expected"),
+    "deleted val.bin": ("val.bin", Path.unlink, "val.bin is missing"),
+    "garbled meta.json": ("train.bin", _garble_meta, r"meta.json is unreadable"),
+}
+
+
+@pytest.mark.parametrize("case", list(CACHE_DAMAGE))
+def test_damaged_token_cache_is_detected_and_rebuilt(small_corpus, tmp_path, case):
+    name, damage, reason = CACHE_DAMAGE[case]
+    good = _byte_dataset(small_corpus, tmp_path)
+    train, val = np.array(good.train_tokens), np.array(good.val_tokens)
+    meta = json.loads((good.path / "meta.json").read_text())
+    assert set(meta["files"]) == {"train.bin", "val.bin"}  # the byte tokenizer writes no file
+    assert meta["files"]["train.bin"]["bytes"] == 2 * len(train) == 2 * meta["tokens"][0]
+    path = good.path
+    del good  # release the memmaps before writing over their files
+    damage(path / name)
+    with pytest.warns(UserWarning, match=rf"token cache .* is damaged \({reason}.*rebuilding"):
+        again = _byte_dataset(small_corpus, tmp_path)
+    assert np.array_equal(again.train_tokens, train) and np.array_equal(again.val_tokens, val)
+    # rebuilt in place, nothing left aside; the next load is a clean cache hit
+    assert [p.name for p in (tmp_path / "datasets").iterdir()] == [again.path.name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _byte_dataset(small_corpus, tmp_path)
+
+
+def test_bpe_token_cache_checksums_cover_the_tokenizer(small_corpus, tmp_path):
+    kwargs = {"vocab_size": 600, "cache_dir": tmp_path, "val_fraction": 0.2, "progress": False}
+    ds = build_dataset(small_corpus, **kwargs)
+    meta = json.loads((ds.path / "meta.json").read_text())
+    assert set(meta["files"]) == {"tokenizer.json", "train.bin", "val.bin"}
+    tokenizer = ds.path / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text().replace('"<eos>"', '"<EOS>"', 1))
+    with pytest.warns(UserWarning, match="tokenizer.json does not match its recorded sha256"):
+        again = build_dataset(small_corpus, **kwargs)
+    assert again.tokenizer.eos_id == ds.tokenizer.eos_id
+    assert again.tokenizer.decode(again.val_tokens.tolist()) == ds.tokenizer.decode(
+        ds.val_tokens.tolist()
+    )

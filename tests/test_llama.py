@@ -109,6 +109,78 @@ def test_get_config_overrides_and_errors():
         get_config("tiny", n_kv_heads=3)
 
 
+# override -> (exception type, message). Each used to fail later with a raw ZeroDivisionError,
+# TypeError or IndexError, or to train NaNs; now construction says which field is wrong.
+BAD_CONFIGS = {
+    "n_heads=0": ({"n_heads": 0}, ValueError, "n_heads must be positive, got 0"),
+    "n_kv_heads=0": ({"n_kv_heads": 0}, ValueError, "n_kv_heads must be positive, got 0"),
+    "dim=1e3": ({"dim": 1e3}, TypeError, r"dim must be an int, got 1000.0 \(float\)"),
+    "n_layers=2.0": ({"n_layers": 2.0}, TypeError, r"n_layers must be an int, got 2.0"),
+    "ffn_dim='352'": ({"ffn_dim": "352"}, TypeError, r"ffn_dim must be an int, got '352'"),
+    "vocab_size=True": ({"vocab_size": True}, TypeError, r"vocab_size must be an int, got True"),
+    "max_seq_len=-1": ({"max_seq_len": -1}, ValueError, "max_seq_len must be positive, got -1"),
+    "dim=130": ({"dim": 130}, ValueError, "dim=130 is not divisible by n_heads=4"),
+    "odd head_dim": ({"dim": 12, "n_heads": 4}, ValueError, "head_dim=3 must be even for RoPE"),
+    "n_kv_heads=3": ({"n_kv_heads": 3}, ValueError, "n_heads=4 not divisible by n_kv_heads=3"),
+    "norm_eps=0": ({"norm_eps": 0}, ValueError, "norm_eps must be positive and finite, got 0"),
+    "rope_theta=-1": ({"rope_theta": -1.0}, ValueError, "rope_theta must be positive and"),
+    "rope_theta=nan": ({"rope_theta": math.nan}, ValueError, "rope_theta must be positive"),
+    "norm_eps='1e-5'": ({"norm_eps": "1e-5"}, TypeError, "norm_eps must be a number, got '1e-5'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_config_fields_raise_one_line_errors_naming_the_field(case):
+    overrides, error, message = BAD_CONFIGS[case]
+    with pytest.raises(error, match=message) as info:
+        get_config("tiny", **overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_good_configs_pass():
+    config = get_config("tiny", rope_theta=5000, norm_eps=1e-6, n_kv_heads=None)
+    assert config.rope_theta == 5000 and config.kv_heads == config.n_heads
+
+
+def _cli_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
+    from minifloat.cli import main
+
+    assert main(args) != 0
+    err = capsys.readouterr().err  # progress lines (data work), then the error
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and lines[-1].startswith("minifloat: error: "), err
+    assert sum(line.startswith("minifloat: error") for line in lines) == 1, err
+    return lines[-1]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("n_heads=0", "n_heads must be positive, got 0"),
+        ("dim=1e3", "dim must be an int, got 1000.0"),
+        ("n_layers=2.0", "n_layers must be an int, got 2.0"),
+        ("rope_theta=-1", "rope_theta must be positive and finite, got -1"),
+    ],
+)
+def test_bad_model_overrides_are_one_line_cli_errors(tmp_path, capsys, override, message):
+    out = tmp_path / "run"
+    args = ["train", "--model-override", override, "--out", str(out), "--device", "cpu"]
+    assert message in _cli_error(args, capsys)
+    assert not out.exists()  # refused before any data or run-directory work
+
+
+def test_model_vocab_smaller_than_tokenizer_is_a_one_line_cli_error(tmp_path, capsys):
+    # The byte tokenizer has 257 ids; a 200-row embedding used to fail with an IndexError.
+    out = tmp_path / "run"
+    args = ["train", "--model", "tiny", "--model-override", "vocab_size=200", "--data", "stdlib",
+            "--tokenizer", "byte", "--data-max-bytes", "60000", "--cache-dir",
+            str(tmp_path / "cache"), "--steps", "1", "--batch-size", "2", "--seq-len", "32",
+            "--eval-batches", "0", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    error = _cli_error(args, capsys)
+    assert "vocab_size=200 is smaller than the tokenizer's vocabulary of 257 tokens" in error
+    assert not out.exists()
+
+
 def test_flops_per_token_formula():
     config = PRESETS["125M"]
     n = config.non_embedding_params()

@@ -1,7 +1,8 @@
 """minifloat: train large language models in FP4, FP8 and mixed precision with PyTorch.
 
     import minifloat
-    report = minifloat.convert(model, "fp4")   # swap nn.Linear for QuantLinear, in place
+    model = minifloat.convert(model, "fp4")   # swap linear layers for quantized ones, in place
+    print(model.minifloat_report)             # what was converted, what was kept and why
 
 Core numerics are importable from here; the trainer, models, data, optimizer and distributed
 helpers live in their own modules (`minifloat.train`, `minifloat.models`, `minifloat.data`,
@@ -9,7 +10,14 @@ helpers live in their own modules (`minifloat.train`, `minifloat.models`, `minif
 """
 
 from minifloat import formats, recipes
-from minifloat.convert import AlreadyConvertedError, ConversionReport, convert, is_output_head
+from minifloat.conv1d import QuantConv1D
+from minifloat.convert import (
+    REPORT_ATTR,
+    AlreadyConvertedError,
+    ConversionReport,
+    convert,
+    is_output_head,
+)
 from minifloat.dge import dge_derivative
 from minifloat.linear import QuantLinear
 from minifloat.quantize import PackedQTensor, QTensor, fake_quantize, quantize
@@ -26,7 +34,9 @@ __all__ = [
     "ConversionReport",
     "AlreadyConvertedError",
     "is_output_head",
+    "REPORT_ATTR",
     "QuantLinear",
+    "QuantConv1D",
     "dge_derivative",
     "sqnr_db",
 ]

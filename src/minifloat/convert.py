@@ -1,56 +1,86 @@
-"""convert(model, recipe): swap a model's eligible nn.Linear layers for QuantLinear, in place.
+"""convert(model, recipe): swap a model's linear layers for quantized ones, in place.
 
 A pure module swap: parameters are shared (the same Parameter objects, so an optimizer built
-before the swap still updates them), state_dict keys stay those of the original model, and nothing
-else changes. Layers that stay in high precision are listed with the reason, never silently:
-the output head and embeddings by default, layers matched by `skip`, and layers whose dims the
-recipe's GEMMs cannot take (e.g. not a multiple of 16, or of 128 for the blockwise recipe).
+before the swap still updates them), state_dict keys and shapes stay those of the original model,
+and nothing else changes. `convert` returns the model, like torchao's
+`convert_to_float8_training`; what it did is a `ConversionReport` on the model's
+`minifloat_report` attribute (or returned with the model when `return_report=True`). Nothing is
+kept in high precision silently: the report lists every layer or matrix parameter left alone with
+the reason, and a call that converts no layer at all warns.
 
 Rules:
-- Output head: an `nn.Linear` whose last name part is in `HEAD_NAMES` (lm_head / output / head)
-  and whose fully qualified name has no numeric part. Numeric parts are the indices of repeated
-  blocks (`layers.3`, `h.0`), so `output` and `lm_head` are heads while `layers.0.attention.output`
-  is an ordinary projection inside a block and is converted.
+- Swapped: `nn.Linear` -> `QuantLinear`, and the `Conv1D` of `transformers` (GPT-2's linear
+  layers, weight stored transposed as [in, out]) -> `QuantConv1D`. Subclasses of either, and
+  layers whose dims the recipe's GEMMs cannot take (e.g. not a multiple of 16, or of 128 for the
+  blockwise recipe), are reported and kept.
+- Output head (kept with `keep_head=True`, the default): a linear layer whose weight is the same
+  Parameter as an embedding's (a tied head, e.g. GPT-2's `lm_head`, BERT's
+  `cls.predictions.decoder`), whatever its name; or an `nn.Linear` whose last name part is in
+  `HEAD_NAMES` (lm_head / output / head) and whose fully qualified name has no numeric part.
+  Numeric parts are the indices of repeated blocks (`layers.3`, `h.0`), so `output` and `lm_head`
+  are heads while `layers.0.attention.output` is a projection inside a block and is converted.
+- Embeddings are never quantized (convert swaps linear layers only) and always reported.
+- Any other parameter of two or more dims stays in high precision and is reported by its own
+  name: e.g. the fused expert weights [experts, out, in] of Mixtral and Qwen2-MoE, or a MoE
+  router's weight, which their modules multiply in their own forward. convert cannot swap
+  those without rewriting that forward.
+- User rules, applied after the built-in ones (so they can only keep more layers): `skip`,
+  fnmatch patterns on the fully qualified name of layers to keep; `module_filter_fn(module, fqn)
+  -> bool`, torchao's contract: True = convert.
 - The root module itself is never swapped: convert() replaces submodules of `model` in place and
   has no parent to put a replacement into, so a bare `nn.Linear` is refused with a ValueError
   (use `QuantLinear.from_linear(linear, recipe)` for that).
-- A model is converted once. convert() marks the root module with the recipe's name (a plain
-  attribute: not in the state_dict, kept by `copy.deepcopy`), and refuses a model that carries
-  the mark or holds QuantLinear layers, even where the first conversion swapped nothing (e.g.
-  "bf16", which only relies on autocast).
+- A model is converted once. The report on the root module marks it (a plain attribute: not in
+  the state_dict, kept by `copy.deepcopy`); convert() refuses a model, or a model with a
+  submodule, that carries a report or holds quantized layers, even where the first conversion
+  swapped nothing (e.g. "bf16", which only relies on autocast).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import sys
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal, TypeVar, overload
 
 from torch import nn
 
 from minifloat import recipes
+from minifloat.conv1d import QuantConv1D
 from minifloat.kernels.select import BACKEND_NAMES
 from minifloat.linear import QuantLinear
 from minifloat.recipes import QuantRecipe, Recipe
 
-__all__ = ["convert", "ConversionReport", "AlreadyConvertedError", "HEAD_NAMES", "is_output_head"]
+__all__ = [
+    "convert",
+    "ConversionReport",
+    "AlreadyConvertedError",
+    "HEAD_NAMES",
+    "REPORT_ATTR",
+    "is_output_head",
+]
 
 HEAD_NAMES = ("lm_head", "output", "head")
 
-# The attribute convert() sets on the root module: the name of the recipe it converted under.
-_MARK = "_minifloat_converted_recipe"
+# The attribute of the root module that holds convert()'s report (and marks it as converted).
+REPORT_ATTR = "minifloat_report"
 
-SkipRule = Callable[[str, nn.Module], bool] | str | Iterable[str] | None
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+ModuleFilter = Callable[[nn.Module, str], bool]
+_QUANTIZED_LAYERS = (QuantLinear, QuantConv1D)
 
 
 class AlreadyConvertedError(RuntimeError):
     """convert() was called on a model that was already converted (marked or holding
-    QuantLinear layers)."""
+    quantized layers)."""
 
 
 @dataclass
 class ConversionReport:
-    """What convert() did: converted layer names and skipped (name, reason) pairs."""
+    """What convert() did: converted layer names, and (name, reason) for everything kept in high
+    precision (layers, embeddings, and matrix parameters outside linear layers)."""
 
     recipe: str
     converted: list[str] = field(default_factory=list)
@@ -59,24 +89,16 @@ class ConversionReport:
     def __str__(self) -> str:
         lines = [
             f"convert(recipe={self.recipe}): {len(self.converted)} linear layers converted, "
-            f"{len(self.skipped)} modules kept in high precision"
+            f"{len(self.skipped)} kept in high precision"
         ]
         lines += [f"  converted  {name}" for name in self.converted]
         lines += [f"  skipped    {name}: {reason}" for name, reason in self.skipped]
         return "\n".join(lines)
 
 
-def _skip_predicate(skip: SkipRule) -> Callable[[str, nn.Module], bool]:
-    if skip is None:
-        return lambda fqn, module: False
-    if callable(skip):
-        return skip
-    patterns = [skip] if isinstance(skip, str) else list(skip)
-    return lambda fqn, module: any(fnmatch.fnmatchcase(fqn, p) for p in patterns)
-
-
 def is_output_head(fqn: str) -> bool:
-    """Whether a linear layer named `fqn` is the model's output head (see the module docstring).
+    """Whether a linear layer named `fqn` is the model's output head by name (see the module
+    docstring); convert() also finds a head tied to an embedding by its weight.
 
     A name inside a repeated block (any numeric part, as in `layers.0.attention.output`) is not.
     """
@@ -84,37 +106,131 @@ def is_output_head(fqn: str) -> bool:
     return parts[-1] in HEAD_NAMES and not any(part.isdigit() for part in parts)
 
 
-def _default_reason(fqn: str, module: nn.Module) -> str | None:
-    if isinstance(module, nn.Embedding | nn.EmbeddingBag):
-        return "embedding (kept in high precision)"
+def _conv1d_class() -> type | None:
+    """`transformers.pytorch_utils.Conv1D` if that module is imported (any model holding a
+    Conv1D has imported it), else None: minifloat never imports transformers itself."""
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+
+
+def _skip_patterns(skip: str | Iterable[str] | None) -> list[str]:
+    """The fnmatch patterns of `skip`; a callable is refused (its meaning would be a guess)."""
+    if skip is None:
+        return []
+    if callable(skip):
+        raise TypeError(
+            "skip takes fnmatch patterns on layer names (a string or a list of strings), not a "
+            "callable; pass a predicate as module_filter_fn=lambda module, fqn: ... "
+            "(True = convert, as in torchao)"
+        )
+    patterns = [skip] if isinstance(skip, str) else list(skip)
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise TypeError(f"skip patterns must be strings, got {pattern!r}")
+    return patterns
+
+
+def _check_convertible(model: nn.Module, conv1d: type | None) -> None:
+    """Refuse a model converted before, and a root module convert() would have to replace."""
+    for name, module in model.named_modules():
+        earlier = getattr(module, REPORT_ATTR, None)
+        if isinstance(earlier, ConversionReport):
+            where = "model" if not name else f"submodule {name!r}"
+            raise AlreadyConvertedError(
+                f"{where} was already converted with recipe {earlier.recipe!r}; "
+                "convert a fresh copy of the original model instead"
+            )
+    done = [(name, m) for name, m in model.named_modules() if isinstance(m, _QUANTIZED_LAYERS)]
+    if done:
+        name, layer = done[0]
+        raise AlreadyConvertedError(
+            f"model is already converted ({len(done)} quantized layers, e.g. {name or '<root>'!r}"
+            f" with recipe {layer.recipe.name!r}); convert a fresh copy of the original model "
+            "instead"
+        )
+    if isinstance(model, nn.Linear):
+        use = "QuantLinear.from_linear(linear, recipe)"
+    elif conv1d is not None and isinstance(model, conv1d):
+        use = "QuantConv1D.from_conv1d(conv1d, recipe)"
+    else:
+        return
+    raise ValueError(
+        f"convert() swaps submodules in place and cannot replace the root module itself; use {use}"
+    )
+
+
+def _features(module: nn.Module) -> tuple[int, int]:
+    """(in_features, out_features) of an nn.Linear or a Conv1D (weight [in, out])."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    return module.nx, module.nf
+
+
+def _head_reason(fqn: str, module: nn.Module, tied: dict[int, str]) -> str | None:
+    embedding = tied.get(id(module.weight))
+    if embedding is not None:
+        return f"output head, weight tied to embedding {embedding!r} (kept in high precision)"
     if isinstance(module, nn.Linear) and is_output_head(fqn):
         return "output head (kept in high precision)"
     return None
 
 
-def _check_convertible(model: nn.Module) -> None:
-    """Refuse a model converted before, and a root module convert() would have to replace."""
-    marked = [(name, getattr(m, _MARK)) for name, m in model.named_modules() if hasattr(m, _MARK)]
-    if marked:
-        name, earlier = marked[0]
-        where = "model" if not name else f"submodule {name!r}"
-        raise AlreadyConvertedError(
-            f"{where} was already converted with recipe {earlier!r}; "
-            "convert a fresh copy of the original model instead"
+def _recipe_reason(recipe: Recipe, module: nn.Module, conv1d: type | None) -> str | None:
+    if not isinstance(recipe, QuantRecipe):
+        return f"recipe {recipe.name} does not quantize linear layers (autocast only)"
+    base = nn.Linear if isinstance(module, nn.Linear) else conv1d
+    if type(module) is not base:
+        return f"subclass {type(module).__name__} of {base.__name__} is not converted"
+    return recipe.unsuitable(*_features(module))
+
+
+def _filter_reason(
+    module_filter_fn: ModuleFilter | None, module: nn.Module, fqn: str
+) -> str | None:
+    if module_filter_fn is None:
+        return None
+    keep = module_filter_fn(module, fqn)
+    if not isinstance(keep, bool):
+        raise TypeError(
+            f"module_filter_fn(module, fqn) must return a bool (True = convert), got {keep!r} "
+            f"for {fqn!r}"
         )
-    done = [(name, m) for name, m in model.named_modules() if isinstance(m, QuantLinear)]
-    if done:
-        name, layer = done[0]
-        raise AlreadyConvertedError(
-            f"model is already converted ({len(done)} QuantLinear layers, e.g. {name or '<root>'!r}"
-            f" with recipe {layer.recipe.name!r}); convert a fresh copy of the original model "
-            "instead"
+    return None if keep else "module_filter_fn returned False"
+
+
+def _plain_parameters(model: nn.Module, covered: set[int]) -> list[tuple[str, str]]:
+    """(name, reason) for every parameter of 2+ dims outside the layers convert() looked at."""
+    found = []
+    for fqn, param in model.named_parameters():
+        if param.dim() < 2 or id(param) in covered:
+            continue
+        owner = type(model.get_submodule(fqn.rpartition(".")[0])).__name__
+        what = f"{param.dim()}-D parameter {list(param.shape)} of {owner}"
+        if param.dim() == 3:
+            what += " (a stack of matrices, e.g. fused MoE expert weights)"
+        found.append(
+            (
+                fqn,
+                f"{what}: a plain parameter, not in an nn.Linear or Conv1D layer (the only "
+                "layers convert swaps), kept in high precision",
+            )
         )
-    if isinstance(model, nn.Linear):
-        raise ValueError(
-            "convert() swaps submodules in place and cannot replace the root module itself; "
-            "use QuantLinear.from_linear(linear, recipe)"
-        )
+    return found
+
+
+def _warn_nothing_converted(recipe: Recipe, report: ConversionReport, layers: list[str]) -> None:
+    if not isinstance(recipe, QuantRecipe):
+        why = "the recipe does not quantize linear layers (its precision comes from autocast)"
+    elif not layers:
+        why = "the model has no nn.Linear or Conv1D layer"
+    else:
+        first, reason = next((n, r) for n, r in report.skipped if n in layers)
+        why = f"all {len(layers)} linear layers were kept, e.g. {first!r}: {reason}"
+    warnings.warn(
+        f"convert(recipe={recipe.name!r}) converted no layer: {why} (see the model's "
+        f"{REPORT_ATTR})",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _set_submodule(model: nn.Module, fqn: str, module: nn.Module) -> None:
@@ -123,62 +239,119 @@ def _set_submodule(model: nn.Module, fqn: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+@overload
 def convert(
-    model: nn.Module,
+    model: ModuleT,
     recipe: str | Recipe,
     *,
-    skip: SkipRule = None,
+    skip: str | Iterable[str] | None = None,
+    module_filter_fn: ModuleFilter | None = None,
     keep_head: bool = True,
     backend: str = "auto",
-) -> ConversionReport:
-    """Swap eligible `nn.Linear` modules of `model` for `QuantLinear` under `recipe`, in place.
+    return_report: Literal[False] = False,
+) -> ModuleT: ...
+
+
+@overload
+def convert(
+    model: ModuleT,
+    recipe: str | Recipe,
+    *,
+    skip: str | Iterable[str] | None = None,
+    module_filter_fn: ModuleFilter | None = None,
+    keep_head: bool = True,
+    backend: str = "auto",
+    return_report: Literal[True],
+) -> tuple[ModuleT, ConversionReport]: ...
+
+
+def convert(
+    model: ModuleT,
+    recipe: str | Recipe,
+    *,
+    skip: str | Iterable[str] | None = None,
+    module_filter_fn: ModuleFilter | None = None,
+    keep_head: bool = True,
+    backend: str = "auto",
+    return_report: bool = False,
+) -> ModuleT | tuple[ModuleT, ConversionReport]:
+    """Swap the linear layers of `model` for quantized ones under `recipe`, in place.
 
     Args:
-        model: any module; it is modified in place (and returned layers share its parameters).
+        model: any module; it is modified in place and returned. Quantized layers share its
+            parameters.
         recipe: a Recipe or a name. Recipes that do not quantize (fp32, fp16, bf16) convert
             nothing: their precision comes from autocast in the training loop.
-        skip: extra layers to keep: a callable (fqn, module) -> bool, or fnmatch patterns on the
-            fully qualified name (a string or a list), e.g. "layers.0.*".
-        keep_head: keep the output head (lm_head / output / head outside repeated blocks, see
-            `is_output_head`) and embeddings in high precision (the default, as all the recipes
-            prescribe).
-        backend: the QuantLinear backend: "auto", "emulated" or "hopper".
+        skip: layers to keep in high precision, as fnmatch patterns on the fully qualified name
+            (a string or a list of strings), e.g. "layers.0.*". A callable is refused: pass a
+            predicate as `module_filter_fn`.
+        module_filter_fn: `(module, fqn) -> bool`, torchao's contract: True = convert, False =
+            keep. Called for each linear layer the built-in rules and `skip` would convert; it
+            must return a bool.
+        keep_head: keep the output head (tied to an embedding, or named lm_head / output / head
+            outside repeated blocks, see `is_output_head`) in high precision (the default, as
+            all the recipes prescribe). Embeddings are never quantized.
+        backend: the quantized layers' backend: "auto", "emulated" or "hopper".
+        return_report: also return the report: `(model, report)`.
+    Returns:
+        `model`; the ConversionReport (converted layers, and (name, reason) for everything kept)
+        is `model.minifloat_report` either way.
+    Warns:
+        UserWarning: no layer was converted (the message says why).
     Raises:
         AlreadyConvertedError: convert() already ran on the model (or on one of its submodules),
-            whatever it swapped, or the model holds QuantLinear layers.
-        ValueError: unknown recipe or backend, or `model` is itself an `nn.Linear`.
+            whatever it swapped, or the model holds quantized layers.
+        ValueError: unknown recipe or backend, or `model` is itself a linear layer.
+        TypeError: `skip` is not patterns, or `module_filter_fn` is not a callable returning bool.
     """
     recipe = recipes.get(recipe)
     if backend not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
-    _check_convertible(model)
+    patterns = _skip_patterns(skip)
+    if module_filter_fn is not None and not callable(module_filter_fn):
+        raise TypeError(
+            f"module_filter_fn must be a callable (module, fqn) -> bool, got {module_filter_fn!r}"
+        )
+    conv1d = _conv1d_class()
+    _check_convertible(model, conv1d)
+    layer_types = (nn.Linear,) if conv1d is None else (nn.Linear, conv1d)
+    embedding_types = (nn.Embedding, nn.EmbeddingBag)
+    tied = {
+        id(m.weight): name for name, m in model.named_modules() if isinstance(m, embedding_types)
+    }
     report = ConversionReport(recipe=recipe.name)
-    user_skip = _skip_predicate(skip)
-    targets: list[tuple[str, nn.Linear]] = []
+    covered: set[int] = set()  # parameters of the modules looked at below
+    layers: list[str] = []
+    targets: list[tuple[str, nn.Module]] = []
     for fqn, module in model.named_modules():
-        if not isinstance(module, nn.Linear | nn.Embedding | nn.EmbeddingBag):
+        if not isinstance(module, layer_types + embedding_types):
             continue
-        reason = _default_reason(fqn, module) if keep_head else None
-        if reason is None and user_skip(fqn, module):
-            reason = "matched skip"
-        if reason is None and isinstance(module, nn.Linear):
-            reason = _recipe_reason(recipe, module)
-        if reason is None and isinstance(module, nn.Linear):
+        covered.update(id(p) for p in module.parameters(recurse=False))
+        if isinstance(module, embedding_types):
+            report.skipped.append((fqn, "embedding (kept in high precision)"))
+            continue
+        layers.append(fqn)
+        reason = _head_reason(fqn, module, tied) if keep_head else None
+        if reason is None:
+            matched = next((p for p in patterns if fnmatch.fnmatchcase(fqn, p)), None)
+            reason = None if matched is None else f"matched skip pattern {matched!r}"
+        reason = reason or _recipe_reason(recipe, module, conv1d)
+        reason = reason or _filter_reason(module_filter_fn, module, fqn)
+        if reason is None:
             targets.append((fqn, module))
-        elif reason is not None:
+        else:
             report.skipped.append((fqn, reason))
+    report.skipped += _plain_parameters(model, covered)
     for fqn, module in targets:  # swap after the walk: never mutate while iterating
-        _set_submodule(model, fqn, QuantLinear.from_linear(module, recipe, backend=backend))
+        if isinstance(module, nn.Linear):
+            new = QuantLinear.from_linear(module, recipe, backend=backend)
+        else:
+            new = QuantConv1D.from_conv1d(module, recipe, backend=backend)
+        _set_submodule(model, fqn, new)
         report.converted.append(fqn)
     # A plain attribute (Module.__setattr__ keeps non-tensor values in __dict__): outside the
     # state_dict, copied by deepcopy and pickling.
-    setattr(model, _MARK, recipe.name)
-    return report
-
-
-def _recipe_reason(recipe: Recipe, module: nn.Linear) -> str | None:
-    if not isinstance(recipe, QuantRecipe):
-        return f"recipe {recipe.name} does not quantize linear layers (autocast only)"
-    if type(module) is not nn.Linear:
-        return f"subclass {type(module).__name__} of nn.Linear is not converted"
-    return recipe.unsuitable(module.in_features, module.out_features)
+    setattr(model, REPORT_ATTR, report)
+    if not report.converted:
+        _warn_nothing_converted(recipe, report, layers)
+    return (model, report) if return_report else model

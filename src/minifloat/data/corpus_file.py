@@ -64,6 +64,11 @@ def read_corpus_file(path: str | Path) -> list[str]:
     try:
         with lzma.open(path, "rb") as f:
             data = f.read()
+    except EOFError:
+        # lzma's word for a file cut short: the xz stream ends before its end marker.
+        raise DataError(
+            f"corpus file {path} is truncated (its xz stream ends early): copy or export it again"
+        ) from None
     except (OSError, lzma.LZMAError) as exc:
         raise DataError(f"cannot read corpus file {path}: {exc}") from exc
     if not data.startswith(MAGIC):

@@ -6,6 +6,10 @@ side), trains the tokenizer on the train split only, and writes both splits as f
 with ``<eos>`` after every document. Everything lands in
 ``<cache_dir>/datasets/<corpus>-<tokenizer><vocab>-<key>/`` where ``key`` hashes the corpus
 sha256 and every setting, so a second call with the same inputs only maps the files.
+
+The cache's ``meta.json`` records every file's byte length and sha256 (and the token counts);
+each load verifies them, so a truncated, zeroed or otherwise damaged cache is never trained on:
+it is rebuilt from the corpus, with a warning naming the damage.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from minifloat.data.checksums import describe_files, verify_files
 from minifloat.data.corpora import DEFAULT_CACHE_DIR, Corpus, load_corpus
 from minifloat.data.errors import DataError
 from minifloat.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, train_bpe
@@ -30,7 +36,8 @@ from minifloat.data.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer, t
 __all__ = ["TokenDataset", "build_dataset", "split_documents"]
 
 # Bump when the on-disk layout or the tokenization changes, to invalidate old caches.
-_FORMAT_VERSION = 1
+# 2: meta.json records each file's size and sha256.
+_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,8 +151,45 @@ def _build_into(directory: Path, corpus: Corpus, settings: dict, log: Callable) 
         "tokens": [n_train, n_val],
         "vocab_size_actual": tokenizer.vocab_size,
         "dtype": np.dtype(dtype).name,
+        "files": describe_files(directory, [p.name for p in directory.iterdir()]),
     }
     (directory / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _damage(directory: Path) -> str | None:
+    """Why the cache in ``directory`` cannot be trusted (one phrase), or None if it checks out:
+    meta.json readable, every recorded file present with its size and sha256, and the token
+    files as long as the recorded token counts."""
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        tokens = dict(zip(("train.bin", "val.bin"), meta["tokens"], strict=True))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return f"meta.json is unreadable ({type(exc).__name__})"
+    reason = verify_files(directory, meta.get("files"))
+    if reason is not None:
+        return reason
+    for name, count in tokens.items():
+        recorded = meta["files"].get(name, {}).get("bytes")
+        if recorded != count * itemsize:
+            return f"{name} holds {recorded} bytes, not the {count:,} tokens meta.json records"
+    return None
+
+
+def _discard(directory: Path, damage: str) -> None:
+    """Remove a damaged cache: renamed aside first (atomic), so no reader sees half of it."""
+    aside = None
+    try:
+        aside = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".damaged-"))
+        directory.rename(aside / directory.name)
+    except OSError as exc:
+        if aside is not None:
+            aside.rmdir()
+        raise DataError(
+            f"token cache {directory} is damaged ({damage}) and cannot be removed "
+            f"({exc.strerror or exc}): delete it by hand and run again"
+        ) from None
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _load(directory: Path) -> tuple[dict, Tokenizer, np.ndarray, np.ndarray]:
@@ -200,9 +244,18 @@ def build_dataset(
     root = Path(cache_dir) / "datasets"
     label = re.sub(r"[^A-Za-z0-9._-]", "_", corpus.name.removesuffix(".xz"))
     final = root / f"{label}-{tokenizer}{settings['vocab_size']}-{_cache_key(corpus, settings)}"
-    if (final / "meta.json").is_file():
-        log(f"cache hit: {final}")
-    else:
+    if final.exists():
+        damage = _damage(final)
+        if damage is None:
+            log(f"cache hit: {final}")
+        else:
+            warnings.warn(
+                f"token cache {final} is damaged ({damage}); rebuilding it from the corpus",
+                UserWarning,
+                stacklevel=2,
+            )
+            _discard(final, damage)
+    if not (final / "meta.json").is_file():
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".building-"))
         try:

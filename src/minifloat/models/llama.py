@@ -39,12 +39,24 @@ __all__ = [
 ]
 
 
+# LlamaConfig fields that must be positive ints (n_kv_heads may also be None), and positive
+# finite numbers (a zero norm_eps divides by zero on an all-zero row; a negative rope_theta
+# gives NaN angles).
+_INT_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")
+_POSITIVE_FLOAT_FIELDS = ("norm_eps", "rope_theta")
+
+
 @dataclass(frozen=True, kw_only=True)
 class LlamaConfig:
     """Shape of a LLaMA-2 model.
 
     ``n_kv_heads=None`` means plain multi-head attention (as many key/value heads as query
     heads); a smaller divisor of ``n_heads`` gives grouped-query attention.
+
+    Checked at construction, each error one line naming the field: the sizes are positive ints
+    (TypeError for a float such as ``1e3``, or a bool), ``norm_eps`` and ``rope_theta`` positive
+    finite numbers (ValueError), ``dim`` divisible by ``n_heads`` into an even head_dim, and
+    ``n_heads`` by ``n_kv_heads``.
     """
 
     dim: int
@@ -58,15 +70,28 @@ class LlamaConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
+        # Types and ranges first, field by field, so each error names its field (and a later
+        # shape rule never divides by zero or builds a layer from a float).
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and name == "n_kv_heads":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        for name in _POSITIVE_FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise TypeError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be positive and finite, got {value}")
         if self.dim % self.n_heads:
             raise ValueError(f"dim={self.dim} is not divisible by n_heads={self.n_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads={self.n_heads} not divisible by n_kv_heads={self.kv_heads}")
-        for name in ("dim", "n_layers", "ffn_dim", "vocab_size", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     @property
     def head_dim(self) -> int:

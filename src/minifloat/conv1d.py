@@ -1,0 +1,129 @@
+"""QuantConv1D: GPT-2's `Conv1D` layer (from `transformers`) with quantized GEMMs.
+
+`transformers.pytorch_utils.Conv1D(nf, nx)` is a linear layer that stores its weight transposed:
+`y = x·W + b` with W [nx, nf] = [in_features, out_features]. QuantConv1D keeps that parameter
+as it is (the same Parameter object after `from_conv1d`, so an optimizer built before the swap
+still updates it, and the state_dict keeps its key and [in, out] shape) and computes
+`y = x·(Wᵀ)ᵀ + b` with `QuantLinearFunction`, the one autograd Function of `QuantLinear`, on a
+contiguous [out, in] copy of Wᵀ made inside forward. The copy is what `nn.Linear` would hold, so
+every backend and recipe sees exactly the operand a QuantLinear of the same layer sees; autograd
+transposes the weight gradient back to W's layout. The cost is one weight-sized copy per call,
+kept for backward.
+
+minifloat never imports `transformers`: `convert` recognizes a Conv1D through the already imported
+`transformers.pytorch_utils` module (a model holding one has imported it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minifloat import recipes
+from minifloat.kernels import BACKEND_NAMES, get_backend
+from minifloat.linear import QuantLinearFunction
+from minifloat.recipes import QuantRecipe
+
+__all__ = ["QuantConv1D"]
+
+
+class QuantConv1D(nn.Module):
+    """GPT-2's `Conv1D` (weight [nx, nf] = [in, out], bias [nf]) with quantized GEMMs.
+
+    Args:
+        nf, nx: output and input features, in `Conv1D`'s order.
+        recipe: a quantized recipe or its name (e.g. "fp4", "fp8-tensorwise").
+        backend: "auto" (by the input's device), "emulated" or "hopper".
+    Parameters, state_dict keys and call signature are those of `Conv1D`; the fp8-delayed amax
+    history is a non-persistent buffer, as in `QuantLinear`.
+    """
+
+    def __init__(
+        self,
+        nf: int,
+        nx: int,
+        *,
+        recipe: str | QuantRecipe,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.empty(nx, nf, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
+        nn.init.normal_(self.weight, std=0.02)  # Conv1D's own initialization
+        self._setup(recipe, backend, device)
+
+    def _setup(self, recipe: str | QuantRecipe, backend: str, device) -> None:
+        recipe = recipes.get(recipe)
+        if not isinstance(recipe, QuantRecipe):
+            raise ValueError(f"recipe {recipe.name!r} does not quantize linear layers")
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
+        self.recipe = recipe
+        self.backend = backend
+        history = None
+        if recipe.delayed is not None:
+            history = torch.zeros(3, recipe.delayed.history_len, device=device)
+        self.register_buffer("amax_history", history, persistent=False)
+
+    @classmethod
+    def from_conv1d(
+        cls, conv: nn.Module, recipe: str | QuantRecipe, *, backend: str = "auto"
+    ) -> QuantConv1D:
+        """A QuantConv1D sharing `conv`'s parameter objects (optimizers stay valid).
+
+        `conv` is a `transformers` Conv1D: attributes `nf`, `nx`, `weight` [nx, nf], `bias` [nf].
+        """
+        weight = conv.weight
+        if weight.dim() != 2 or tuple(weight.shape) != (conv.nx, conv.nf):
+            raise ValueError(
+                f"expected a Conv1D weight of shape [nx, nf] = [{conv.nx}, {conv.nf}], "
+                f"got {tuple(weight.shape)}"
+            )
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.nf, new.nx = conv.nf, conv.nx
+        new.weight = weight
+        new.bias = conv.bias
+        new._setup(recipe, backend, weight.device)
+        new.train(conv.training)
+        return new
+
+    @property
+    def in_features(self) -> int:
+        return self.nx
+
+    @property
+    def out_features(self) -> int:
+        return self.nf
+
+    def reset_buffers(self) -> None:
+        """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
+        if self.amax_history is not None:
+            self.amax_history.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.nx:
+            raise ValueError(f"expected last dim {self.nx}, got shape {tuple(x.shape)}")
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            out_dtype = torch.get_autocast_dtype(device_type)
+        else:
+            out_dtype = x.dtype
+        backend = get_backend(self.backend, x.device)
+        weight_nk = self.weight.t().contiguous()  # [out, in], nn.Linear's layout
+        y = QuantLinearFunction.apply(
+            x.reshape(-1, self.nx),
+            weight_nk,
+            self.bias,
+            self.recipe,
+            backend,
+            out_dtype,
+            self.amax_history,
+        )
+        return y.reshape(*x.shape[:-1], self.nf)
+
+    def extra_repr(self) -> str:
+        return f"nf={self.nf}, nx={self.nx}, recipe={self.recipe.name}, backend={self.backend}"
