@@ -22,7 +22,8 @@ from minifloat.train_config import TrainConfig
 
 VOCAB = 64
 # The diagnostic rounds to 0.001 dB; the independent computation below is float-for-float the
-# same arithmetic, so only that rounding separates them.
+# same arithmetic, so only that rounding (<= 5e-4 dB) separates them (unrounded: < 1e-14 dB
+# apart with AVX2 and with scalar kernels).
 SQNR_ABS_TOL_DB = 2e-3
 
 

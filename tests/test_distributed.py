@@ -34,17 +34,19 @@ SQNR_DB = {
 }
 # Minimum SQNR (dB) of DDP-averaged gradients against single-process full-batch gradients.
 DDP_GRAD_SQNR_DB = {
-    "fp32": 100.0,  # only the summation order differs (fp32 rounding is ~140 dB)
+    # At the same point only the summation order differs (fp32 rounding is ~140 dB): measured
+    # >= 134 dB over 112 model/batch seeds, with AVX2 and with scalar kernels.
+    "fp32": 100.0,
     "bf16": 35.0,  # bf16 payloads
     "fp8": 18.0,  # fp8 payloads with a shared scale per bucket (small grads lose bits)
 }
-# Parameters of two runs whose gradients differ only in summation order, after a few AdamW steps:
-# |diff| <= ADAM_ATOL_PER_LR * lr. AdamW normalizes each element's update to ~lr, so where an
-# element's gradient is near zero (or its moment nearly cancels) a ~1e-7 relative difference in
-# the gradient moves the update by up to ~lr * 1e-4 (measured: 1.7e-6 at lr 1e-2 with AVX2
-# kernels, less with AVX-512, whose reductions sum in another order). A real divergence (a wrong
-# gradient) moves parameters by ~lr, far above this bound.
-ADAM_ATOL_PER_LR = 1e-3
+# Minimum SQNR (dB) of each parameter's change (p - p0) after a few AdamW steps, between two
+# runs whose gradients differ only in summation order. No elementwise bound holds: AdamW scales
+# each element's step to ~lr whatever the gradient's size, so where a gradient is as small as
+# its rounding error the step can change by up to ~lr (measured up to 1.9e-2 * lr over 112
+# seeds, 1.7e-4 * lr on the test's data). Over a whole tensor that noise is >= 69 dB (same
+# seeds, AVX2 and scalar kernels); unsynchronized gradients give ~0 dB.
+ADAM_UPDATE_SQNR_DB = 40.0
 
 
 def _tiny_model(seed: int = 0) -> Llama:
@@ -85,6 +87,7 @@ def _hooks_worker(rank: int) -> None:
         dist.all_gather(gathered, out)
         assert torch.equal(gathered[0], gathered[1]), f"{kind}/{fmt}: ranks disagree"
         expected_ratio = {"fp32": 1.0, "bf16": 2.0, "fp8": 4.0}[kind]
+        # payload bytes plus a few per-bucket scales: within 1% of the dtype ratio (measured 0.1%)
         assert report.compression == pytest.approx(expected_ratio, rel=0.01), (kind, report)
     # Non-finite gradients must not become finite.
     bad = grad.clone()
@@ -112,17 +115,20 @@ def _ddp_worker(rank: int) -> None:
         opt_ref = AdamW(ref.parameters(), lr=lr)
         losses = []
         x, y = _batch(0)  # one batch, so the loss must fall
+        p0 = [p.detach().clone() for p in ref.parameters()]
         for step in range(4):
             if kind == "fp32":  # identical gradients keep the two models (nearly) identical
-                for p_ref, p in zip(ref.parameters(), model.module.parameters(), strict=True):
-                    torch.testing.assert_close(p, p_ref, rtol=0, atol=ADAM_ATOL_PER_LR * lr)
-            else:  # compare each step's gradients at the same point
-                ref.load_state_dict(model.module.state_dict())
+                pairs = zip(ref.parameters(), model.module.parameters(), p0, strict=True)
+                for p_ref, p, start in pairs:
+                    assert sqnr_db(p_ref - start, p - start) >= ADAM_UPDATE_SQNR_DB, step
+            at = _tiny_model()  # compare each step's gradients at the same point
+            at.load_state_dict(model.module.state_dict())
+            _loss(at, x, y).backward()
             _loss(ref, x, y).backward()
             loss = _loss(model, _shard(x, rank), _shard(y, rank))
             loss.backward()
-            for p_ref, p in zip(ref.parameters(), model.module.parameters(), strict=True):
-                assert sqnr_db(p_ref.grad, p.grad) >= min_db, (kind, step)
+            for p_at, p in zip(at.parameters(), model.module.parameters(), strict=True):
+                assert sqnr_db(p_at.grad, p.grad) >= min_db, (kind, step)
             opt_ref.step()
             opt.step()
             opt_ref.zero_grad()
@@ -130,7 +136,7 @@ def _ddp_worker(rank: int) -> None:
             dist.all_reduce(loss.detach_(), op=dist.ReduceOp.AVG)
             losses.append(loss.item())
         assert state.calls >= 4 and state.bytes_sent > 0
-        assert losses[-1] < losses[0] - 0.05, (kind, losses)
+        assert losses[-1] < losses[0] - 0.05, (kind, losses)  # measured drop 0.82, every kind
 
 
 def test_ddp_training_matches_single_process():
@@ -147,20 +153,24 @@ def _fsdp_worker(rank: int) -> None:
     lr = 3e-3
     opt_ref = AdamW(ref.parameters(), lr=lr)
     opt = AdamW(model.parameters(), lr=lr)
+    p0 = [p.detach().clone() for p in ref.parameters()]
     for step in range(4):
         x, y = _batch(step)
         ref_loss = _loss(ref, x, y)
         ref_loss.backward()
         loss = _loss(model, _shard(x, rank), _shard(y, rank))
         loss.backward()
-        for p_ref, p in zip(ref.parameters(), model.parameters(), strict=True):
-            assert sqnr_db(p_ref.grad, p.grad.full_tensor()) >= DDP_GRAD_SQNR_DB["fp32"], step
+        at = _tiny_model()  # gradients at the same point
+        at.load_state_dict({k: v.full_tensor() for k, v in model.state_dict().items()})
+        _loss(at, x, y).backward()
+        for p_at, p in zip(at.parameters(), model.parameters(), strict=True):
+            assert sqnr_db(p_at.grad, p.grad.full_tensor()) >= DDP_GRAD_SQNR_DB["fp32"], step
         opt_ref.step()
         opt.step()
         opt_ref.zero_grad()
         opt.zero_grad()
-    for p_ref, p in zip(ref.parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(p.full_tensor(), p_ref, rtol=0, atol=ADAM_ATOL_PER_LR * lr)
+    for p_ref, p, start in zip(ref.parameters(), model.parameters(), p0, strict=True):
+        assert sqnr_db(p_ref - start, p.full_tensor() - start) >= ADAM_UPDATE_SQNR_DB
 
 
 def test_fsdp_training_matches_single_process():
@@ -190,6 +200,7 @@ def _fsdp_lowp_states_worker(rank: int) -> None:
     assert state["exp_avg"].dtype == torch.float8_e4m3fn
     full = torch.cat([_loss(model, _shard(x, r), _shard(y, r)).reshape(1) for r in range(WORLD)])
     final = full.mean().item()
+    # fp8/fp16 states and a bf16 reduce-scatter cost little loss (measured 8e-4 from fp32 states)
     assert abs(final - _loss(ref, x, y).item()) < 0.05, final
 
 
@@ -220,7 +231,7 @@ def _converted_worker(rank: int) -> None:
             opt.zero_grad()
             dist.all_reduce(loss.detach_(), op=dist.ReduceOp.AVG)
             losses.append(loss.item())
-        assert losses[-1] < losses[0] - 0.1, (parallel, losses)
+        assert losses[-1] < losses[0] - 0.1, (parallel, losses)  # measured drop >= 1.3
 
 
 def test_fsdp_and_ddp_train_quantlinear_models():

@@ -177,7 +177,9 @@ def test_matches_float64_reference(name, shape, dtype):
     for key, (value, bound) in ref.items():
         out = got[key].double()
         rel = 4 * U if got[key].dtype == torch.float32 else 2.0**-8  # final cast's rounding
-        tol = bound + rel * value.abs() + 1e-30
+        # The cast rounds the fp32 result, |value| + bound at most: a bound for any summation
+        # order (bf16 outputs use ~0.99 of it, all of it the cast; fp32 outputs < 0.1).
+        tol = bound + rel * (value.abs() + bound) + 1e-30
         excess = ((out - value).abs() - tol).max().item()
         assert excess <= 0, f"{name} {key}: error exceeds the fp32 bound by {excess:.3g}"
 
@@ -227,7 +229,7 @@ def test_sampled_occ_matches_float64_reference(name, shape, dtype):
     for key, (value, bound) in ref.items():
         out = got[key].double()
         rel = 4 * U if got[key].dtype == torch.float32 else 2.0**-8  # final cast's rounding
-        excess = ((out - value).abs() - (bound + rel * value.abs() + 1e-30)).max().item()
+        excess = ((out - value).abs() - (bound + rel * (value.abs() + bound) + 1e-30)).max().item()
         assert excess <= 0, f"{name} {key}: error exceeds the fp32 bound by {excess:.3g}"
 
 
@@ -262,7 +264,7 @@ def test_sqnr_floors_and_fp8_beats_fp4():
             assert m >= floor, f"{name} {key}: SQNR {m:.2f} dB below floor {floor}"
     fp8 = [v for k, v in y_sqnr.items() if k.startswith("fp8")]
     fp4 = [v for k, v in y_sqnr.items() if k.startswith("fp4")]
-    assert min(fp8) > max(fp4) + 5
+    assert min(fp8) > max(fp4) + 5  # 2 more mantissa bits, ~12 dB (measured gap 9.7 dB)
 
 
 def test_drop_in_for_nn_linear():
@@ -363,6 +365,7 @@ def test_delayed_scaling_history():
     assert float(q.abs().max()) == 448.0
     wq = quantize(layer.weight.detach(), "e4m3")
     expected = quantize(q, "e4m3").dequantize() * ref_scale @ wq.dequantize().t()
+    # fp32 rounding apart (measured 136 dB); following the new amax instead gives 7 dB
     assert sqnr_db(expected, y - layer.bias) > 25
     assert layer.amax_history[0, :2].tolist() == [float(10 * amax1), float(amax1)]
 

@@ -32,6 +32,7 @@ def test_clipped_fraction_is_two_tails(alpha):
     torch.manual_seed(1)
     x = heavy_tailed(128, 1024, seed=1)
     frac = clipped_fraction(x, OCCConfig(alpha=alpha))
+    # exact quantiles of x: 2 (1 - alpha) to within a few of 131k entries (measured 1.4e-5)
     assert frac == pytest.approx(2 * (1 - alpha), rel=0.05)
 
 
@@ -48,7 +49,7 @@ def test_snr_ordering_as_in_paper_table_1():
     ]
     snrs = [sqnr_db(x, occ_activation(x, "e2m1", "row", cfg)) for cfg in settings]
     for lower, higher in zip(snrs[:-1], snrs[1:], strict=True):
-        assert higher > lower + 0.5, snrs
+        assert higher > lower + 0.5, snrs  # each step measured >= 1.5 dB
 
 
 def test_sampled_threshold_within_dkw_bound():
@@ -102,10 +103,12 @@ def test_layer_output_is_clamped_gemm_plus_compensation():
         xq.scale.double() * wq.scale.double().t()
     )
     comp = (x.double() - x_c.double()) @ w.double().t()
+    # E2M1 x E2M1 sums are exact in fp32, so only the scale products round (~1e-7 relative); the
+    # compensation adds an fp32 GEMM over each row's few clipped entries (measured <= 8% of tol).
     torch.testing.assert_close(y[False], main, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(y[True], main + comp, rtol=1e-6, atol=1e-5)
     exact = x.double() @ w.double().t()
-    assert sqnr_db(exact, y[True]) > sqnr_db(exact, y[False]) + 3
+    assert sqnr_db(exact, y[True]) > sqnr_db(exact, y[False]) + 3  # measured +10.4 dB
 
 
 def test_wgrad_gets_compensation_term_and_dgrad_is_ste():
@@ -128,6 +131,12 @@ def test_wgrad_gets_compensation_term_and_dgrad_is_ste():
     xq = quantize(x_c, "e2m1", "row")
     h = (dy * xq.scale).t()
     hq = quantize(h, "e5m2", "row")
+    delta = x.detach().double() - x_c.double()
     dw_ref = (hq.values.double() @ xq.values.double()) * hq.scale.double()
-    dw_ref = dw_ref + dy.double().t() @ (x.detach().double() - x_c.double())
-    torch.testing.assert_close(grads["fp4-occ"][1].double(), dw_ref, rtol=1e-5, atol=1e-5)
+    dw_ref = dw_ref + dy.double().t() @ delta
+    # Two fp32 GEMMs over 64 tokens, summed in any order: |error| <= (64 + 4) u sum|terms|, plus
+    # the final add (measured <= 2% of it; a fixed rtol = atol = 1e-5 reached 76% on other seeds).
+    terms = (hq.values.double().abs() @ xq.values.double().abs()) * hq.scale.double()
+    terms = terms + dy.double().abs().t() @ delta.abs()
+    bound = (64 + 4) * 2.0**-24 * terms + 2.0**-24 * dw_ref.abs()
+    assert bool(((grads["fp4-occ"][1].double() - dw_ref).abs() <= bound).all())

@@ -194,7 +194,7 @@ def test_float8_values_equal_torch_cast_of_scaled_input(
     q = quantize(x, fmt, granularity, scale_format=scale_format)
     scaled = x.float() / q.expand_scale()
     in_range = scaled.abs() <= formats.get(fmt).max  # torch's cast doesn't saturate
-    assert in_range.float().mean() > 0.99
+    assert in_range.float().mean() > 0.99  # most entries are compared (measured >= 99.7%)
     assert torch.equal(q.values[in_range], scaled[in_range].to(dtype).float())
 
 
@@ -283,9 +283,10 @@ def test_nvfp4_two_level_scale():
     q = quantize(x, "e2m1", (1, 16), scale_format="e4m3")
     tensor_scale = x.abs().max() / (6 * 448)
     block = q.scale / tensor_scale
+    # q.scale is an E4M3 value times the tensor scale: dividing it back rounds (<= 2^-23 relative)
     assert torch.allclose(formats.get("e4m3").round(block), block, rtol=1e-6)
     sqnr = 20 * math.log10(x.norm() / (q.dequantize() - x).norm())
-    assert sqnr > 15
+    assert sqnr > 15  # E2M1 in 1x16 blocks: ~20 dB (measured 19.9) even over 4 decades of scale
 
 
 @pytest.mark.parametrize("granularity", ["row", (1, 32)])
@@ -315,6 +316,8 @@ def test_quantiles_by_sort_and_by_selection_match_torch_quantile(n, ties, select
     other = torch.stack(_quantiles(flat, qs, select={"sort": "kthvalue"}.get(select, "sort")))
     # bit-exact up to the sign of a zero quantile (the paths may pick -0.0 or 0.0)
     assert torch.equal(got.abs().view(torch.int32), other.abs().view(torch.int32))
+    # torch.quantile interpolates between the same order statistics with another formula: an
+    # ulp or two of values < 4 (measured 2.4e-7); no summation is involved
     torch.testing.assert_close(got, torch.quantile(flat, torch.tensor(qs)), rtol=1e-6, atol=1e-6)
 
 
@@ -369,13 +372,13 @@ def test_clip_quantile_clamps_two_sided_and_keeps_non_finite():
     x = student_t3((100, 100), seed=0)
     lo, hi = tensor_quantiles(x, 0.99)
     tq = torch.quantile(x.flatten(), torch.tensor([0.01, 0.99]))
-    assert torch.allclose(torch.stack([lo, hi]), tq, rtol=1e-5)
+    assert torch.allclose(torch.stack([lo, hi]), tq, rtol=1e-5)  # as above (measured 9.5e-7)
     q = quantize(x, "e2m1", "tensor", clip_quantile=0.99)
     # Clipping then quantizing is quantizing the clamped tensor; the absmax scale is set by
     # the larger of |lo| and hi, so no dequantized value lies beyond it.
     assert torch.equal(q.values, quantize(x.clamp(lo, hi), "e2m1", "tensor").values)
     bound = torch.maximum(lo.abs(), hi.abs())
-    assert q.dequantize().abs().max() <= bound * (1 + 1e-6)
+    assert q.dequantize().abs().max() <= bound * (1 + 1e-6)  # scale * 6: a rounding or two
     assert q.dequantize().abs().max() < x.abs().max() / 2  # the tails really were clipped
     x[0, 0] = math.inf
     assert bool(torch.isnan(quantize(x, "e2m1", "row", clip_quantile=0.99).values[0]).all())

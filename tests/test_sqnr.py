@@ -37,8 +37,10 @@ def table():
 def test_sqnr_known_values():
     ref = torch.ones(100)
     assert sqnr_db(ref, ref) == math.inf
-    assert sqnr_db(ref, ref * 1.1) == pytest.approx(20.0)
-    assert sqnr_db(ref, ref + 0.01) == pytest.approx(40.0)
+    # 1.1 and 1.01 are rounded to fp32: the noise is off by <= 2^-24 / 0.01 = 6e-6 relative, 5e-5
+    # dB (deterministic; measured 8.3e-6 dB at 40, which the default rel=1e-6 held only by luck)
+    assert sqnr_db(ref, ref * 1.1) == pytest.approx(20.0, abs=1e-4)
+    assert sqnr_db(ref, ref + 0.01) == pytest.approx(40.0, abs=1e-4)
 
 
 def test_table_covers_every_format_and_granularity(table):
@@ -87,6 +89,7 @@ def test_activation_is_heavy_tailed_with_outlier_channels():
     assert int((channel_rms > 10 * channel_rms.median()).sum()) == 4
     # Student-t(3): variance dof / (dof - 2) = 3 and a much heavier tail than a Gaussian.
     plain = synthetic_activation(2048, 256, seed=0, outlier_channels=0)
+    # t(3) has no fourth moment, so its sample variance converges slowly (measured 0.8% off)
     assert plain.var().item() == pytest.approx(3.0, rel=0.25)
     beyond = (plain.abs() > 5).double().mean().item()
     assert 0.005 < beyond < 0.03  # t(3): 1.5%; a Gaussian: 6e-7

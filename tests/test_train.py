@@ -43,7 +43,7 @@ def test_loss_falls_and_metrics_are_written(tmp_path: Path, dataset) -> None:
     result = train(_config(tmp_path, recipe="bf16", steps=40, eval_every=20), dataset=dataset,
                    progress=False)  # fmt: skip
     first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
-    assert last < first - 1.0, (first, last)
+    assert last < first - 1.0, (first, last)  # measured a 1.8 drop; kernels move it by < 1e-3
     assert result.final_val_loss is not None and result.final_val_loss < math.log(257)
     assert result.steps == 40 and result.tokens == 40 * 4 * 32
     assert result.skipped_steps == 0 and result.tokens_per_s > 0
@@ -260,11 +260,13 @@ def test_model_transform_runs_on_the_converted_model(tmp_path: Path, dataset) ->
     result = train(config, dataset=dataset, progress=False, model_transform=freeze_zero_head)
     assert seen == ["QuantLinear"] * 7  # one block: wq, wk, wv, wo, w1, w2, w3
     expected = math.log(dataset.tokenizer.vocab_size)
-    assert result.losses == pytest.approx([expected] * 4, rel=1e-6)
-    assert result.final_val_loss == pytest.approx(expected, rel=1e-6)
+    # Each loss is the mean of 128 equal fp32 values: <= 65 u = 3.9e-6 relative in any summation
+    # order (measured 9e-8 with AVX2; summed in 16 lanes 1.7e-7, one after another 6e-7).
+    assert result.losses == pytest.approx([expected] * 4, rel=1e-5)
+    assert result.final_val_loss == pytest.approx(expected, rel=1e-5)
     untouched = train(dataclasses.replace(config, out_dir=str(tmp_path / "plain")),
                       dataset=dataset, progress=False)  # fmt: skip
-    assert untouched.losses[-1] < expected - 0.1  # without the hook the model learns
+    assert untouched.losses[-1] < expected - 0.1  # without the hook the model learns (0.30)
 
 
 def test_sqnr_every_logs_records_and_may_change_on_resume(tmp_path: Path, dataset) -> None:
