@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
-from minifloat.train import Trainer, load_dataset  # noqa: E402
-from minifloat.train_config import TrainConfig  # noqa: E402
+from minifloat.train.config import TrainConfig  # noqa: E402
+from minifloat.train.trainer import Trainer, load_dataset  # noqa: E402
 
 TOP_KERNELS = 8
 

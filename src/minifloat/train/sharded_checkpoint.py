@@ -1,8 +1,8 @@
 """Sharded training checkpoints for FSDP runs: every rank writes and reads only its own shards.
 
-A full checkpoint (:mod:`minifloat.checkpoint`) gathers the whole state to rank 0 and every rank
-reads the whole file back: at 7B (81 GB of fp32 weights and AdamW moments) that takes minutes
-and, on resume, world-size copies of the state in host memory. A sharded checkpoint is a
+A full checkpoint (:mod:`minifloat.train.checkpoint`) gathers the whole state to rank 0 and every
+rank reads the whole file back: at 7B (81 GB of fp32 weights and AdamW moments) that takes
+minutes and, on resume, world-size copies of the state in host memory. A sharded checkpoint is a
 directory (``<out>/checkpoint.dcp``)::
 
     manifest.json      format, version, step, world size, fingerprinted settings and the
@@ -22,7 +22,7 @@ The three properties of the full format hold:
 * **Verified**: every file is hashed (the ranks share the work) and checked on load; a flipped
   bit, a missing file or a file the manifest does not list raises :class:`CheckpointError` on
   every rank.
-* **Matched**: the trajectory fingerprint (:func:`minifloat.checkpoint.fingerprint`) and the
+* **Matched**: the trajectory fingerprint (:func:`minifloat.train.integrity.fingerprint`) and the
   world size must match; a mismatch names the differing fields. There is no resharding: the
   per-rank data positions, RNG states and amax histories belong to a rank.
 
@@ -45,13 +45,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minifloat.checkpoint import (
+from minifloat.train.integrity import (
     CheckpointError,
     check_header,
     content_digest,
     describe_mismatch,
     fingerprint,
     fsync_dir,
+    read_torch_file,
 )
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "check_manifest",
     "load_sharded",
     "read_manifest",
+    "read_sharded_config",
     "save_sharded",
     "verify_files",
 ]
@@ -300,9 +302,18 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {path} has no readable manifest ({exc})") from exc
-    check_header(manifest, path, fmt=SHARDED_FORMAT, version=SHARDED_VERSION, what="manifest")
+    check_header(manifest, path, fmt=SHARDED_FORMAT, version=SHARDED_VERSION, what="manifest",
+                 not_this_format=f"{path} is not a minifloat sharded checkpoint")  # fmt: skip
     manifest["path"] = str(path)
     return manifest
+
+
+def read_sharded_config(path: str | os.PathLike) -> Any:
+    """The ``config`` saved in the global state of the sharded checkpoint at ``path`` (None if
+    absent); only the manifest's digest is checked, the tensors stay memory-mapped."""
+    directory = Path(read_manifest(path)["path"])
+    state = read_torch_file(directory / GLOBAL_NAME, mmap=True)
+    return state.get("config") if isinstance(state, dict) else None
 
 
 def _existing(path: Path) -> Path:

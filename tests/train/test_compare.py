@@ -1,4 +1,4 @@
-"""Tests for minifloat.compare: several recipes, one plot, one table, one JSON."""
+"""Tests for minifloat.train.compare: several recipes, one plot, one table, one JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.compare import compare
-from minifloat.train_config import TrainConfig
+from minifloat.train.compare import compare
+from minifloat.train.config import TrainConfig
 
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:

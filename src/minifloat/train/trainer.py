@@ -29,21 +29,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minifloat import checkpoint as ckpt
 from minifloat import recipes
-from minifloat.amp import LossScaler, autocast_context, full_precision
+from minifloat.amp import autocast_context, full_precision
 from minifloat.errors import first_line
-from minifloat.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
-from minifloat.runtime import Runtime, all_gather_objects, mean_across_ranks, seed_everything
-from minifloat.runtime import setup as setup_runtime
-from minifloat.schedule import lr_at
-from minifloat.stability import StepGuard, StepGuardConfig, z_loss
-from minifloat.train_config import ConfigError, TrainConfig
-from minifloat.train_state import extra_buffers, full_state, load_full_state, restore_buffers
+from minifloat.train import checkpoint as ckpt
+from minifloat.train.checkpointer import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.loss_scaler import LossScaler
+from minifloat.train.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
+from minifloat.train.runtime import Runtime, all_gather_objects, mean_across_ranks, seed_everything
+from minifloat.train.runtime import setup as setup_runtime
+from minifloat.train.schedule import lr_at
+from minifloat.train.stability import StepGuard, StepGuardConfig, z_loss
+from minifloat.train.state import extra_buffers, full_state, load_full_state, restore_buffers
 
 __all__ = [
-    "CHECKPOINT_NAME",
-    "SHARDED_CHECKPOINT_NAME",
     "TrainResult",
     "Trainer",
     "check_names",
@@ -52,8 +52,6 @@ __all__ = [
     "train",
 ]
 
-CHECKPOINT_NAME = "checkpoint.pt"
-SHARDED_CHECKPOINT_NAME = "checkpoint.dcp"  # a directory (checkpoint_format="sharded")
 # Final train loss is the mean over this many last steps: one step's loss is too noisy to rank
 # recipes by.
 FINAL_LOSS_WINDOW = 10
@@ -129,7 +127,7 @@ def check_names(config: TrainConfig) -> None:
     """Fail fast (before any data work) on an unknown recipe, model, model override or
     optimizer-state name."""
     from minifloat.models.llama import PRESETS
-    from minifloat.train_config import check_model_overrides
+    from minifloat.train.config import check_model_overrides
 
     recipes.get(config.recipe)
     if config.model not in PRESETS:
@@ -271,7 +269,7 @@ class Trainer:
         return dataset
 
     def _build_model(self) -> None:
-        from minifloat.train_model import build_model
+        from minifloat.train.model import build_model
 
         built = build_model(
             self.config,
@@ -396,7 +394,7 @@ class Trainer:
         }
         fields = self._fingerprint_fields()
         if self.config.checkpoint_format == "sharded":
-            from minifloat.sharded_checkpoint import save_sharded
+            from minifloat.train.sharded_checkpoint import save_sharded
 
             model, optimizer = self.raw_model, self.optimizer
             return save_sharded(self.checkpoint_path, model=model, optimizer=optimizer,
@@ -418,7 +416,7 @@ class Trainer:
         """(global state, this rank's state) of the checkpoint; model and optimizer loaded."""
         fields, model, optimizer = self._fingerprint_fields(), self.raw_model, self.optimizer
         if self.config.checkpoint_format == "sharded":
-            from minifloat.sharded_checkpoint import load_sharded
+            from minifloat.train.sharded_checkpoint import load_sharded
 
             return load_sharded(self.checkpoint_path, model=model, optimizer=optimizer,
                                 fields=fields)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Tests for minifloat.stability: step guard, embedding-gradient shrink, z-loss."""
+"""Tests for minifloat.train.stability: step guard, embedding-gradient shrink, z-loss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from minifloat.stability import (
+from minifloat.train.stability import (
     StepGuard,
     StepGuardConfig,
     attach_embedding_grad_shrink,
@@ -126,8 +126,8 @@ def test_z_loss_value_and_upcast() -> None:
 
 @pytest.mark.parametrize("grad_norm_spike_k", [None, 4.0])
 def test_train_config_reaches_the_trainers_guard(tmp_path, dataset, grad_norm_spike_k) -> None:
-    from minifloat.train import Trainer
-    from minifloat.train_config import TrainConfig
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer
 
     changes = {} if grad_norm_spike_k is None else {"grad_norm_spike_k": grad_norm_spike_k}
     config = TrainConfig(

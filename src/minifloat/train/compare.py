@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minifloat.train import TrainResult, check_names, load_dataset, train
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.trainer import TrainResult, check_names, load_dataset, train
 
 __all__ = ["CompareResult", "compare", "markdown_table", "plot_losses"]
 

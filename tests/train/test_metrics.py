@@ -1,4 +1,4 @@
-"""Tests for minifloat.metrics: the JSONL log, MFU and the plain progress display."""
+"""Tests for minifloat.train.metrics: the JSONL log, MFU and the plain progress display."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minifloat.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
+from minifloat.train.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
 
 
 def _steps(path: Path) -> list[int]:

@@ -1,4 +1,4 @@
-"""minifloat.sharded_checkpoint on CPU: the trainer under FSDP2 on 2 gloo processes.
+"""minifloat.train.sharded_checkpoint on CPU: the trainer under FSDP2 on 2 gloo processes.
 
 Each test spawns the two ranks once and runs several short trainings inside them (a model of
 one layer of width 32, 4 steps): exact resume for torch's and minifloat's AdamW and for the
@@ -18,14 +18,14 @@ import pytest
 import torch.distributed as dist
 
 from gloo_ranks import WORLD, spawn
-from minifloat.checkpoint import CheckpointError, content_digest
-from minifloat.sharded_checkpoint import (
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.integrity import CheckpointError, content_digest
+from minifloat.train.sharded_checkpoint import (
     MANIFEST_NAME,
     check_manifest,
     read_manifest,
     verify_files,
 )
-from minifloat.train_config import ConfigError, TrainConfig
 
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
 # (recipe, optimizer states): torch AdamW through DCP; minifloat AdamW (bf16 master-less params
@@ -51,13 +51,13 @@ def _config(root: str, name: str, rank: int, **changes) -> TrainConfig:
 
 
 def _dataset(config: TrainConfig):  # noqa: ANN202
-    from minifloat.train import load_dataset
+    from minifloat.train.trainer import load_dataset
 
     return load_dataset(config, progress=False)
 
 
 def _train(config: TrainConfig, dataset, **changes):  # noqa: ANN001, ANN202
-    from minifloat.train import train
+    from minifloat.train.trainer import train
 
     return train(dataclasses.replace(config, **changes), dataset=dataset, progress=False)
 

@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train_config(args: argparse.Namespace) -> Any:
     """TrainConfig from defaults (or, on resume, the checkpoint's) < TOML file < flags."""
-    from minifloat.train_config import TrainConfig
+    from minifloat.train.config import TrainConfig
 
     values = _explicit_values(args)
     if args.command == "train" and values.get("resume") is True:
@@ -216,7 +216,7 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave: the TOML file's, then the flags' on top."""
-    from minifloat.train_config import ConfigError
+    from minifloat.train.config import ConfigError
 
     values: dict[str, Any] = {}
     if args.config is not None:
@@ -261,9 +261,13 @@ def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
 
     A setting given now that changes the trajectory still fails the fingerprint check on load.
     """
-    from minifloat.checkpoint import CheckpointError, read_stored_config
-    from minifloat.train import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
-    from minifloat.train_config import TrainConfig
+    from minifloat.train.checkpointer import (
+        CHECKPOINT_NAME,
+        SHARDED_CHECKPOINT_NAME,
+        read_stored_config,
+    )
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.integrity import CheckpointError
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     out_dir, fmt = values.get("out_dir", fields["out_dir"].default), values.get("checkpoint_format")
@@ -295,7 +299,7 @@ def _progress(args: argparse.Namespace) -> bool | str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from minifloat.train import train
+    from minifloat.train.trainer import train
 
     config = _train_config(args)
     result = train(config, progress=_progress(args))
@@ -311,7 +315,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from minifloat.compare import compare
+    from minifloat.train.compare import compare
 
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     config = _train_config(args)
@@ -325,7 +329,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from minifloat.run_export import export_run
+    from minifloat.train.export import export_run
 
     dtype = getattr(torch, args.dtype)
     exported = export_run(args.run_dir, args.dest_dir, dtype=dtype,
@@ -396,7 +400,7 @@ def _cmd_data_info(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``minifloat`` console script and ``python -m minifloat``."""
-    from minifloat.checkpoint import CheckpointError
+    from minifloat.train.checkpoint import CheckpointError
 
     args = build_parser().parse_args(argv)
     try:

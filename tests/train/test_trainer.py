@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minifloat.checkpoint import CheckpointError
-from minifloat.train import Trainer, train
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.checkpoint import CheckpointError
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.trainer import Trainer, train
 
 # One layer of width 32 at seq_len 32: a few milliseconds per step on a CPU.
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from minifloat.checkpoint import CheckpointError, load_checkpoint
 from minifloat.errors import first_line
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.checkpoint import CheckpointError, load_checkpoint
+from minifloat.train.config import ConfigError, TrainConfig
 
 __all__ = ["ExportedRun", "export_run"]
 
@@ -34,7 +34,7 @@ class ExportedRun:
 
 
 def _checkpoint_of(run_dir: Path) -> Path:
-    from minifloat.train import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
+    from minifloat.train.checkpointer import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
 
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory {run_dir} does not exist")
@@ -66,7 +66,7 @@ def export_run(
     :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint.
     """
     from minifloat.models import Llama, export_hf
-    from minifloat.train_model import model_config
+    from minifloat.train.model import model_config
 
     path = _checkpoint_of(Path(run_dir))
     state = load_checkpoint(path)
@@ -87,7 +87,7 @@ def export_run(
         )
     tokenizer = None
     if with_tokenizer:
-        from minifloat.train import load_dataset
+        from minifloat.train.trainer import load_dataset
 
         tokenizer = load_dataset(config, progress=False).tokenizer
     out = export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)

@@ -1,4 +1,4 @@
-"""Tests for minifloat.run_export and `minifloat export`: a trained run as a HF LLaMA."""
+"""Tests for minifloat.train.export and `minifloat export`: a trained run as a HF LLaMA."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minifloat.checkpoint import CheckpointError, load_checkpoint
-from minifloat.cli import main
 from minifloat.models import Llama, get_config
-from minifloat.run_export import export_run
+from minifloat.train.checkpoint import CheckpointError, load_checkpoint
+from minifloat.train.cli import main
+from minifloat.train.export import export_run
 
 SMALL = ["dim=32", "n_layers=2", "n_heads=2", "ffn_dim=64"]
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None

@@ -1,11 +1,11 @@
-"""Tests for minifloat.train_config: settings, their types, model overrides, fingerprints."""
+"""Tests for minifloat.train.config: settings, their types, model overrides, fingerprints."""
 
 from __future__ import annotations
 
 import pytest
 
-from minifloat.stability import StepGuardConfig
-from minifloat.train_config import ConfigError, TrainConfig, check_model_overrides
+from minifloat.train.config import ConfigError, TrainConfig, check_model_overrides
+from minifloat.train.stability import StepGuardConfig
 
 
 @pytest.mark.parametrize(
