@@ -48,10 +48,11 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, environment, gpu_tag  # noqa: E402
 from minifloat.models.llama import PRESETS, get_config  # noqa: E402
+from minifloat.train import train  # noqa: E402
+from minifloat.train.build import load_dataset  # noqa: E402
 from minifloat.train.cli import parse_override  # noqa: E402
 from minifloat.train.config import TrainConfig  # noqa: E402
 from minifloat.train.metrics import peak_flops  # noqa: E402
-from minifloat.train.trainer import load_dataset, train  # noqa: E402
 from scale_out_report import (  # noqa: E402, F401 - re-exported: tests and callers use them here
     BASELINE_RECIPE,
     DONE_NAME,

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from minifloat.train import TrainResult  # noqa: E402
 from minifloat.train.metrics import mfu  # noqa: E402
-from minifloat.train.trainer import TrainResult  # noqa: E402
 
 __all__ = [
     "BASELINE_RECIPE",

@@ -66,10 +66,9 @@ def _imports(path: Path) -> set[str]:
             if isinstance(child, ast.Import):
                 found.update(a.name for a in child.names if a.name.split(".")[0] == "minifloat")
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
-                if child.module.split(".")[0] == "minifloat":
-                    for alias in child.names:  # `from pkg import module` imports the module
-                        full = f"{child.module}.{alias.name}"
-                        found.add(full if full in MODULES else child.module)
+                for alias in child.names if child.module.split(".")[0] == "minifloat" else ():
+                    full = f"{child.module}.{alias.name}"  # `from pkg import module`: the module
+                    found.add(full if full in MODULES else child.module)
             visit(child)
 
     visit(ast.parse(path.read_text(encoding="utf-8")))
@@ -167,7 +166,7 @@ def test_trainer_modules_stay_small() -> None:
         if text.count("\n") > 600:
             long_files.append(name)
         for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                if node.end_lineno - node.lineno + 1 > 80:
-                    long_functions.append(f"{name}.{node.name}")
+            is_function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            if is_function and node.end_lineno - node.lineno + 1 > 80:
+                long_functions.append(f"{name}.{node.name}")
     assert long_files == [] and long_functions == []

@@ -51,7 +51,7 @@ def _config(root: str, name: str, rank: int, **changes) -> TrainConfig:
 
 
 def _dataset(config: TrainConfig):  # noqa: ANN202
-    from minifloat.train.trainer import load_dataset
+    from minifloat.train.build import load_dataset
 
     return load_dataset(config, progress=False)
 

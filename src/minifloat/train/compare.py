@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minifloat.train.build import check_names, load_dataset
 from minifloat.train.config import ConfigError, TrainConfig
-from minifloat.train.trainer import TrainResult, check_names, load_dataset, train
+from minifloat.train.result import TrainResult
+from minifloat.train.trainer import train
 
 __all__ = ["CompareResult", "compare", "markdown_table", "plot_losses"]
 

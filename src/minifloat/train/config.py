@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from minifloat.errors import first_line
+from minifloat.train.config_checks import CHOICES, check_config, check_model_overrides
+from minifloat.train.config_types import check_setting_type
+from minifloat.train.errors import ConfigError
 
 __all__ = [
     "CHOICES",
@@ -25,10 +26,6 @@ __all__ = [
     "check_model_overrides",
     "check_setting_type",
 ]
-
-
-class ConfigError(ValueError):
-    """An invalid training setting (one-line message, shown to CLI users as is)."""
 
 
 # Defaults that depend on the model size. "tiny" is sized so `make demo` (three recipes x 150
@@ -48,13 +45,6 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "vocab_size": 8192,
         "data_max_bytes": 0,
     },
-}
-
-CHOICES: dict[str, tuple[str, ...]] = {
-    "parallel": ("none", "ddp", "fsdp"),
-    "grad_comm": ("fp32", "bf16", "fp8"),
-    "tokenizer": ("bpe", "byte"),
-    "checkpoint_format": ("full", "sharded"),
 }
 
 
@@ -124,50 +114,8 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` for values that cannot work."""
-        if self.data_max_bytes is not None and self.data_max_bytes < 0:
-            raise ConfigError("data-max-bytes must be >= 0 (0: no cap)")
-        for name in ("steps", "tokens", "batch_size", "seq_len", "vocab_size"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be positive, got {value}")
-        if self.steps is not None and self.tokens is not None:
-            raise ConfigError("give either steps or tokens, not both")
-        for name in ("grad_accum", "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
-        for name in ("eval_every", "eval_batches", "ckpt_every", "spike_warmup", "sqnr_every"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be >= 0")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"lr must be positive, got {self.lr}")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ConfigError("warmup-fraction must be in [0, 1)")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError("min-lr-ratio must be in [0, 1]")
-        if not 0.0 < self.embed_grad_shrink <= 1.0:
-            raise ConfigError("embed-grad-shrink must be in (0, 1] (1 disables it)")
-        if self.z_loss < 0 or self.weight_decay < 0 or self.grad_clip < 0:
-            raise ConfigError("z-loss, weight-decay and grad-clip must be >= 0")
-        if self.spike_k < 0 or self.grad_norm_spike_k < 0:
-            raise ConfigError("spike-k and grad-norm-spike-k must be >= 0 (0: off)")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if self.sqnr_every and self.parallel == "fsdp":
-            raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
-        if self.stop_after is not None and self.stop_after < 1:
-            raise ConfigError("stop-after must be at least 1")
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"{name.replace('_', '-')} must be one of {', '.join(allowed)}, "
-                    f"got {getattr(self, name)!r}"
-                )
-        if self.checkpoint_format == "sharded" and self.parallel != "fsdp":
-            raise ConfigError(
-                "checkpoint-format sharded needs parallel=fsdp (other runs hold the whole "
-                "model on every rank: use the full format)"
-            )
+        """Raise :class:`ConfigError` for values that cannot work (config_checks.py)."""
+        check_config(self)
 
     def resolved(self) -> TrainConfig:
         """A copy with every None default filled in from :data:`MODEL_DEFAULTS`."""
@@ -235,94 +183,3 @@ class TrainConfig:
         fields["total_steps"] = cfg.total_steps(world_size)
         fields["world_size"] = world_size
         return fields
-
-
-class _WrongType(Exception):
-    """Internal: a value does not fit a type annotation."""
-
-
-_TYPE_WORDS: dict[Any, str] = {
-    bool: "true or false",
-    int: "an integer",
-    float: "a number",
-    str: "a string",
-}
-
-
-def _describe(annotation: Any) -> str:
-    """Words for the values ``annotation`` admits, as a user writes them (None is not)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args if a is not type(None))
-    if origin is tuple:
-        return f"a list of {len(args)} numbers"
-    if origin in (Mapping, dict):
-        return "a table of KEY = VALUE"
-    return _TYPE_WORDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
-
-
-def _coerce(value: Any, annotation: Any) -> Any:
-    """``value`` as ``annotation`` admits it, or raise _WrongType."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if annotation is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is not type(None):
-                try:
-                    return _coerce(value, arg)
-                except _WrongType:
-                    pass
-        raise _WrongType
-    if annotation is bool and isinstance(value, bool):
-        return value
-    if isinstance(value, bool):  # True is an int to Python, but not a count or a rate
-        raise _WrongType
-    if annotation is int:
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)  # TOML writes 2e9 as a float
-        raise _WrongType
-    if annotation is float and isinstance(value, int | float):
-        return float(value)
-    if annotation is str and isinstance(value, str):
-        return value
-    if origin is tuple and isinstance(value, list | tuple) and len(value) == len(args):
-        return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
-    mapping = origin in (Mapping, dict) and isinstance(value, Mapping)
-    if mapping and all(isinstance(k, str) for k in value):
-        return dict(value)
-    raise _WrongType
-
-
-def check_setting_type(name: str, value: Any, annotation: Any) -> Any:
-    """Return ``value`` converted to the type ``annotation`` names (an integral float to int,
-    an int to float); raise :class:`ConfigError` "NAME must be TYPE, got VALUE" otherwise."""
-    try:
-        return _coerce(value, annotation)
-    except _WrongType:
-        raise ConfigError(f"{name} must be {_describe(annotation)}, got {value!r}") from None
-
-
-def check_model_overrides(model: str, overrides: Mapping[str, Any]) -> None:
-    """Raise :class:`ConfigError` unless preset ``model`` accepts ``overrides``.
-
-    Checks each key is a ``LlamaConfig`` field and each value has its type, then builds the
-    config so shape rules (e.g. ``dim`` divisible by ``n_heads``) fail here, before any data work.
-    """
-    from minifloat.models.llama import LlamaConfig, get_config
-
-    hints = typing.get_type_hints(LlamaConfig)
-    valid = [f.name for f in dataclasses.fields(LlamaConfig)]
-    for key, value in overrides.items():
-        if key not in valid:
-            raise ConfigError(f"unknown model override {key!r}; valid keys: {', '.join(valid)}")
-        check_setting_type(f"model override {key}", value, hints[key])
-    try:
-        get_config(model, **overrides)
-    except (TypeError, ValueError) as exc:
-        reason = first_line(exc)
-        raise ConfigError(f"model {model!r} does not accept these overrides: {reason}") from None

@@ -87,7 +87,7 @@ def export_run(
         )
     tokenizer = None
     if with_tokenizer:
-        from minifloat.train.trainer import load_dataset
+        from minifloat.train.build import load_dataset
 
         tokenizer = load_dataset(config, progress=False).tokenizer
     out = export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from minifloat.errors import first_line
+from minifloat.train.errors import CheckpointError
 
 __all__ = [
     "CheckpointError",
@@ -27,10 +28,6 @@ __all__ = [
     "fsync_dir",
     "read_torch_file",
 ]
-
-
-class CheckpointError(Exception):
-    """A checkpoint is missing, unreadable, corrupt, or does not match the current run."""
 
 
 def fingerprint(fields: Mapping[str, Any]) -> str:

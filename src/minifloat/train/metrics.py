@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PEAK_FLOPS", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
+__all__ = ["PEAK_FLOPS", "LogWindow", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
 
 # Dense bf16 tensor-core peak (FLOP/s, no sparsity) by GPU name substring. MFU is always reported
 # against this bf16 peak, also for fp8/fp4 recipes, so numbers compare across recipes.
@@ -53,6 +53,39 @@ def mfu(
     if peak is None or peak <= 0:
         return None
     return flops_per_token * tokens_per_s / (peak * devices)
+
+
+class LogWindow:
+    """The steps since the last record: a record reports their mean loss and their speed.
+
+    ``tokens_per_step`` counts every rank's tokens; MFU is reported against ``devices`` times
+    the ``peak`` of one device (None where the peak is unknown).
+    """
+
+    def __init__(
+        self, *, tokens_per_step: int, flops_per_token: float, peak: float | None, devices: int
+    ) -> None:
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak, self.devices = peak, devices
+        self._steps: list[tuple[float, float]] = []
+
+    def add(self, loss: float, seconds: float) -> None:
+        """Count one step of ``loss`` that took ``seconds``."""
+        self._steps.append((loss, seconds))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def flush(self) -> dict[str, Any]:
+        """``loss``, ``tokens_per_s`` and ``mfu`` over the steps added since the last flush."""
+        losses, times = zip(*self._steps, strict=True)
+        self._steps = []
+        tokens_per_s = self.tokens_per_step * len(times) / max(sum(times), 1e-9)
+        return {
+            "loss": sum(losses) / len(losses),
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, devices=self.devices),
+        }
 
 
 class MetricsLogger:
