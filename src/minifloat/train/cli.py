@@ -118,6 +118,11 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("--sqnr-every", "sqnr_every", {"type": int, "help": "per-layer SQNR every N steps (0: off)"}),
+    (
+        "--max-skip-fraction",
+        "max_skip_fraction",
+        {"type": float, "help": "fail the run when more of its steps were skipped (default 0.5)"},
+    ),
 ]
 
 
@@ -126,6 +131,21 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
     for flag, dest, kwargs in _SHARED_FLAGS:
         parser.add_argument(flag, dest=dest, default=None, **kwargs)
     parser.add_argument("--compile", dest="compile", action="store_true", default=None)
+    parser.add_argument(
+        "--no-weight-guard",
+        dest="weight_guard",
+        action="store_false",
+        default=None,
+        help="do not refuse updates that make a weight non-finite (saves a copy of the weights "
+        "and optimizer state per step)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        dest="overwrite",
+        action="store_true",
+        default=None,
+        help="replace the run already in --out (its metrics and checkpoints)",
+    )
     parser.add_argument(
         "--model-override",
         dest="model_overrides",
@@ -148,7 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared(p_train)
     p_train.add_argument("--out", dest="out_dir", default=None, help="run directory")
     p_train.add_argument("--resume", dest="resume", action="store_true", default=None)
-    p_train.add_argument("--ckpt-every", dest="ckpt_every", type=int, default=None)
+    p_train.add_argument(
+        "--ckpt-every",
+        dest="ckpt_every",
+        type=int,
+        default=None,
+        help="steps between checkpoints (default 500; 0: only at the end)",
+    )
+    p_train.add_argument("--keep-checkpoints", dest="keep_checkpoints", type=int, default=None,
+                         help="how many of the newest checkpoints to keep (default 2)")  # fmt: skip
     p_train.add_argument(
         "--ckpt-format",
         dest="checkpoint_format",
@@ -232,7 +260,7 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
         values.pop("tokens", None)
     flags = [dest for _, dest, _ in _SHARED_FLAGS]
     flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
-    flags += ["checkpoint_format"]
+    flags += ["checkpoint_format", "keep_checkpoints", "overwrite", "weight_guard"]
     for dest in flags:
         value = getattr(args, dest, None)
         if value is not None:
@@ -253,7 +281,7 @@ def _merged(base: Any, extra: Any) -> Any:
 
 
 # Stored settings a resume does not take over: the current command decides these.
-_NOT_RESUMED = ("resume", "stop_after")
+_NOT_RESUMED = ("resume", "stop_after", "overwrite")
 
 
 def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:

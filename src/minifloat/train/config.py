@@ -14,7 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from minifloat.train.config_checks import CHOICES, check_config, check_model_overrides
+from minifloat.train.config_checks import (
+    CHOICES,
+    check_config,
+    check_model_overrides,
+    normalize_model_overrides,
+)
 from minifloat.train.config_types import check_setting_type
 from minifloat.train.errors import ConfigError
 
@@ -99,18 +104,29 @@ class TrainConfig:
     eval_batches: int = 4  # 0: no validation at all (not even at the end)
     log_every: int = 10
     sqnr_every: int = 0  # per-layer quantization SQNR every N steps (0: off; diagnostics.py)
-    ckpt_every: int = 0
+    # Checkpoints every N steps (0: only at the end, at --stop-after and on SIGINT/SIGTERM); 500
+    # is torchtitan's default interval.
+    ckpt_every: int = 500
+    keep_checkpoints: int = 2  # the newest N; resume falls back to an older one if one is damaged
     # "full": one file gathered to rank 0; "sharded" (FSDP only): one shard per rank, in a
     # directory (sharded_checkpoint.py), for models whose full state is too big to gather.
     checkpoint_format: str = "full"
     save_checkpoints: bool = True
     out_dir: str = "runs/train"
     resume: bool = False
+    overwrite: bool = False  # a new run may replace the run already in out_dir
     stop_after: int | None = None
+    # Fail the run (after its last checkpoint) when more than this fraction of its steps were
+    # skipped: such a run made no progress, whatever its exit status would otherwise say.
+    max_skip_fraction: float = 0.5
+    # Refuse (skip and count) an update that makes any weight non-finite; costs one copy of the
+    # weights and optimizer state per step (trainer.py, WeightGuard).
+    weight_guard: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
-        object.__setattr__(self, "model_overrides", dict(self.model_overrides))
+        overrides = normalize_model_overrides(self.model_overrides)
+        object.__setattr__(self, "model_overrides", overrides)
         self.validate()
 
     def validate(self) -> None:
@@ -173,7 +189,8 @@ class TrainConfig:
         skip = {
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
-            "sqnr_every", "checkpoint_format",
+            "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
+            "weight_guard",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.

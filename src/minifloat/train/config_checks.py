@@ -6,7 +6,9 @@ and what it accepts. ``check_model_overrides`` checks ``--model-override`` again
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
 import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from minifloat.train.errors import ConfigError
 if TYPE_CHECKING:
     from minifloat.train.config import TrainConfig
 
-__all__ = ["CHOICES", "check_config", "check_model_overrides"]
+__all__ = ["CHOICES", "check_config", "check_model_overrides", "normalize_model_overrides"]
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "parallel": ("none", "ddp", "fsdp"),
@@ -51,26 +53,53 @@ def _check_sizes(cfg: TrainConfig) -> None:
         raise ConfigError("stop-after must be at least 1")
 
 
+def _number(cfg: TrainConfig, name: str, *, low: float, high: float = math.inf,
+            low_open: bool = False, note: str = "") -> None:  # fmt: skip
+    """``name`` must be a finite number in [low, high] (or (low, high] when ``low_open``):
+    NaN and infinity pass no comparison a rule could make, so they are refused by name."""
+    value = getattr(cfg, name)
+    above = value > low if low_open else value >= low
+    if math.isfinite(value) and above and value <= high:
+        return
+    if high < math.inf:
+        where = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+    else:
+        where = ("positive" if low == 0 else f"> {low:g}") if low_open else f">= {low:g}"
+    raise ConfigError(f"{_flag(name)} must be {where} and finite{note}, got {value}")
+
+
 def _check_optimizer(cfg: TrainConfig) -> None:
-    if cfg.lr is not None and not cfg.lr > 0:
-        raise ConfigError(f"lr must be positive, got {cfg.lr}")
-    if not 0.0 <= cfg.warmup_fraction < 1.0:
-        raise ConfigError("warmup-fraction must be in [0, 1)")
-    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        raise ConfigError("min-lr-ratio must be in [0, 1]")
-    if cfg.weight_decay < 0 or cfg.grad_clip < 0:
-        raise ConfigError("z-loss, weight-decay and grad-clip must be >= 0")
+    if cfg.lr is not None:
+        _number(cfg, "lr", low=0.0, low_open=True)
+    if not (math.isfinite(cfg.warmup_fraction) and 0.0 <= cfg.warmup_fraction < 1.0):
+        raise ConfigError(f"warmup-fraction must be in [0, 1), got {cfg.warmup_fraction}")
+    _number(cfg, "min_lr_ratio", low=0.0, high=1.0)
+    _number(cfg, "weight_decay", low=0.0)
+    _number(cfg, "eps", low=0.0, low_open=True)
+    _number(cfg, "grad_clip", low=0.0, note=" (0: off)")
     if len(cfg.betas) != 2 or not all(0.0 <= b < 1.0 for b in cfg.betas):
         raise ConfigError(f"betas must be two numbers in [0, 1), got {cfg.betas}")
+    if cfg.lr is not None and cfg.lr * cfg.weight_decay >= 1.0:
+        # Decoupled weight decay multiplies every matrix by (1 - lr * weight_decay) each step.
+        raise ConfigError(
+            f"lr x weight-decay must be below 1 (AdamW multiplies the weights by "
+            f"1 - lr x weight-decay every step), got {cfg.lr} x {cfg.weight_decay}"
+        )
 
 
 def _check_stability(cfg: TrainConfig) -> None:
-    if not 0.0 < cfg.embed_grad_shrink <= 1.0:
-        raise ConfigError("embed-grad-shrink must be in (0, 1] (1 disables it)")
-    if cfg.z_loss < 0:
-        raise ConfigError("z-loss, weight-decay and grad-clip must be >= 0")
-    if cfg.spike_k < 0 or cfg.grad_norm_spike_k < 0:
-        raise ConfigError("spike-k and grad-norm-spike-k must be >= 0 (0: off)")
+    _number(cfg, "embed_grad_shrink", low=0.0, high=1.0, low_open=True, note=" (1: off)")
+    _number(cfg, "z_loss", low=0.0, note=" (0: off)")
+    _number(cfg, "spike_k", low=0.0, note=" (0: off)")
+    _number(cfg, "grad_norm_spike_k", low=0.0, note=" (0: off)")
+    _number(cfg, "max_skip_fraction", low=0.0, high=1.0)
+
+
+def _check_checkpoints(cfg: TrainConfig) -> None:
+    if cfg.keep_checkpoints < 1:
+        raise ConfigError(f"keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError("give either resume or overwrite, not both")
 
 
 def _check_choices(cfg: TrainConfig) -> None:
@@ -93,7 +122,26 @@ def check_config(cfg: TrainConfig) -> None:
     _check_sizes(cfg)
     _check_optimizer(cfg)
     _check_stability(cfg)
+    _check_checkpoints(cfg)
     _check_choices(cfg)
+
+
+def normalize_model_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` with each value converted to its ``LlamaConfig`` field's type where it
+    fits (``dim=1e3`` becomes the integer 1000, as TOML's ``2e9`` does for counts).
+
+    Unknown keys and values of the wrong type are kept as they are, for
+    :func:`check_model_overrides` to report.
+    """
+    from minifloat.models.llama import LlamaConfig
+
+    hints = typing.get_type_hints(LlamaConfig)
+    out = dict(overrides)
+    for key, value in overrides.items():
+        if key in hints:
+            with contextlib.suppress(ConfigError):
+                out[key] = check_setting_type(key, value, hints[key])
+    return out
 
 
 def check_model_overrides(model: str, overrides: Mapping[str, Any]) -> None:
@@ -111,7 +159,8 @@ def check_model_overrides(model: str, overrides: Mapping[str, Any]) -> None:
             raise ConfigError(f"unknown model override {key!r}; valid keys: {', '.join(valid)}")
         check_setting_type(f"model override {key}", value, hints[key])
     try:
-        get_config(model, **overrides)
-    except (TypeError, ValueError) as exc:
+        get_config(model, **normalize_model_overrides(overrides))
+    # ArithmeticError: a shape rule that divides by a zero field (n_heads=0) is a bad value too.
+    except (TypeError, ValueError, ArithmeticError) as exc:
         reason = first_line(exc)
         raise ConfigError(f"model {model!r} does not accept these overrides: {reason}") from None

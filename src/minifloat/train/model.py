@@ -39,7 +39,14 @@ def model_config(config: TrainConfig, *, vocab_size: int) -> LlamaConfig:
     room for both the preset's and the run's sequence length (RoPE tables are sized by it)."""
     overrides = {"vocab_size": vocab_size, **config.model_overrides}
     overrides.setdefault("max_seq_len", max(PRESETS[config.model].max_seq_len, config.seq_len))
-    return get_config(config.model, **overrides)
+    llama = get_config(config.model, **overrides)
+    if llama.vocab_size < vocab_size:  # token ids >= vocab_size would index past the embedding
+        raise ConfigError(
+            f"model override vocab_size={llama.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary of {vocab_size} tokens: drop the override (the model takes the "
+            "tokenizer's size), or train a BPE tokenizer of at most that size (--vocab-size)"
+        )
+    return llama
 
 
 def deferred_init(config: TrainConfig, runtime: Runtime) -> bool:
