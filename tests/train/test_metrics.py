@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from minifloat.train.errors import RunWarning
 from minifloat.train.metrics import MetricsLogger, ProgressDisplay, mfu, peak_flops
 
 
@@ -27,6 +32,70 @@ def test_new_run_overwrites_and_resume_truncates(tmp_path: Path) -> None:
     assert _steps(tmp_path / "metrics.jsonl") == [2, 4, 6]
     MetricsLogger(tmp_path).close()
     assert _steps(tmp_path / "metrics.jsonl") == []
+
+
+def _write(path: Path, steps: list[int], tail: bytes = b"") -> None:
+    lines = [json.dumps({"step": s, "loss": 1.0}) + "\n" for s in steps]
+    path.write_bytes("".join(lines).encode() + tail)
+
+
+@pytest.mark.parametrize(
+    ("tail", "warns", "expected"),
+    [
+        (b'{"step": 5, "lo', True, [1, 2, 3, 4, 6]),
+        (b"\x00\x00\x00\x00", False, [1, 2, 3, 4, 6]),
+        (b'{"step": 5, "loss": 1.0}', False, [1, 2, 3, 4, 5, 6]),
+    ],
+    ids=["torn record", "NUL padding", "no final newline"],
+)
+def test_a_damaged_last_line_does_not_block_a_resume(
+    tmp_path: Path, tail: bytes, warns: bool, expected: list[int]
+) -> None:
+    """A killed run may leave half a record (or NUL bytes) at the end: resuming drops it (a torn
+    record with a warning) instead of failing with a raw JSON error."""
+    _write(tmp_path / "metrics.jsonl", [1, 2, 3, 4], tail)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logger = MetricsLogger(tmp_path, resume_step=5)
+    assert [w.category for w in caught] == ([RunWarning] if warns else [])
+    assert all("dropped damaged line(s) 5 (not a JSON record)" in str(w.message) for w in caught)
+    logger.log({"step": 6, "loss": 0.5})
+    logger.close()
+    assert _steps(tmp_path / "metrics.jsonl") == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temp file
+
+
+def test_a_damaged_line_inside_the_log_is_dropped_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n<<garbage>>\n{"step": 2}\n[3]\n{"step": 3}\n')
+    with pytest.warns(RunWarning, match="dropped damaged line.* 2, 4 "):
+        MetricsLogger(tmp_path, resume_step=3).close()
+    assert _steps(path) == [1, 2, 3]
+
+
+def test_resuming_with_nothing_to_drop_leaves_the_file_as_it_is(tmp_path: Path) -> None:
+    _write(tmp_path / "metrics.jsonl", [1, 2])
+    inode = (tmp_path / "metrics.jsonl").stat().st_ino
+    MetricsLogger(tmp_path, resume_step=2).close()
+    assert (tmp_path / "metrics.jsonl").stat().st_ino == inode  # appended to, not rewritten
+
+
+def test_a_resumed_run_killed_before_its_first_record_loses_nothing(tmp_path: Path) -> None:
+    """Real SIGKILL right after the logger of a resumed run is created (before any record): the
+    records kept from before the checkpoint must all still be there. (The logger used to reopen
+    the file with "w" and write the kept records into a buffer that the kill threw away.)"""
+    _write(tmp_path / "metrics.jsonl", [1, 2, 3, 4, 5, 6])
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from minifloat.train.metrics import MetricsLogger\n"
+        "logger = MetricsLogger(Path(sys.argv[1]), resume_step=4)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert _steps(tmp_path / "metrics.jsonl") == [1, 2, 3, 4]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 def test_disabled_logger_writes_nothing(tmp_path: Path) -> None:

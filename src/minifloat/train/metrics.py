@@ -10,12 +10,17 @@ run directory) has one JSON object per log step with the keys ``step``, ``loss``
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from minifloat.train.errors import RunWarning
 
 __all__ = ["PEAK_FLOPS", "LogWindow", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
 
@@ -93,7 +98,10 @@ class MetricsLogger:
 
     A new run starts a new file. ``resume_step`` continues an existing file instead, dropping
     records after that step (written after the checkpoint by the interrupted run, which the
-    resumed run will repeat).
+    resumed run will repeat). The kept records are rewritten atomically (temporary file, fsync,
+    rename) and only when something must go, so a resumed run killed before its first record
+    loses nothing already recorded. A line that is not a JSON record (the torn last line of a
+    killed run) is dropped with a :class:`~minifloat.train.errors.RunWarning`.
     """
 
     def __init__(
@@ -106,20 +114,38 @@ class MetricsLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = self._records_until(resume_step) if resume_step is not None else []
-        self._file = self.path.open("w", encoding="utf-8")
-        self._file.writelines(kept)
+        if resume_step is None:
+            self._file = self.path.open("w", encoding="utf-8")
+        else:
+            self._keep_until(resume_step)
+            self._file = self.path.open("a", encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is optional
             return
         self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
 
-    def _records_until(self, step: int) -> list[str]:
+    def _keep_until(self, step: int) -> None:
+        """Drop the records after ``step`` and damaged lines, rewriting the file atomically."""
         if not self.path.is_file():
-            return []
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        return [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+            return
+        raw = self.path.read_bytes()
+        lines = raw.decode("utf-8", errors="replace").splitlines(keepends=True)
+        kept, damaged = [], []
+        for number, line in enumerate(lines, start=1):
+            record = _parse_record(line)
+            if record is None:
+                if line.strip("\x00 \t\r\n"):  # blank and NUL-padded tails are not news
+                    damaged.append(number)
+            elif record["step"] <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        if damaged:
+            which = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+            warnings.warn(f"{self.path}: dropped damaged line(s) {which} (not a JSON record)",
+                          RunWarning, stacklevel=3)  # fmt: skip
+        text = "".join(kept).encode("utf-8")
+        if text != raw:
+            _write_atomically(self.path, text)
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one record (must contain ``step``)."""
@@ -139,6 +165,31 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _parse_record(line: str) -> dict[str, Any] | None:
+    """The JSON record on ``line``, or None if it is not one (an object with an integer step)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("step"), int)
+    return record if ok else None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` through a temporary file in the same directory."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:
