@@ -98,6 +98,24 @@ def _grads(
     return out.detach(), *grads
 
 
+def test_revoke_turns_an_accepted_step_into_a_skipped_one() -> None:
+    guard = StepGuard(StepGuardConfig(warmup_steps=2))
+    for loss in (2.0, 2.1, 2.05):
+        assert not guard.check(loss, 1.0).skip
+    before = guard.state_dict()
+    assert not guard.check(2.02, 1.1).skip
+    decision = guard.revoke("non-finite weights after the update (refused)")
+    assert decision.skip and decision.reason.startswith("non-finite weights")
+    after = guard.state_dict()
+    assert after["loss"] == before["loss"] and after["grad_norm"] == before["grad_norm"]
+    assert guard.skipped == guard.skipped_update == 1
+    with pytest.raises(RuntimeError, match="revoke"):
+        guard.revoke("twice")  # only the step check() just accepted
+    restored = StepGuard()
+    restored.load_state_dict({k: v for k, v in after.items() if k != "skipped_update"})
+    assert restored.skipped_update == 0  # a checkpoint from before the weight guard loads
+
+
 def test_embedding_grad_shrink_scales_only_the_embedding_gradient() -> None:
     model = _tiny_model()
     out_ref, emb_ref, lin_ref = _grads(model, None)
