@@ -145,10 +145,12 @@ def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainCo
         eval_batches=args.eval_batches,
         log_every=1,  # one metrics record per step: the report needs every step's time
         ckpt_every=args.ckpt_every,
+        keep_checkpoints=1,  # 16-81 GB each: the disk holds one (a crash mid-save keeps it)
         checkpoint_format=args.ckpt_format,
         save_checkpoints=not args.no_checkpoint,
         out_dir=str(out),
         resume=start > 0,
+        overwrite=start == 0,  # _chunk_start decided: a new run replaces what a failed one left
         stop_after=stop if stop < total else None,
     )
 

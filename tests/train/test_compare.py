@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from minifloat.train.compare import compare
-from minifloat.train.config import TrainConfig
+from minifloat.train.config import ConfigError, TrainConfig
 
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:
@@ -67,3 +67,10 @@ def test_compare_runs_recipe_variants_by_name(tmp_path: Path) -> None:
     # DGE changes the trajectory but not the first forward.
     losses = {r.recipe: r.losses for r in result.results}
     assert losses[names[2]][0] == losses[names[0]][0] and losses[names[2]] != losses[names[0]]
+
+
+def test_compare_rejects_a_recipe_named_twice(tmp_path: Path) -> None:
+    """`compare bf16,bf16` trained twice into one directory; now refused before any work."""
+    with pytest.raises(ConfigError, match="recipe bf16 is named more than once"):
+        compare(["bf16", "fp32", "bf16"], TrainConfig(), out_dir=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -97,3 +97,23 @@ def test_a_refused_first_step_leaves_the_trajectory_of_a_run_without_it() -> Non
     for a, b in zip(guarded.parameters(), plain.parameters(), strict=True):
         assert torch.equal(a, b)
 
+
+def test_the_trainer_skips_and_counts_a_refused_update(tmp_path: Path, dataset) -> None:
+    from minifloat.train import TrainConfig, Trainer
+
+    config = TrainConfig(recipe="fp32", model="tiny", steps=6, batch_size=2, seq_len=32,
+                         model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+                         eval_batches=0, device="cpu", out_dir=str(tmp_path / "run"))  # fmt: skip
+    trainer = Trainer(config, dataset=dataset, progress=False)
+    try:
+        assert trainer.train_step()["skip_reason"] == ""
+        _damage(trainer.optimizer)
+        params = [p.detach().clone() for p in trainer.raw_model.parameters()]
+        metrics = trainer.train_step()
+        assert metrics["skip_reason"] == "non-finite weights after the update (refused)"
+        assert trainer.guard.skipped == trainer.guard.skipped_update == 1
+        for before, after in zip(params, trainer.raw_model.parameters(), strict=True):
+            assert torch.equal(before, after)
+        assert trainer.guard.state_dict()["skipped_update"] == 1
+    finally:
+        trainer.close()

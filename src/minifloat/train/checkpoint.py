@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from minifloat.train.errors import CheckpointMismatchError
 from minifloat.train.integrity import (
     CheckpointError,
     check_header,
@@ -97,7 +98,7 @@ def load_checkpoint(
     check_header(body, path, fmt=CHECKPOINT_FORMAT, version=CHECKPOINT_VERSION, what="content",
                  not_this_format=_not_minifloat(path))  # fmt: skip
     if fields is not None and body["fingerprint"] != fingerprint(fields):
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {path} was written by a different run "
             f"({describe_mismatch(body['fields'], fields)})"
         )

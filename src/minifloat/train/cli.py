@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import lzma
 import sys
 import tomllib
+import warnings
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -26,6 +28,7 @@ from minifloat.errors import first_line
 __all__ = ["build_parser", "main", "parse_count", "parse_override"]
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -234,9 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train_config(args: argparse.Namespace) -> Any:
     """TrainConfig from defaults (or, on resume, the checkpoint's) < TOML file < flags."""
-    from minifloat.train.config import TrainConfig
+    from minifloat.train.config import ConfigError, TrainConfig
 
     values = _explicit_values(args)
+    if values.get("resume") is True and values.get("overwrite") is True:
+        raise ConfigError("give either resume or overwrite, not both")
     if args.command == "train" and values.get("resume") is True:
         values = _with_stored_settings(values)
     return TrainConfig.from_dict(values)
@@ -292,27 +297,26 @@ def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
     from minifloat.train.checkpointer import (
         CHECKPOINT_NAME,
         SHARDED_CHECKPOINT_NAME,
-        read_stored_config,
+        checkpoint_candidates,
+        read_run_config,
     )
     from minifloat.train.config import TrainConfig
-    from minifloat.train.integrity import CheckpointError
+    from minifloat.train.errors import CheckpointError
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     out_dir, fmt = values.get("out_dir", fields["out_dir"].default), values.get("checkpoint_format")
     if not isinstance(out_dir, str):
         return values  # from_dict reports the wrong type
     out = Path(out_dir)
-    names = {"full": [CHECKPOINT_NAME], "sharded": [SHARDED_CHECKPOINT_NAME]}.get(
-        fmt if isinstance(fmt, str) else "", [CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME]
-    )
-    # A sharded save that crashed between its two renames leaves only the ".old" directory.
-    found = [out / n for n in names if (out / n).exists() or (out / f".{n}.old").is_dir()]
-    if not found:
+    formats = (fmt,) if fmt in ("full", "sharded") else ("full", "sharded")
+    if not any(checkpoint_candidates(out, f) for f in formats):
+        names = {"full": CHECKPOINT_NAME, "sharded": SHARDED_CHECKPOINT_NAME}
         raise CheckpointError(
-            f"--resume: no checkpoint in {out} (looked for {' and '.join(names)}); "
-            "leave out --resume to start a new run"
+            f"--resume: no checkpoint in {out} (looked for "
+            f"{' and '.join(names[f] for f in formats)}); leave out --resume to start a new run"
         )
-    stored = read_stored_config(found[0])
+    # The newest readable one: a damaged newest checkpoint is the trainer's to fall back from.
+    _, stored = read_run_config(out, formats)
     base = {k: v for k, v in stored.items() if k in fields and k not in _NOT_RESUMED}
     if "steps" in values or "tokens" in values:
         base.pop("steps", None)
@@ -426,17 +430,47 @@ def _cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(
+    message: Any, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any
+) -> None:
+    """Warnings about the run as ``minifloat: warning: ...``; others as Python shows them."""
+    from minifloat.train.errors import RunWarning
+
+    if issubclass(category, RunWarning):
+        print(f"minifloat: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``minifloat`` console script and ``python -m minifloat``."""
-    from minifloat.train.checkpoint import CheckpointError
+    """Entry point of the ``minifloat`` console script and ``python -m minifloat``.
+
+    Exit status: 0 done; 2 a user error (bad setting or data, run directory in use or holding
+    another run, a checkpoint that does not fit); 1 a run that failed (too many skipped steps,
+    out of memory); 128 + N a run stopped by signal N (130 SIGINT, 143 SIGTERM), after its
+    checkpoint. Each error is one line; ``--traceback`` shows the Python traceback instead.
+    """
+    from minifloat.train.errors import CheckpointError, RunFailed, TrainingInterrupted
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
+    except TrainingInterrupted as exc:
+        resume = "; continue with --resume" if exc.checkpoint is not None else ""
+        print(f"minifloat: {exc}{resume}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("minifloat: interrupted", file=sys.stderr)
         return 130
-    except (CheckpointError, ValueError, OSError) as exc:
+    except RunFailed as exc:
+        if args.traceback:
+            raise
+        print(f"minifloat: error: {first_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    # EOFError, LZMAError: a truncated compressed corpus (data/ turns these into DataError).
+    except (CheckpointError, ValueError, TypeError, OSError, EOFError, lzma.LZMAError) as exc:
         if args.traceback:
             raise
         print(f"minifloat: error: {first_line(exc)}", file=sys.stderr)

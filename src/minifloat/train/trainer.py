@@ -8,7 +8,13 @@ clipping. Each step:
 2. backward of the (loss-scaled, for fp16) loss, accumulated over ``grad_accum`` micro-batches;
 3. unscale, clip and measure the global gradient norm; the loss scaler and the step guard
    decide whether the update is applied (a skipped step leaves weights and optimizer untouched);
-4. log, evaluate, measure per-layer quantization SQNR and checkpoint on schedule (rank 0 only).
+4. the update itself is refused (skipped, counted) when it makes any weight non-finite;
+5. log, evaluate, measure per-layer quantization SQNR and checkpoint on schedule (rank 0 only).
+
+A run holds its directory exclusively (run_dir.py) and never replaces an earlier run there
+unless told to (``overwrite``); SIGINT/SIGTERM stop it after the current step with a checkpoint
+(signals.py); a run that skipped more than ``max_skip_fraction`` of its steps, or ran out of
+memory, raises :class:`~minifloat.train.errors.RunFailed` with the reason.
 
 Under torchrun the model is wrapped with DDP (plus a gradient-communication hook) or FSDP2; the
 model itself knows nothing about parallelism. The parts are built in :mod:`~minifloat.train.build`
@@ -40,16 +46,33 @@ from minifloat.train.build import (
 from minifloat.train.checkpoint import capture_rng_state, restore_rng_state
 from minifloat.train.checkpointer import Checkpointer
 from minifloat.train.config import TrainConfig
-from minifloat.train.errors import CheckpointError, ConfigError
+from minifloat.train.errors import (
+    CheckpointError,
+    ConfigError,
+    RunDirError,
+    RunFailed,
+    TrainingInterrupted,
+)
 from minifloat.train.evaluate import cross_entropy, eval_batch_size, evaluate
 from minifloat.train.loss_scaler import LossScaler
 from minifloat.train.metrics import LogWindow, MetricsLogger, ProgressDisplay, peak_flops
 from minifloat.train.result import TrainResult, final_loss
-from minifloat.train.runtime import Runtime, mean_across_ranks, seed_everything
+from minifloat.train.run_dir import RunDirectory
+from minifloat.train.runtime import (
+    Runtime,
+    any_rank,
+    broadcast_object,
+    is_out_of_memory,
+    max_across_ranks,
+    mean_across_ranks,
+    seed_everything,
+)
 from minifloat.train.runtime import setup as setup_runtime
 from minifloat.train.schedule import lr_at
+from minifloat.train.signals import StopSignals
 from minifloat.train.stability import StepGuard, StepGuardConfig, z_loss
 from minifloat.train.state import extra_buffers, restore_buffers
+from minifloat.train.weight_guard import WeightGuard
 
 __all__ = ["TrainResult", "Trainer", "train"]
 
@@ -100,11 +123,29 @@ class Trainer:
         self.recipe = recipes.get(self.config.recipe)
         self.runtime: Runtime = setup_runtime(self.config.device)
         self.logger: MetricsLogger | None = None
+        self.run_dir = RunDirectory(Path(self.config.out_dir), resume=self.config.resume,
+                                    overwrite=self.config.overwrite,
+                                    resumable=self.config.save_checkpoints)  # fmt: skip
         try:
+            self._open_run_dir()
             self._setup(dataset, progress, model_transform)
         except BaseException:
+            self.run_dir.close()
             self.runtime.close()
             raise
+
+    def _open_run_dir(self) -> None:
+        """Rank 0 takes the run directory (lock, earlier-run check); every rank learns whether
+        that worked, so all of them stop with the same error if it did not."""
+        error = None
+        if self.runtime.is_main:
+            try:
+                self.run_dir.open()
+            except RunDirError as exc:
+                error = str(exc)
+        error = broadcast_object(error, self.runtime)
+        if error is not None:
+            raise RunDirError(error)
 
     def _setup(self, dataset: Any, progress: bool | str, model_transform: Any) -> None:
         from minifloat.train.model import build_model
@@ -116,11 +157,14 @@ class Trainer:
         seed_everything(cfg.seed)
         self.dataset = dataset if dataset is not None else self._build_dataset()
         vocab_size = self.dataset.tokenizer.vocab_size
-        self.model_config, self.raw_model, self.model = build_model(
-            cfg, self.recipe, runtime, vocab_size=vocab_size, model_transform=model_transform
-        )
+        with self._out_of_memory("building the model"):
+            self.model_config, self.raw_model, self.model = build_model(
+                cfg, self.recipe, runtime, vocab_size=vocab_size, model_transform=model_transform
+            )
         self.num_params = sum(p.numel() for p in self.raw_model.parameters())
         self.optimizer = build_optimizer(cfg, self.raw_model, runtime, lr=self._lr(0))
+        self.weight_guard = WeightGuard(self.raw_model, self.optimizer, enabled=cfg.weight_guard,
+                                        any_rank=lambda flag: any_rank(flag, runtime))  # fmt: skip
         self.scaler = LossScaler(enabled=self.recipe.loss_scaling)
         self.guard = StepGuard(
             StepGuardConfig(
@@ -131,11 +175,13 @@ class Trainer:
         )
         self.iterator = build_iterator(cfg, self.dataset.train_tokens, runtime)
         self.checkpointer = Checkpointer(
-            self.out_dir, fmt=cfg.checkpoint_format, model=self.raw_model,
-            optimizer=self.optimizer, runtime=runtime, fsdp=cfg.parallel == "fsdp",
-            fields=self._fingerprint_fields(),
+            self.out_dir, fmt=cfg.checkpoint_format, keep=cfg.keep_checkpoints,
+            model=self.raw_model, optimizer=self.optimizer, runtime=runtime,
+            fsdp=cfg.parallel == "fsdp", fields=self._fingerprint_fields(),
         )  # fmt: skip
         self.step = 0
+        self.saved_step: int | None = None  # the step of the newest checkpoint
+        self.last_skip_reason = ""
         self.losses: list[float] = []
         self.val_losses: list[tuple[int, float]] = []
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * runtime.world_size
@@ -159,6 +205,29 @@ class Trainer:
             warmup_fraction=cfg.warmup_fraction,
             min_lr_ratio=cfg.min_lr_ratio,
         )
+
+    @contextlib.contextmanager
+    def _out_of_memory(self, where: str) -> Any:
+        """Turn running out of memory into a one-line RunFailed naming what to lower."""
+        try:
+            yield
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            cfg, device = self.config, self.runtime.device
+            if where == "building the model":
+                lower = "use a smaller --model (or --model-override dim/n_layers)"
+            else:
+                lower = (
+                    f"lower --batch-size (now {cfg.batch_size}; raise --grad-accum, now "
+                    f"{cfg.grad_accum}, to keep the tokens per step) or --seq-len (now "
+                    f"{cfg.seq_len}), or use a smaller --model"
+                )
+            reason = first_line(exc)[:120]
+            raise RunFailed(
+                f"out of memory {where} on {device} ({reason}): {lower}; --optim-states lean "
+                "or --parallel fsdp also save memory"
+            ) from exc
 
     def _fingerprint_fields(self) -> dict[str, Any]:
         fields = self.config.trajectory_fields(self.runtime.world_size)
@@ -209,11 +278,12 @@ class Trainer:
         loss = float(loss_t)
         self.scaler.update(found_inf=not math.isfinite(grad_norm))
         decision = self.guard.check(loss, grad_norm)
-        if not decision.skip:
-            self.optimizer.step()
+        if not decision.skip and not self.weight_guard.step():
+            decision = self.guard.revoke("non-finite weights after the update (refused)")
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.losses.append(loss)
+        self.last_skip_reason = decision.reason or self.last_skip_reason
         return {"loss": loss, "lr": lr, "grad_norm": grad_norm, "skip_reason": decision.reason}
 
     # ---- checkpoints --------------------------------------------------------------------------
@@ -238,7 +308,9 @@ class Trainer:
             "rng": capture_rng_state(),
             "buffers": extra_buffers(self.raw_model),
         }
-        return self.checkpointer.save(state, local)
+        path = self.checkpointer.save(state, local)
+        self.saved_step = self.step
+        return path
 
     def resume(self) -> None:
         """Restore the state saved in ``out_dir``; raises CheckpointError on any mismatch."""
@@ -253,7 +325,7 @@ class Trainer:
             raise CheckpointError(
                 f"checkpoint {self.checkpoint_path} does not fit this run ({first_line(exc)})"
             ) from exc
-        self.step = int(state["step"])
+        self.step = self.saved_step = int(state["step"])
         self.losses = [float(v) for v in state["losses"]]
         self.val_losses = [(int(s), float(v)) for s, v in state["val_losses"]]
 
@@ -304,41 +376,79 @@ class Trainer:
         display = ProgressDisplay(self.total_steps, mode=self.progress_mode,
                                   label=self.recipe.name, print_every=cfg.log_every)  # fmt: skip
         try:
-            step_times = self._loop(stop, display)
+            with StopSignals() as signals:
+                step_times = self._loop(stop, display, signals)
         finally:
             display.close()
-        return self._finish(step_times)
+        result = self._finish(step_times)
+        self._check_progress(result)
+        return result
 
-    def _loop(self, stop: int, display: ProgressDisplay) -> list[float]:
-        """Steps until ``stop``; returns the seconds each step took (evaluation excluded)."""
-        cfg = self.config
+    def _check_progress(self, result: TrainResult) -> None:
+        """Raise RunFailed (the checkpoint and metrics already written) when more than
+        ``max_skip_fraction`` of the run's steps were skipped: such a run made no progress."""
+        skipped, fraction = self.guard.skipped, self.config.max_skip_fraction
+        if self.step and skipped > fraction * self.step:
+            raise RunFailed(
+                f"{skipped} of {self.step} steps were skipped ({100 * skipped / self.step:.0f} % "
+                f"> max-skip-fraction {fraction:g}): the run made no progress (last reason: "
+                f"{self.last_skip_reason}); see {result.metrics_path}",
+                result=result,
+            )
+
+    def _loop(self, stop: int, display: ProgressDisplay, signals: StopSignals) -> list[float]:
+        """Steps until ``stop``; returns the seconds each step took (evaluation excluded).
+        A SIGINT/SIGTERM ends the loop after the current step with a checkpoint."""
         window = LogWindow(
             tokens_per_step=self.tokens_per_step,
-            flops_per_token=self.model_config.flops_per_token(cfg.seq_len),
+            flops_per_token=self.model_config.flops_per_token(self.config.seq_len),
             peak=peak_flops(self.runtime.device),
             devices=self.runtime.world_size,
         )
         step_times: list[float] = []
         while self.step < stop:
             started = time.perf_counter()
-            metrics = self.train_step()
+            with self._out_of_memory(f"in step {self.step + 1}"):
+                metrics = self.train_step()
             elapsed = time.perf_counter() - started
             step_times.append(elapsed)
             window.add(metrics["loss"], elapsed)
-            record = self._record(metrics, elapsed)
-            if cfg.eval_batches and (self._due(cfg.eval_every) or self.step == self.total_steps):
-                record["val_loss"] = self._evaluate()
-            must_log = "val_loss" in record or "skip_reason" in record or self.step == stop
-            if must_log or self._due(cfg.log_every):
-                record.update(window.flush())
-                self.logger.log({k: v for k, v in record.items() if v is not None})
-            display.update(self.step, _display_fields(record), force="val_loss" in record)
-            last = cfg.sqnr_every and self.step == self.total_steps
-            if self.runtime.is_main and (self._due(cfg.sqnr_every) or last):
-                self._log_layer_sqnr()
-            if cfg.save_checkpoints and (self._due(cfg.ckpt_every) or self.step == stop):
-                self.save()
+            # Every rank stops at the same step, whichever of them got the signal.
+            signum = int(max_across_ranks(signals.received or 0, self.runtime))
+            self._after_step(metrics, elapsed, stop=stop, stopping=signum > 0, window=window,
+                             display=display)  # fmt: skip
+            if signum:
+                saved = self.checkpoint_path if self.config.save_checkpoints else None
+                raise TrainingInterrupted(signum, self.step, saved)
         return step_times
+
+    def _after_step(
+        self,
+        metrics: dict[str, Any],
+        elapsed: float,
+        *,
+        stop: int,
+        stopping: bool,
+        window: LogWindow,
+        display: ProgressDisplay,
+    ) -> None:
+        """Evaluate, log, measure and checkpoint as the schedule (or a stop) asks."""
+        cfg = self.config
+        save = cfg.save_checkpoints and (self._due(cfg.ckpt_every) or self.step == stop or stopping)
+        record = self._record(metrics, elapsed)
+        if cfg.eval_batches and (self._due(cfg.eval_every) or self.step == self.total_steps):
+            record["val_loss"] = self._evaluate()
+        # A record at every checkpoint: a resume from it then loses no logged step.
+        must_log = "val_loss" in record or "skip_reason" in record or self.step == stop
+        if must_log or save or stopping or self._due(cfg.log_every):
+            record.update(window.flush())
+            self.logger.log({k: v for k, v in record.items() if v is not None})
+        display.update(self.step, _display_fields(record), force="val_loss" in record)
+        last = cfg.sqnr_every and self.step == self.total_steps
+        if self.runtime.is_main and (self._due(cfg.sqnr_every) or last):
+            self._log_layer_sqnr()
+        if save and self.saved_step != self.step:
+            self.save()
 
     def _record(self, metrics: dict[str, Any], elapsed: float) -> dict[str, Any]:
         """The metrics record of the step just taken (before evaluation and averaging)."""
@@ -382,8 +492,10 @@ class Trainer:
         )
 
     def close(self) -> None:
+        """Close the metrics log, release the run directory and leave the process group."""
         if self.logger is not None:
             self.logger.close()
+        self.run_dir.close()
         self.runtime.close()
 
 
