@@ -104,7 +104,8 @@ def _expect_error(fn, match: str) -> str:  # noqa: ANN001
 
 
 def _errors_worker(rank: int, root: str) -> None:
-    config = _config(root, "run", rank, steps=6)
+    # One checkpoint kept: every damage below must be an error, with no older one to fall back to.
+    config = _config(root, "run", rank, steps=6, keep_checkpoints=1)
     dataset = _dataset(config)
     ckpt = Path(config.out_dir) / "checkpoint.dcp"
     stale = ckpt.parent / ".checkpoint.dcp.tmp"
@@ -168,6 +169,20 @@ def _errors_worker(rank: int, root: str) -> None:
     dist.barrier()
     _expect_error(resume, "rank00001.pt is not in the manifest")
     dist.barrier()
+
+    # With two kept (the default), a corrupt newest checkpoint falls back to the one before
+    # (every rank to the same one) and the run still ends exactly as the uninterrupted one.
+    config = _config(root, "fallback", rank, steps=6, ckpt_every=2)
+    _train(config, dataset, stop_after=4)
+    newest = Path(config.out_dir) / "checkpoint.dcp"
+    assert (newest.parent / "checkpoint.1.dcp").is_dir()
+    if rank == 0:
+        shard = newest / "__0_0.distcp"
+        flipped = bytearray(shard.read_bytes())
+        flipped[len(flipped) // 2] ^= 0x01
+        shard.write_bytes(bytes(flipped))
+    dist.barrier()
+    assert _train(config, dataset, resume=True).losses == reference.losses
 
 
 @pytest.mark.slow

@@ -171,7 +171,7 @@ class Trainer:
                 spike_k=cfg.spike_k,
                 grad_norm_spike_k=cfg.grad_norm_spike_k,
                 warmup_steps=cfg.spike_warmup,
-            )  # fmt: skip
+            )
         )
         self.iterator = build_iterator(cfg, self.dataset.train_tokens, runtime)
         self.checkpointer = Checkpointer(
