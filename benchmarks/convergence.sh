@@ -144,7 +144,8 @@ chunk() {
     --eval-every "$(g "$grp" EVAL)"
     --eval-batches 20 --log-every "$(g "$grp" LOG)" --sqnr-every "$(g "$grp" SQNR)"
     --ckpt-every "$every" --stop-after "$stop" --out "$dir" --quiet)
-  [ -f "$dir/checkpoint.pt" ] && args+=(--resume)
+  # No checkpoint yet (a new run, or a chunk cut before its first save): start (again) afresh.
+  if [ -f "$dir/checkpoint.pt" ]; then args+=(--resume); else args+=(--overwrite); fi
   local launch=("$PY" -m minifloat)
   if [ "$NPROC" -gt 1 ]; then
     launch=("$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m minifloat)
@@ -175,7 +176,7 @@ pack() {
   { [ -f "$DONE_FILE" ] && cat "$DONE_FILE"
     (cd "$RUNS" && find . -name DONE | sed 's|^\./||; s|/DONE$||'); } |
     sort -u >"$OUT/issue8_done.txt"
-  tar czf "$OUT/issue8_runs.tar.gz" -C "$RUNS" --exclude=checkpoint.pt --exclude='.checkpoint*' \
+  tar czf "$OUT/issue8_runs.tar.gz" -C "$RUNS" --exclude='checkpoint*.pt' --exclude='.checkpoint*' \
     --exclude=tensorboard .
   status | tee "$OUT/issue8_status.txt"
 }

@@ -13,8 +13,8 @@ the run's checkpoint and stops after ``--chunk-steps`` more steps (0: the whole 
     python benchmarks/scale_out.py report --runs runs/scale_out      # -> benchmarks/results/
 
 ``--ckpt-format sharded`` makes every rank save and load only its own FSDP shards (a
-``checkpoint.dcp`` directory; minifloat.sharded_checkpoint) instead of gathering the full state
-to rank 0: the format that lets 7B runs be split into chunks.
+``checkpoint.dcp`` directory; minifloat.train.sharded_checkpoint) instead of gathering the full
+state to rank 0: the format that lets 7B runs be split into chunks.
 
 Recipes: any minifloat recipe, or ``torchao-float8-tensorwise``: minifloat's ``bf16`` plus
 torchao's float8 training layers swapped in through the trainer's ``model_transform`` hook (torchao
@@ -47,11 +47,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, environment, gpu_tag  # noqa: E402
-from minifloat.cli import parse_override  # noqa: E402
-from minifloat.metrics import peak_flops  # noqa: E402
 from minifloat.models.llama import PRESETS, get_config  # noqa: E402
-from minifloat.train import load_dataset, train  # noqa: E402
-from minifloat.train_config import TrainConfig  # noqa: E402
+from minifloat.train import train  # noqa: E402
+from minifloat.train.build import load_dataset  # noqa: E402
+from minifloat.train.cli import parse_override  # noqa: E402
+from minifloat.train.config import TrainConfig  # noqa: E402
+from minifloat.train.metrics import peak_flops  # noqa: E402
 from scale_out_report import (  # noqa: E402, F401 - re-exported: tests and callers use them here
     BASELINE_RECIPE,
     DONE_NAME,
@@ -144,10 +145,12 @@ def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainCo
         eval_batches=args.eval_batches,
         log_every=1,  # one metrics record per step: the report needs every step's time
         ckpt_every=args.ckpt_every,
+        keep_checkpoints=1,  # 16-81 GB each: the disk holds one (a crash mid-save keeps it)
         checkpoint_format=args.ckpt_format,
         save_checkpoints=not args.no_checkpoint,
         out_dir=str(out),
         resume=start > 0,
+        overwrite=start == 0,  # _chunk_start decided: a new run replaces what a failed one left
         stop_after=stop if stop < total else None,
     )
 
@@ -157,7 +160,7 @@ def _checkpoint_step(path: Path) -> int:
     sharded: the manifest)."""
     try:
         if path.name == SHARDED_NAME:
-            from minifloat.sharded_checkpoint import read_manifest
+            from minifloat.train.sharded_checkpoint import read_manifest
 
             return int(read_manifest(path)["step"])
         body = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

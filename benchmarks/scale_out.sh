@@ -147,12 +147,12 @@ for spec in ${RECIPES//,/ }; do
     fi
   done
   if [ -f "$dir/DONE" ] && [ -z "${KEEP_CKPT:-}" ]; then
-    rm -rf "$dir/checkpoint.pt" "$dir/checkpoint.dcp"  # 16-81 GB; a finished run needs none
+    rm -rf "$dir"/checkpoint*.pt "$dir"/checkpoint*.dcp  # 16-81 GB; a finished run needs none
   fi
 done
 python3 benchmarks/scale_out.py report --runs "$RUNS" --results-dir "$OUT" || status=1
-tar czf "$OUT/scale_out_runs.tgz" --exclude='checkpoint.pt' --exclude='.checkpoint.pt.*' \
-  --exclude='checkpoint.dcp' --exclude='.checkpoint.dcp.*' \
+tar czf "$OUT/scale_out_runs.tgz" --exclude='checkpoint*.pt' --exclude='.checkpoint.pt.*' \
+  --exclude='checkpoint*.dcp' --exclude='.checkpoint.dcp.*' \
   --exclude='tensorboard' -C "$(dirname "$RUNS")" "$(basename "$RUNS")"
 echo "scale_out.sh: job took $((SECONDS - T0)) s"
 exit $status

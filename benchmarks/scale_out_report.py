@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from minifloat.metrics import mfu  # noqa: E402
 from minifloat.train import TrainResult  # noqa: E402
+from minifloat.train.metrics import mfu  # noqa: E402
 
 __all__ = [
     "BASELINE_RECIPE",
@@ -114,7 +114,7 @@ def summarize(run: dict[str, Any], *, rewarm: int) -> dict[str, Any]:
 
 
 def _curve(run: dict[str, Any], record: dict[str, Any]) -> TrainResult:
-    """A TrainResult holding a run's per-step losses, for minifloat.compare.plot_losses."""
+    """A TrainResult holding a run's per-step losses, for minifloat.train.compare.plot_losses."""
     steps = run["steps"]
     losses = tuple(steps[s]["loss"] for s in sorted(steps))
     vals = tuple((s, steps[s]["val_loss"]) for s in sorted(steps) if "val_loss" in steps[s])
@@ -219,7 +219,7 @@ def _markdown(runs: list[dict[str, Any]], records: list[dict[str, Any]], *, rewa
 def write_report(runs_root: Path, results_dir: Path, *, rewarm: int,
                  day: str | None = None) -> tuple[Path, Path, Path]:  # fmt: skip
     """Summarize every run under ``runs_root``; write <stem>.md, .json and .png."""
-    from minifloat.compare import plot_losses
+    from minifloat.train.compare import plot_losses
 
     paths = sorted(p.parent for p in Path(runs_root).glob(f"*/{RECORDS_NAME}"))
     if not paths:

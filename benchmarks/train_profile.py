@@ -26,8 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
-from minifloat.train import Trainer, load_dataset  # noqa: E402
-from minifloat.train_config import TrainConfig  # noqa: E402
+from minifloat.train import Trainer  # noqa: E402
+from minifloat.train.build import load_dataset  # noqa: E402
+from minifloat.train.config import TrainConfig  # noqa: E402
 
 TOP_KERNELS = 8
 

@@ -1,4 +1,4 @@
-"""Tests for minifloat.amp: the dynamic LossScaler and the autocast policy."""
+"""Tests for minifloat.amp: the autocast policy."""
 
 from __future__ import annotations
 
@@ -6,99 +6,7 @@ import pytest
 import torch
 
 from minifloat import recipes
-from minifloat.amp import LossScaler, LossScalerConfig, autocast_context, full_precision
-
-
-def _params_with_grads(*grads: torch.Tensor) -> list[torch.nn.Parameter]:
-    params = []
-    for g in grads:
-        p = torch.nn.Parameter(torch.zeros_like(g))
-        p.grad = g.clone()
-        params.append(p)
-    return params
-
-
-def test_defaults_match_spec() -> None:
-    scaler = LossScaler()
-    assert scaler.scale_value == 2.0**16
-    assert scaler.config.backoff_factor == 0.5
-    assert scaler.config.growth_factor == 2.0
-    assert scaler.config.growth_interval == 2000
-
-
-def test_scale_and_unscale_round_trip() -> None:
-    scaler = LossScaler(LossScalerConfig(init_scale=1024.0))
-    loss = torch.tensor(0.75)
-    assert scaler.scale(loss).item() == 0.75 * 1024
-    params = _params_with_grads(torch.tensor([2048.0, -512.0]))
-    scaler.unscale_(params)
-    assert torch.equal(params[0].grad, torch.tensor([2.0, -0.5]))
-
-
-def test_overflow_backs_off_and_skips() -> None:
-    scaler = LossScaler(LossScalerConfig(init_scale=2.0**16, growth_interval=3))
-    assert scaler.update(found_inf=False) is True
-    assert scaler.update(found_inf=True) is False
-    assert scaler.scale_value == 2.0**15
-    assert scaler.overflows == 1
-    # The clean-step counter restarts after an overflow: 2 clean steps are not enough to grow.
-    scaler.update(found_inf=False)
-    scaler.update(found_inf=False)
-    assert scaler.scale_value == 2.0**15
-
-
-def test_growth_after_interval_of_clean_steps() -> None:
-    scaler = LossScaler(LossScalerConfig(init_scale=8.0, growth_interval=4))
-    for _ in range(3):
-        scaler.update(found_inf=False)
-    assert scaler.scale_value == 8.0
-    scaler.update(found_inf=False)
-    assert scaler.scale_value == 16.0
-
-
-def test_scale_is_bounded() -> None:
-    scaler = LossScaler(LossScalerConfig(init_scale=2.0, min_scale=1.0))
-    for _ in range(5):
-        scaler.update(found_inf=True)
-    assert scaler.scale_value == 1.0
-
-
-def test_real_fp16_overflow_is_detected_through_grad_norm() -> None:
-    """A loss scaled beyond fp16 range gives inf gradients; the scaler then backs off."""
-    scaler = LossScaler(LossScalerConfig(init_scale=2.0**40))
-    w = torch.nn.Parameter(torch.ones(4))
-    x = torch.full((4,), 100.0, dtype=torch.float16)
-    loss = (w.half() * x).float().sum()
-    scaler.scale(loss).backward()
-    scaler.unscale_([w])
-    norm = torch.nn.utils.clip_grad_norm_([w], float("inf"))
-    assert not torch.isfinite(norm)
-    assert scaler.update(found_inf=not bool(torch.isfinite(norm))) is False
-    assert scaler.scale_value == 2.0**39
-
-
-def test_state_dict_round_trip() -> None:
-    a = LossScaler(LossScalerConfig(growth_interval=5))
-    for found in (False, True, False, False):
-        a.update(found_inf=found)
-    b = LossScaler(LossScalerConfig(growth_interval=5))
-    b.load_state_dict(a.state_dict())
-    assert b.state_dict() == a.state_dict()
-    for _ in range(3):  # both grow on the same step
-        assert a.update(found_inf=False) == b.update(found_inf=False)
-        assert a.scale_value == b.scale_value
-    assert a.scale_value == 2.0**16
-
-
-def test_disabled_scaler_is_identity() -> None:
-    scaler = LossScaler(enabled=False)
-    loss = torch.tensor(3.0)
-    assert scaler.scale(loss) is loss
-    assert scaler.update(found_inf=False) is True
-    assert scaler.update(found_inf=True) is False
-    assert scaler.scale_value == 1.0
-    with pytest.raises(ValueError, match="enabled"):
-        scaler.load_state_dict(LossScaler().state_dict())
+from minifloat.amp import autocast_context, full_precision
 
 
 @pytest.mark.parametrize(

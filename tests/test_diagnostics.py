@@ -17,8 +17,8 @@ from minifloat.convert import convert
 from minifloat.diagnostics import OPERANDS, measure_layer_sqnr, summarize
 from minifloat.quantize import fake_quantize, quantize
 from minifloat.sqnr import sqnr_db
-from minifloat.train import train
-from minifloat.train_config import TrainConfig
+from minifloat.train.config import TrainConfig
+from minifloat.train.trainer import train
 
 VOCAB = 64
 # The diagnostic rounds to 0.001 dB; the independent computation below is float-for-float the

@@ -294,9 +294,9 @@ def test_fsdp_rejects_fp8_reduce():
 def _deferred_init_worker(rank: int, root: str) -> None:
     # The trainer under FSDP builds on the meta device and initializes each shard after
     # sharding: the weights must equal an eager, unsharded init, and training must run.
-    from minifloat.train import Trainer
-    from minifloat.train_config import TrainConfig
-    from minifloat.train_model import deferred_init
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.model import deferred_init
+    from minifloat.train.trainer import Trainer
 
     for recipe in ("bf16", "fp8-delayed"):
         config = TrainConfig(

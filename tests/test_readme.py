@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.cli import _train_config, build_parser, main
+from minifloat.train.cli import _train_config, build_parser, main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -1,6 +1,6 @@
 """``python -m minifloat ...`` (also ``torchrun -m minifloat train ...``): the command line."""
 
-from minifloat.cli import main
+from minifloat.train.cli import main
 
 __all__: list[str] = []
 

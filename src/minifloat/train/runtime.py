@@ -17,7 +17,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["Runtime", "all_gather_objects", "mean_across_ranks", "seed_everything", "setup"]
+__all__ = [
+    "Runtime",
+    "all_gather_objects",
+    "any_rank",
+    "broadcast_object",
+    "is_out_of_memory",
+    "max_across_ranks",
+    "mean_across_ranks",
+    "seed_everything",
+    "setup",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,3 +115,34 @@ def all_gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
     out: list[Any] = [None] * runtime.world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+def max_across_ranks(value: float, runtime: Runtime) -> float:
+    """The largest of every rank's ``value`` (``value`` itself on one process)."""
+    if not runtime.distributed:
+        return value
+    box = torch.tensor([float(value)], device=runtime.device)
+    dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return float(box.item())
+
+
+def any_rank(flag: bool, runtime: Runtime) -> bool:
+    """True on every rank if ``flag`` is true on any (identity on one process)."""
+    return max_across_ranks(1.0 if flag else 0.0, runtime) > 0
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure: torch.OutOfMemoryError (CUDA and others), or
+    the CPU allocator's RuntimeError ("DefaultCPUAllocator: can't allocate memory")."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def broadcast_object(obj: Any, runtime: Runtime) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself on one process)."""
+    if not runtime.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

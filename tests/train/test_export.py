@@ -1,4 +1,4 @@
-"""Tests for minifloat.run_export and `minifloat export`: a trained run as a HF LLaMA."""
+"""Tests for minifloat.train.export and `minifloat export`: a trained run as a HF LLaMA."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minifloat.checkpoint import CheckpointError, load_checkpoint
-from minifloat.cli import main
 from minifloat.models import Llama, get_config
-from minifloat.run_export import export_run
+from minifloat.train.checkpoint import CheckpointError, load_checkpoint
+from minifloat.train.cli import main
+from minifloat.train.export import export_run
 
 SMALL = ["dim=32", "n_layers=2", "n_heads=2", "ffn_dim=64"]
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
@@ -103,3 +103,22 @@ def test_with_tokenizer_on_a_byte_run_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="byte tokenizer"):
         export_run(tmp_path / "run", tmp_path / "hf", with_tokenizer=True)
     assert not (tmp_path / "hf").exists()
+
+
+def test_export_falls_back_when_the_newest_checkpoint_is_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    overrides = [arg for kv in SMALL for arg in ("--model-override", kv)]
+    status = main(["train", "--model", "tiny", *overrides, "--steps", "4", "--ckpt-every", "2",
+                   "--tokenizer", "byte", "--batch-size", "2", "--seq-len", "32",
+                   "--data-max-bytes", "60000", "--eval-batches", "0", "--device", "cpu",
+                   "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "run"),
+                   "--quiet"])  # fmt: skip
+    assert status == 0
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"\0" * 64)
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "hf")]) == 0
+    out, err = capsys.readouterr()
+    assert "step 2)" in out  # checkpoint.1.pt holds step 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"minifloat: warning: exporting {tmp_path / 'run' / 'checkpoint.1.pt'}")

@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import lzma
 import sys
 import tomllib
+import warnings
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -26,6 +28,7 @@ from minifloat.errors import first_line
 __all__ = ["build_parser", "main", "parse_count", "parse_override"]
 
 EXIT_USAGE = 2
+EXIT_FAILED = 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +121,11 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         },
     ),
     ("--sqnr-every", "sqnr_every", {"type": int, "help": "per-layer SQNR every N steps (0: off)"}),
+    (
+        "--max-skip-fraction",
+        "max_skip_fraction",
+        {"type": float, "help": "fail the run when more of its steps were skipped (default 0.5)"},
+    ),
 ]
 
 
@@ -126,6 +134,21 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
     for flag, dest, kwargs in _SHARED_FLAGS:
         parser.add_argument(flag, dest=dest, default=None, **kwargs)
     parser.add_argument("--compile", dest="compile", action="store_true", default=None)
+    parser.add_argument(
+        "--no-weight-guard",
+        dest="weight_guard",
+        action="store_false",
+        default=None,
+        help="do not refuse updates that make a weight non-finite (saves a copy of the weights "
+        "and optimizer state per step)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        dest="overwrite",
+        action="store_true",
+        default=None,
+        help="replace the run already in --out (its metrics and checkpoints)",
+    )
     parser.add_argument(
         "--model-override",
         dest="model_overrides",
@@ -148,7 +171,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shared(p_train)
     p_train.add_argument("--out", dest="out_dir", default=None, help="run directory")
     p_train.add_argument("--resume", dest="resume", action="store_true", default=None)
-    p_train.add_argument("--ckpt-every", dest="ckpt_every", type=int, default=None)
+    p_train.add_argument(
+        "--ckpt-every",
+        dest="ckpt_every",
+        type=int,
+        default=None,
+        help="steps between checkpoints (default 500; 0: only at the end)",
+    )
+    p_train.add_argument("--keep-checkpoints", dest="keep_checkpoints", type=int, default=None,
+                         help="how many of the newest checkpoints to keep (default 2)")  # fmt: skip
     p_train.add_argument(
         "--ckpt-format",
         dest="checkpoint_format",
@@ -206,9 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _train_config(args: argparse.Namespace) -> Any:
     """TrainConfig from defaults (or, on resume, the checkpoint's) < TOML file < flags."""
-    from minifloat.train_config import TrainConfig
+    from minifloat.train.config import ConfigError, TrainConfig
 
     values = _explicit_values(args)
+    if values.get("resume") is True and values.get("overwrite") is True:
+        raise ConfigError("give either resume or overwrite, not both")
     if args.command == "train" and values.get("resume") is True:
         values = _with_stored_settings(values)
     return TrainConfig.from_dict(values)
@@ -216,7 +249,7 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave: the TOML file's, then the flags' on top."""
-    from minifloat.train_config import ConfigError
+    from minifloat.train.config import ConfigError
 
     values: dict[str, Any] = {}
     if args.config is not None:
@@ -232,7 +265,7 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
         values.pop("tokens", None)
     flags = [dest for _, dest, _ in _SHARED_FLAGS]
     flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
-    flags += ["checkpoint_format"]
+    flags += ["checkpoint_format", "keep_checkpoints", "overwrite", "weight_guard"]
     for dest in flags:
         value = getattr(args, dest, None)
         if value is not None:
@@ -253,7 +286,7 @@ def _merged(base: Any, extra: Any) -> Any:
 
 
 # Stored settings a resume does not take over: the current command decides these.
-_NOT_RESUMED = ("resume", "stop_after")
+_NOT_RESUMED = ("resume", "stop_after", "overwrite")
 
 
 def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
@@ -261,26 +294,29 @@ def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
 
     A setting given now that changes the trajectory still fails the fingerprint check on load.
     """
-    from minifloat.checkpoint import CheckpointError, read_stored_config
-    from minifloat.train import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
-    from minifloat.train_config import TrainConfig
+    from minifloat.train.checkpointer import (
+        CHECKPOINT_NAME,
+        SHARDED_CHECKPOINT_NAME,
+        checkpoint_candidates,
+        read_run_config,
+    )
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.errors import CheckpointError
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     out_dir, fmt = values.get("out_dir", fields["out_dir"].default), values.get("checkpoint_format")
     if not isinstance(out_dir, str):
         return values  # from_dict reports the wrong type
     out = Path(out_dir)
-    names = {"full": [CHECKPOINT_NAME], "sharded": [SHARDED_CHECKPOINT_NAME]}.get(
-        fmt if isinstance(fmt, str) else "", [CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME]
-    )
-    # A sharded save that crashed between its two renames leaves only the ".old" directory.
-    found = [out / n for n in names if (out / n).exists() or (out / f".{n}.old").is_dir()]
-    if not found:
+    formats = (fmt,) if fmt in ("full", "sharded") else ("full", "sharded")
+    if not any(checkpoint_candidates(out, f) for f in formats):
+        names = {"full": CHECKPOINT_NAME, "sharded": SHARDED_CHECKPOINT_NAME}
         raise CheckpointError(
-            f"--resume: no checkpoint in {out} (looked for {' and '.join(names)}); "
-            "leave out --resume to start a new run"
+            f"--resume: no checkpoint in {out} (looked for "
+            f"{' and '.join(names[f] for f in formats)}); leave out --resume to start a new run"
         )
-    stored = read_stored_config(found[0])
+    # The newest readable one: a damaged newest checkpoint is the trainer's to fall back from.
+    _, stored = read_run_config(out, formats)
     base = {k: v for k, v in stored.items() if k in fields and k not in _NOT_RESUMED}
     if "steps" in values or "tokens" in values:
         base.pop("steps", None)
@@ -295,7 +331,7 @@ def _progress(args: argparse.Namespace) -> bool | str:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from minifloat.train import train
+    from minifloat.train.trainer import train
 
     config = _train_config(args)
     result = train(config, progress=_progress(args))
@@ -311,7 +347,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from minifloat.compare import compare
+    from minifloat.train.compare import compare
 
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     config = _train_config(args)
@@ -325,7 +361,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     import torch
 
-    from minifloat.run_export import export_run
+    from minifloat.train.export import export_run
 
     dtype = getattr(torch, args.dtype)
     exported = export_run(args.run_dir, args.dest_dir, dtype=dtype,
@@ -394,17 +430,47 @@ def _cmd_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_warning(
+    message: Any, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any
+) -> None:
+    """Warnings about the run as ``minifloat: warning: ...``; others as Python shows them."""
+    from minifloat.train.errors import RunWarning
+
+    if issubclass(category, RunWarning):
+        print(f"minifloat: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``minifloat`` console script and ``python -m minifloat``."""
-    from minifloat.checkpoint import CheckpointError
+    """Entry point of the ``minifloat`` console script and ``python -m minifloat``.
+
+    Exit status: 0 done; 2 a user error (bad setting or data, run directory in use or holding
+    another run, a checkpoint that does not fit); 1 a run that failed (too many skipped steps,
+    out of memory); 128 + N a run stopped by signal N (130 SIGINT, 143 SIGTERM), after its
+    checkpoint. Each error is one line; ``--traceback`` shows the Python traceback instead.
+    """
+    from minifloat.train.errors import CheckpointError, RunFailed, TrainingInterrupted
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
+    except TrainingInterrupted as exc:
+        resume = "; continue with --resume" if exc.checkpoint is not None else ""
+        print(f"minifloat: {exc}{resume}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("minifloat: interrupted", file=sys.stderr)
         return 130
-    except (CheckpointError, ValueError, OSError) as exc:
+    except RunFailed as exc:
+        if args.traceback:
+            raise
+        print(f"minifloat: error: {first_line(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    # EOFError, LZMAError: a truncated compressed corpus (data/ turns these into DataError).
+    except (CheckpointError, ValueError, TypeError, OSError, EOFError, lzma.LZMAError) as exc:
         if args.traceback:
             raise
         print(f"minifloat: error: {first_line(exc)}", file=sys.stderr)

@@ -17,9 +17,9 @@ from torch import nn
 
 from minifloat.models.llama import PRESETS, Llama, LlamaConfig, get_config
 from minifloat.recipes import Recipe
-from minifloat.runtime import Runtime
-from minifloat.stability import attach_embedding_grad_shrink
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.runtime import Runtime
+from minifloat.train.stability import attach_embedding_grad_shrink
 
 __all__ = ["build_model", "model_config", "param_dtype", "deferred_init"]
 

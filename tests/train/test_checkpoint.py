@@ -1,4 +1,4 @@
-"""Tests for minifloat.checkpoint: atomic, verified, fingerprinted checkpoints."""
+"""Tests for minifloat.train.checkpoint: atomic, verified, fingerprinted checkpoints."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from minifloat.checkpoint import (
+from minifloat.train.checkpoint import (
     CheckpointError,
     capture_rng_state,
     load_checkpoint,
-    read_stored_config,
     restore_rng_state,
     save_checkpoint,
 )
+from minifloat.train.checkpointer import read_stored_config
 
 FIELDS = {"recipe": "bf16", "model": "tiny", "lr": 1e-3, "betas": (0.9, 0.95)}
 
@@ -127,7 +127,7 @@ def test_rng_state_survives_save_and_load(tmp_path: Path) -> None:
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_read_stored_config_of_sharded_checkpoint(tmp_path: Path) -> None:
-    from minifloat.sharded_checkpoint import save_sharded
+    from minifloat.train.sharded_checkpoint import save_sharded
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())

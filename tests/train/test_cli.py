@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.checkpoint import read_stored_config
-from minifloat.cli import _train_config, build_parser, main, parse_count
+from minifloat.train.checkpointer import read_stored_config
+from minifloat.train.cli import _train_config, build_parser, main, parse_count
 
 SMALL_TOML = """
 model = "tiny"

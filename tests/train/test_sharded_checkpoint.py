@@ -1,4 +1,4 @@
-"""minifloat.sharded_checkpoint on CPU: the trainer under FSDP2 on 2 gloo processes.
+"""minifloat.train.sharded_checkpoint on CPU: the trainer under FSDP2 on 2 gloo processes.
 
 Each test spawns the two ranks once and runs several short trainings inside them (a model of
 one layer of width 32, 4 steps): exact resume for torch's and minifloat's AdamW and for the
@@ -18,14 +18,14 @@ import pytest
 import torch.distributed as dist
 
 from gloo_ranks import WORLD, spawn
-from minifloat.checkpoint import CheckpointError, content_digest
-from minifloat.sharded_checkpoint import (
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.integrity import CheckpointError, content_digest
+from minifloat.train.sharded_checkpoint import (
     MANIFEST_NAME,
     check_manifest,
     read_manifest,
     verify_files,
 )
-from minifloat.train_config import ConfigError, TrainConfig
 
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
 # (recipe, optimizer states): torch AdamW through DCP; minifloat AdamW (bf16 master-less params
@@ -51,13 +51,13 @@ def _config(root: str, name: str, rank: int, **changes) -> TrainConfig:
 
 
 def _dataset(config: TrainConfig):  # noqa: ANN202
-    from minifloat.train import load_dataset
+    from minifloat.train.build import load_dataset
 
     return load_dataset(config, progress=False)
 
 
 def _train(config: TrainConfig, dataset, **changes):  # noqa: ANN001, ANN202
-    from minifloat.train import train
+    from minifloat.train.trainer import train
 
     return train(dataclasses.replace(config, **changes), dataset=dataset, progress=False)
 
@@ -104,7 +104,8 @@ def _expect_error(fn, match: str) -> str:  # noqa: ANN001
 
 
 def _errors_worker(rank: int, root: str) -> None:
-    config = _config(root, "run", rank, steps=6)
+    # One checkpoint kept: every damage below must be an error, with no older one to fall back to.
+    config = _config(root, "run", rank, steps=6, keep_checkpoints=1)
     dataset = _dataset(config)
     ckpt = Path(config.out_dir) / "checkpoint.dcp"
     stale = ckpt.parent / ".checkpoint.dcp.tmp"
@@ -168,6 +169,20 @@ def _errors_worker(rank: int, root: str) -> None:
     dist.barrier()
     _expect_error(resume, "rank00001.pt is not in the manifest")
     dist.barrier()
+
+    # With two kept (the default), a corrupt newest checkpoint falls back to the one before
+    # (every rank to the same one) and the run still ends exactly as the uninterrupted one.
+    config = _config(root, "fallback", rank, steps=6, ckpt_every=2)
+    _train(config, dataset, stop_after=4)
+    newest = Path(config.out_dir) / "checkpoint.dcp"
+    assert (newest.parent / "checkpoint.1.dcp").is_dir()
+    if rank == 0:
+        shard = newest / "__0_0.distcp"
+        flipped = bytearray(shard.read_bytes())
+        flipped[len(flipped) // 2] ^= 0x01
+        shard.write_bytes(bytes(flipped))
+    dist.barrier()
+    assert _train(config, dataset, resume=True).losses == reference.losses
 
 
 @pytest.mark.slow

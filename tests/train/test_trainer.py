@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from minifloat.checkpoint import CheckpointError
-from minifloat.train import Trainer, train
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.checkpoint import CheckpointError
+from minifloat.train.config import ConfigError, TrainConfig
+from minifloat.train.errors import RunDirError, RunFailed
+from minifloat.train.trainer import Trainer, train
 
 # One layer of width 32 at seq_len 32: a few milliseconds per step on a CPU.
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
@@ -292,3 +293,76 @@ def test_sqnr_every_validation() -> None:
     with pytest.raises(ConfigError, match="sqnr-every needs whole layers"):
         TrainConfig(sqnr_every=10, parallel="fsdp")
     assert "sqnr_every" not in TrainConfig(sqnr_every=5).trajectory_fields(1)
+
+
+def _nan_logits(model: torch.nn.Module) -> None:
+    model.output.register_forward_hook(lambda _m, _i, out: out * float("nan"))
+
+
+def test_a_run_that_skips_most_steps_fails_with_the_reason(tmp_path: Path, dataset) -> None:
+    """39 of 40 skipped steps used to end with status 0: now RunFailed, after the checkpoint and
+    metrics are written, with the result attached."""
+    config = _config(tmp_path, steps=4, eval_batches=0)
+    with pytest.raises(RunFailed) as info:
+        train(config, dataset=dataset, progress=False, model_transform=_nan_logits)
+    message = str(info.value)
+    assert message.startswith("4 of 4 steps were skipped (100 % > max-skip-fraction 0.5)")
+    assert "last reason: non-finite loss or grad norm" in message
+    assert info.value.result.skipped_steps == 4 and info.value.result.steps == 4
+    assert (Path(config.out_dir) / "checkpoint.pt").is_file()
+    tolerant = dataclasses.replace(config, out_dir=str(tmp_path / "tolerant"), max_skip_fraction=1)
+    result = train(tolerant, dataset=dataset, progress=False, model_transform=_nan_logits)
+    assert result.skipped_steps == 4
+
+
+def _allocate_too_much(model: torch.nn.Module) -> None:
+    # More than any address space holds: the allocator fails at once, whatever the machine.
+    model.output.register_forward_hook(lambda _m, _i, out: torch.empty(2**50, dtype=torch.uint8))
+
+
+def test_out_of_memory_in_a_step_names_what_to_lower(tmp_path: Path, dataset) -> None:
+    with pytest.raises(RunFailed) as info:
+        train(_config(tmp_path), dataset=dataset, progress=False,
+              model_transform=_allocate_too_much)  # fmt: skip
+    message = str(info.value)
+    assert message.startswith("out of memory in step 1 on cpu (")
+    assert "lower --batch-size (now 4; raise --grad-accum, now 1, to keep the tokens" in message
+    assert "--seq-len (now 32)" in message and "\n" not in message
+
+
+def test_out_of_memory_building_the_model(tmp_path: Path, dataset) -> None:
+    huge = {**SMALL, "ffn_dim": 2**44}  # 32 x 2^44 fp32 weights: more than any address space
+    with pytest.raises(RunFailed, match="out of memory building the model on cpu .*smaller --m"):
+        train(_config(tmp_path, model_overrides=huge), dataset=dataset, progress=False)
+    assert not (tmp_path / "run").exists()  # the directory it created for nothing is gone
+
+
+def test_a_new_run_does_not_replace_an_earlier_one(tmp_path: Path, dataset) -> None:
+    config = _config(tmp_path, steps=2, eval_batches=0)
+    first = train(config, dataset=dataset, progress=False)
+    metrics = first.metrics_path.read_bytes()
+    with pytest.raises(RunDirError, match="already holds a run .*--resume .*--overwrite"):
+        train(config, dataset=dataset, progress=False)
+    assert first.metrics_path.read_bytes() == metrics  # a resume would have found it intact
+    second = train(dataclasses.replace(config, overwrite=True, seed=1), dataset=dataset,
+                   progress=False)  # fmt: skip
+    assert second.losses != first.losses
+    steps = [json.loads(x)["step"] for x in second.metrics_path.read_text().splitlines()]
+    assert steps == [2]  # the old run's records are gone, not mixed in
+
+
+def test_checkpoints_by_default_and_a_record_at_each(tmp_path: Path, dataset) -> None:
+    """ckpt_every defaults to 500 (it was 0: a crash lost the whole run); a checkpoint step
+    always gets a metrics record, so resuming from it loses no logged step."""
+    assert TrainConfig().ckpt_every == 500
+    config = _config(tmp_path, steps=9, ckpt_every=3, log_every=5, eval_batches=0, stop_after=7)
+    train(config, dataset=dataset, progress=False)
+    steps = [json.loads(x)["step"] for x in (Path(config.out_dir) / "metrics.jsonl").open()]
+    assert steps == [3, 5, 6, 7]
+    from minifloat.train.checkpoint import load_checkpoint
+
+    out = Path(config.out_dir)
+    assert [load_checkpoint(out / n)["step"] for n in ("checkpoint.pt", "checkpoint.1.pt")] == [
+        7,
+        6,
+    ]

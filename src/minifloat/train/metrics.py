@@ -10,14 +10,19 @@ run directory) has one JSON object per log step with the keys ``step``, ``loss``
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["PEAK_FLOPS", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
+from minifloat.train.errors import RunWarning
+
+__all__ = ["PEAK_FLOPS", "LogWindow", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
 
 # Dense bf16 tensor-core peak (FLOP/s, no sparsity) by GPU name substring. MFU is always reported
 # against this bf16 peak, also for fp8/fp4 recipes, so numbers compare across recipes.
@@ -55,12 +60,48 @@ def mfu(
     return flops_per_token * tokens_per_s / (peak * devices)
 
 
+class LogWindow:
+    """The steps since the last record: a record reports their mean loss and their speed.
+
+    ``tokens_per_step`` counts every rank's tokens; MFU is reported against ``devices`` times
+    the ``peak`` of one device (None where the peak is unknown).
+    """
+
+    def __init__(
+        self, *, tokens_per_step: int, flops_per_token: float, peak: float | None, devices: int
+    ) -> None:
+        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
+        self.peak, self.devices = peak, devices
+        self._steps: list[tuple[float, float]] = []
+
+    def add(self, loss: float, seconds: float) -> None:
+        """Count one step of ``loss`` that took ``seconds``."""
+        self._steps.append((loss, seconds))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def flush(self) -> dict[str, Any]:
+        """``loss``, ``tokens_per_s`` and ``mfu`` over the steps added since the last flush."""
+        losses, times = zip(*self._steps, strict=True)
+        self._steps = []
+        tokens_per_s = self.tokens_per_step * len(times) / max(sum(times), 1e-9)
+        return {
+            "loss": sum(losses) / len(losses),
+            "tokens_per_s": tokens_per_s,
+            "mfu": mfu(self.flops_per_token, tokens_per_s, self.peak, devices=self.devices),
+        }
+
+
 class MetricsLogger:
     """Append metric records to ``<out_dir>/metrics.jsonl`` (and TensorBoard if installed).
 
     A new run starts a new file. ``resume_step`` continues an existing file instead, dropping
     records after that step (written after the checkpoint by the interrupted run, which the
-    resumed run will repeat).
+    resumed run will repeat). The kept records are rewritten atomically (temporary file, fsync,
+    rename) and only when something must go, so a resumed run killed before its first record
+    loses nothing already recorded. A line that is not a JSON record (the torn last line of a
+    killed run) is dropped with a :class:`~minifloat.train.errors.RunWarning`.
     """
 
     def __init__(
@@ -73,20 +114,38 @@ class MetricsLogger:
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = self._records_until(resume_step) if resume_step is not None else []
-        self._file = self.path.open("w", encoding="utf-8")
-        self._file.writelines(kept)
+        if resume_step is None:
+            self._file = self.path.open("w", encoding="utf-8")
+        else:
+            self._keep_until(resume_step)
+            self._file = self.path.open("a", encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # tensorboard is optional
             return
         self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
 
-    def _records_until(self, step: int) -> list[str]:
+    def _keep_until(self, step: int) -> None:
+        """Drop the records after ``step`` and damaged lines, rewriting the file atomically."""
         if not self.path.is_file():
-            return []
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        return [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+            return
+        raw = self.path.read_bytes()
+        lines = raw.decode("utf-8", errors="replace").splitlines(keepends=True)
+        kept, damaged = [], []
+        for number, line in enumerate(lines, start=1):
+            record = _parse_record(line)
+            if record is None:
+                if line.strip("\x00 \t\r\n"):  # blank and NUL-padded tails are not news
+                    damaged.append(number)
+            elif record["step"] <= step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        if damaged:
+            which = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+            warnings.warn(f"{self.path}: dropped damaged line(s) {which} (not a JSON record)",
+                          RunWarning, stacklevel=3)  # fmt: skip
+        text = "".join(kept).encode("utf-8")
+        if text != raw:
+            _write_atomically(self.path, text)
 
     def log(self, record: dict[str, Any]) -> None:
         """Write one record (must contain ``step``)."""
@@ -106,6 +165,31 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _parse_record(line: str) -> dict[str, Any] | None:
+    """The JSON record on ``line``, or None if it is not one (an object with an integer step)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("step"), int)
+    return record if ok else None
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` through a temporary file in the same directory."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _scalars(record: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Tests for minifloat.stability: step guard, embedding-gradient shrink, z-loss."""
+"""Tests for minifloat.train.stability: step guard, embedding-gradient shrink, z-loss."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from minifloat.stability import (
+from minifloat.train.stability import (
     StepGuard,
     StepGuardConfig,
     attach_embedding_grad_shrink,
@@ -98,6 +98,24 @@ def _grads(
     return out.detach(), *grads
 
 
+def test_revoke_turns_an_accepted_step_into_a_skipped_one() -> None:
+    guard = StepGuard(StepGuardConfig(warmup_steps=2))
+    for loss in (2.0, 2.1, 2.05):
+        assert not guard.check(loss, 1.0).skip
+    before = guard.state_dict()
+    assert not guard.check(2.02, 1.1).skip
+    decision = guard.revoke("non-finite weights after the update (refused)")
+    assert decision.skip and decision.reason.startswith("non-finite weights")
+    after = guard.state_dict()
+    assert after["loss"] == before["loss"] and after["grad_norm"] == before["grad_norm"]
+    assert guard.skipped == guard.skipped_update == 1
+    with pytest.raises(RuntimeError, match="revoke"):
+        guard.revoke("twice")  # only the step check() just accepted
+    restored = StepGuard()
+    restored.load_state_dict({k: v for k, v in after.items() if k != "skipped_update"})
+    assert restored.skipped_update == 0  # a checkpoint from before the weight guard loads
+
+
 def test_embedding_grad_shrink_scales_only_the_embedding_gradient() -> None:
     model = _tiny_model()
     out_ref, emb_ref, lin_ref = _grads(model, None)
@@ -129,8 +147,8 @@ def test_z_loss_value_and_upcast() -> None:
 
 @pytest.mark.parametrize("grad_norm_spike_k", [None, 4.0])
 def test_train_config_reaches_the_trainers_guard(tmp_path, dataset, grad_norm_spike_k) -> None:
-    from minifloat.train import Trainer
-    from minifloat.train_config import TrainConfig
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer
 
     changes = {} if grad_norm_spike_k is None else {"grad_norm_spike_k": grad_norm_spike_k}
     config = TrainConfig(

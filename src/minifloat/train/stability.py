@@ -79,8 +79,9 @@ class StepGuard:
 
     A step is skipped when the loss or grad norm is non-finite, or (once ``warmup_steps``
     accepted steps have been seen) when either exceeds ``mean + k * std`` of the last ``window``
-    accepted values. Skipped values never enter the statistics. Counters: ``skipped`` (all),
-    ``skipped_nonfinite``, ``skipped_spike``.
+    accepted values. Skipped values never enter the statistics. A step accepted here can still
+    be refused after the update (:meth:`revoke`, e.g. by the weight guard). Counters: ``skipped``
+    (all), ``skipped_nonfinite``, ``skipped_spike``, ``skipped_update``.
     """
 
     def __init__(self, config: StepGuardConfig | None = None) -> None:
@@ -90,10 +91,12 @@ class StepGuard:
         self._consecutive_spikes = 0
         self.skipped_nonfinite = 0
         self.skipped_spike = 0
+        self.skipped_update = 0
+        self._undo: int | None = None  # consecutive spikes before the step check() accepted
 
     @property
     def skipped(self) -> int:
-        return self.skipped_nonfinite + self.skipped_spike
+        return self.skipped_nonfinite + self.skipped_spike + self.skipped_update
 
     @property
     def _warmed_up(self) -> bool:
@@ -117,6 +120,7 @@ class StepGuard:
     def check(self, loss: float, grad_norm: float) -> GuardDecision:
         """Return whether to skip this step; updates counters and statistics."""
         loss, grad_norm = float(loss), float(grad_norm)
+        self._undo = None
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.skipped_nonfinite += 1
             return GuardDecision(True, "non-finite loss or grad norm")
@@ -129,10 +133,22 @@ class StepGuard:
             # A "spike" this persistent is a level shift: accept it and restart the statistics.
             self._loss.values.clear()
             self._grad_norm.values.clear()
+        self._undo = self._consecutive_spikes
         self._consecutive_spikes = 0
         self._loss.values.append(loss)
         self._grad_norm.values.append(grad_norm)
         return GuardDecision(False)
+
+    def revoke(self, reason: str) -> GuardDecision:
+        """Turn the step :meth:`check` just accepted into a skipped one (counted in
+        ``skipped_update``): its values leave the statistics again. Returns the decision."""
+        if self._undo is None:
+            raise RuntimeError("revoke() needs a step that check() accepted just before")
+        self._consecutive_spikes, self._undo = self._undo, None
+        self._loss.values.pop()
+        self._grad_norm.values.pop()
+        self.skipped_update += 1
+        return GuardDecision(True, reason)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -141,6 +157,7 @@ class StepGuard:
             "consecutive_spikes": self._consecutive_spikes,
             "skipped_nonfinite": self.skipped_nonfinite,
             "skipped_spike": self.skipped_spike,
+            "skipped_update": self.skipped_update,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -151,6 +168,7 @@ class StepGuard:
         self._consecutive_spikes = int(state["consecutive_spikes"])
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.skipped_spike = int(state["skipped_spike"])
+        self.skipped_update = int(state.get("skipped_update", 0))  # absent before the weight guard
 
 
 def shrink_embedding_grad(x: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Sharded training checkpoints for FSDP runs: every rank writes and reads only its own shards.
 
-A full checkpoint (:mod:`minifloat.checkpoint`) gathers the whole state to rank 0 and every rank
-reads the whole file back: at 7B (81 GB of fp32 weights and AdamW moments) that takes minutes
-and, on resume, world-size copies of the state in host memory. A sharded checkpoint is a
+A full checkpoint (:mod:`minifloat.train.checkpoint`) gathers the whole state to rank 0 and every
+rank reads the whole file back: at 7B (81 GB of fp32 weights and AdamW moments) that takes
+minutes and, on resume, world-size copies of the state in host memory. A sharded checkpoint is a
 directory (``<out>/checkpoint.dcp``)::
 
     manifest.json      format, version, step, world size, fingerprinted settings and the
@@ -22,7 +22,7 @@ The three properties of the full format hold:
 * **Verified**: every file is hashed (the ranks share the work) and checked on load; a flipped
   bit, a missing file or a file the manifest does not list raises :class:`CheckpointError` on
   every rank.
-* **Matched**: the trajectory fingerprint (:func:`minifloat.checkpoint.fingerprint`) and the
+* **Matched**: the trajectory fingerprint (:func:`minifloat.train.integrity.fingerprint`) and the
   world size must match; a mismatch names the differing fields. There is no resharding: the
   per-rank data positions, RNG states and amax histories belong to a rank.
 
@@ -45,14 +45,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minifloat.checkpoint import (
+from minifloat.train.errors import CheckpointMismatchError
+from minifloat.train.integrity import (
     CheckpointError,
     check_header,
     content_digest,
     describe_mismatch,
     fingerprint,
     fsync_dir,
+    read_torch_file,
 )
+from minifloat.train.slots import rotate
 
 __all__ = [
     "MANIFEST_NAME",
@@ -60,7 +63,9 @@ __all__ = [
     "SHARDED_VERSION",
     "check_manifest",
     "load_sharded",
+    "old_dir",
     "read_manifest",
+    "read_sharded_config",
     "save_sharded",
     "verify_files",
 ]
@@ -80,7 +85,8 @@ def _tmp_dir(path: Path) -> Path:
     return path.parent / f".{path.name}.tmp"
 
 
-def _old_dir(path: Path) -> Path:
+def old_dir(path: Path) -> Path:
+    """Where a save that crashed between its two renames left the previous checkpoint."""
     return path.parent / f".{path.name}.old"
 
 
@@ -227,11 +233,13 @@ def save_sharded(
     global_state: Mapping[str, Any],
     rank_state: Mapping[str, Any],
     fields: Mapping[str, Any],
+    keep: int = 1,
 ) -> Path:
     """Write a sharded checkpoint directory at ``path``; every rank must call it.
 
     ``global_state`` (identical on every rank; rank 0 writes it) must hold ``"step"``;
     ``rank_state`` is this rank's own state. ``fields`` are the fingerprinted run settings.
+    ``keep``: how many checkpoints to keep (the older ones as ``checkpoint.1.dcp``, ...).
     """
     import torch.distributed.checkpoint as dcp
 
@@ -265,7 +273,7 @@ def save_sharded(
         }
         manifest["digest"] = content_digest(manifest)
         _save_text(json.dumps(manifest, indent=1, sort_keys=True), tmp / MANIFEST_NAME)
-        _swap_in(tmp, path)
+        _swap_in(tmp, path, keep)
     _barrier()
     return path
 
@@ -277,10 +285,18 @@ def _save_text(text: str, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _swap_in(tmp: Path, path: Path) -> None:
-    """Replace ``path`` by ``tmp``: at every moment one complete checkpoint can be found."""
-    old = _old_dir(path)
+def _swap_in(tmp: Path, path: Path, keep: int) -> None:
+    """Replace ``path`` by ``tmp``: at every moment one complete checkpoint can be found.
+
+    With ``keep`` > 1 the old one becomes ``checkpoint.1.dcp`` (slots.py), else it is deleted.
+    """
     fsync_dir(tmp)
+    if keep > 1:
+        rotate(path, keep)
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+        return
+    old = old_dir(path)
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
@@ -300,16 +316,25 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
         manifest = json.loads((path / MANIFEST_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"checkpoint {path} has no readable manifest ({exc})") from exc
-    check_header(manifest, path, fmt=SHARDED_FORMAT, version=SHARDED_VERSION, what="manifest")
+    check_header(manifest, path, fmt=SHARDED_FORMAT, version=SHARDED_VERSION, what="manifest",
+                 not_this_format=f"{path} is not a minifloat sharded checkpoint")  # fmt: skip
     manifest["path"] = str(path)
     return manifest
+
+
+def read_sharded_config(path: str | os.PathLike) -> Any:
+    """The ``config`` saved in the global state of the sharded checkpoint at ``path`` (None if
+    absent); only the manifest's digest is checked, the tensors stay memory-mapped."""
+    directory = Path(read_manifest(path)["path"])
+    state = read_torch_file(directory / GLOBAL_NAME, mmap=True)
+    return state.get("config") if isinstance(state, dict) else None
 
 
 def _existing(path: Path) -> Path:
     if path.is_dir():
         return path
-    if _old_dir(path).is_dir():
-        return _old_dir(path)
+    if old_dir(path).is_dir():
+        return old_dir(path)
     raise CheckpointError(f"no checkpoint at {path}")
 
 
@@ -319,13 +344,13 @@ def check_manifest(
     """Raise :class:`CheckpointError` unless the checkpoint fits this run."""
     where = manifest.get("path", "")
     if manifest["world_size"] != world_size:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"sharded checkpoint {where} was written by {manifest['world_size']} ranks, this run "
             f"has {world_size}; resume on the same number of ranks (per-rank data positions, "
             "RNG states and amax histories are not resharded)"
         )
     if manifest["fingerprint"] != fingerprint(fields):
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"checkpoint {where} was written by a different run "
             f"({describe_mismatch(manifest['fields'], fields)})"
         )

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minifloat.train import TrainResult, check_names, load_dataset, train
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.build import check_names, load_dataset
+from minifloat.train.config import TrainConfig
+from minifloat.train.errors import ConfigError, RunFailed
+from minifloat.train.result import TrainResult
+from minifloat.train.trainer import train
 
 __all__ = ["CompareResult", "compare", "markdown_table", "plot_losses"]
 
@@ -125,18 +128,35 @@ def compare(
     out_dir: str | Path,
     progress: bool | str = "auto",
 ) -> CompareResult:
-    """Train ``base`` under each recipe (same data, seed, batches); write plot, table, JSON."""
+    """Train ``base`` under each recipe (same data, seed, batches); write plot, table, JSON.
+
+    Each recipe trains in ``out_dir/<recipe>``, so a recipe may be named once only. A recipe
+    whose run fails (RunFailed: most steps skipped) still gets its row; the others train on,
+    and RunFailed naming the failed recipes is raised after everything is written.
+    """
     if not recipe_names:
         raise ConfigError("compare needs at least one recipe")
+    repeated = sorted({n for n in recipe_names if list(recipe_names).count(n) > 1})
+    if repeated:
+        raise ConfigError(
+            f"recipe {', '.join(repeated)} is named more than once; each recipe trains once, "
+            "in its own directory"
+        )
     base = dataclasses.replace(base, save_checkpoints=False, resume=False).resolved()
     for name in recipe_names:  # unknown names fail before any data or training work
         check_names(dataclasses.replace(base, recipe=name))
     out = Path(out_dir)
     dataset = load_dataset(base, progress=progress is not False and progress != "off")
-    results = []
+    results, failed = [], []
     for name in recipe_names:
         config = dataclasses.replace(base, recipe=name, out_dir=str(out / name))
-        results.append(train(config, dataset=dataset, progress=progress))
+        try:
+            results.append(train(config, dataset=dataset, progress=progress))
+        except RunFailed as exc:
+            if exc.result is None:
+                raise
+            results.append(exc.result)
+            failed.append(f"{name}: {exc}")
     table = markdown_table(results)
     plot_path = plot_losses(
         results,
@@ -157,6 +177,11 @@ def compare(
         "val_losses": {r.recipe: [list(v) for v in r.val_losses] for r in results},
     }
     json_path.write_text(json.dumps(summary, indent=2) + "\n")
+    if failed:
+        raise RunFailed(
+            f"{len(failed)} of {len(results)} runs failed ({'; '.join(failed)}); the comparison "
+            f"is in {markdown_path}"
+        )
     return CompareResult(
         results=tuple(results),
         table=table,

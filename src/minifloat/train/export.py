@@ -10,14 +10,16 @@ high-precision forward, not the recipe's quantized one.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from minifloat.checkpoint import CheckpointError, load_checkpoint
 from minifloat.errors import first_line
-from minifloat.train_config import ConfigError, TrainConfig
+from minifloat.train.checkpoint import load_checkpoint
+from minifloat.train.config import TrainConfig
+from minifloat.train.errors import CheckpointError, ConfigError, RunWarning
 
 __all__ = ["ExportedRun", "export_run"]
 
@@ -33,23 +35,39 @@ class ExportedRun:
     step: int
 
 
-def _checkpoint_of(run_dir: Path) -> Path:
-    from minifloat.train import CHECKPOINT_NAME, SHARDED_CHECKPOINT_NAME
+def _load_newest(run_dir: Path) -> tuple[Path, dict]:
+    """(path, state) of the newest intact full checkpoint of ``run_dir``; an older one is used,
+    with a warning, when the newer ones are damaged."""
+    from minifloat.train.checkpointer import (
+        CHECKPOINT_NAME,
+        checkpoint_candidates,
+    )
 
     if not run_dir.is_dir():
         raise CheckpointError(f"run directory {run_dir} does not exist")
-    path = run_dir / CHECKPOINT_NAME
-    if path.is_file():
-        return path
-    if (run_dir / SHARDED_CHECKPOINT_NAME).exists():
+    candidates = checkpoint_candidates(run_dir, "full")
+    if not candidates and checkpoint_candidates(run_dir, "sharded"):
         raise CheckpointError(
-            f"{run_dir} holds a sharded checkpoint; export reads full ones (checkpoint.pt): "
+            f"{run_dir} holds a sharded checkpoint; export reads full ones ({CHECKPOINT_NAME}): "
             "sharded checkpoints (--ckpt-format sharded) cannot be exported yet"
         )
-    raise CheckpointError(
-        f"{run_dir} holds no {CHECKPOINT_NAME}; give the --out directory of a finished "
-        "`minifloat train` run"
-    )
+    if not candidates:
+        raise CheckpointError(
+            f"{run_dir} holds no {CHECKPOINT_NAME}; give the --out directory of a finished "
+            "`minifloat train` run"
+        )
+    errors: list[CheckpointError] = []
+    for path in candidates:
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            errors.append(exc)
+            continue
+        if errors:
+            warnings.warn(f"exporting {path}: the newer checkpoint is damaged "
+                          f"({first_line(errors[0])})", RunWarning, stacklevel=3)  # fmt: skip
+        return path, state
+    raise errors[0]
 
 
 def export_run(
@@ -66,10 +84,9 @@ def export_run(
     :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint.
     """
     from minifloat.models import Llama, export_hf
-    from minifloat.train_model import model_config
+    from minifloat.train.model import model_config
 
-    path = _checkpoint_of(Path(run_dir))
-    state = load_checkpoint(path)
+    path, state = _load_newest(Path(run_dir))
     try:
         known = {f.name for f in dataclasses.fields(TrainConfig)}
         config = TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})
@@ -87,7 +104,7 @@ def export_run(
         )
     tokenizer = None
     if with_tokenizer:
-        from minifloat.train import load_dataset
+        from minifloat.train.build import load_dataset
 
         tokenizer = load_dataset(config, progress=False).tokenizer
     out = export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)

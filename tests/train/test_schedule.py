@@ -1,4 +1,4 @@
-"""Tests for minifloat.schedule: warm-up then cosine decay to a floor."""
+"""Tests for minifloat.train.schedule: warm-up then cosine decay to a floor."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from minifloat.schedule import lr_at, warmup_steps
+from minifloat.train.schedule import lr_at, warmup_steps
 
 
 def test_warmup_rises_linearly_to_peak() -> None:

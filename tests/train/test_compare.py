@@ -1,4 +1,4 @@
-"""Tests for minifloat.compare: several recipes, one plot, one table, one JSON."""
+"""Tests for minifloat.train.compare: several recipes, one plot, one table, one JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.compare import compare
-from minifloat.train_config import TrainConfig
+from minifloat.train.compare import compare
+from minifloat.train.config import ConfigError, TrainConfig
 
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:
@@ -69,3 +69,10 @@ def test_compare_runs_recipe_variants_by_name(tmp_path: Path) -> None:
     # DGE changes the trajectory but not the first forward.
     losses = {r.recipe: r.losses for r in result.results}
     assert losses[names[2]][0] == losses[names[0]][0] and losses[names[2]] != losses[names[0]]
+
+
+def test_compare_rejects_a_recipe_named_twice(tmp_path: Path) -> None:
+    """`compare bf16,bf16` trained twice into one directory; now refused before any work."""
+    with pytest.raises(ConfigError, match="recipe bf16 is named more than once"):
+        compare(["bf16", "fp32", "bf16"], TrainConfig(), out_dir=tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,180 @@
+"""Faults of real runs, with real processes and real signals: a SIGKILL in the middle of a
+checkpoint save, a resumed run killed before its first metrics record, two runs on one
+directory, and SIGTERM/SIGINT, which must leave a checkpoint. After each fault the run is
+resumed and must end exactly (bit for bit, every step's loss) as an uninterrupted run does.
+
+The runs are ``python CHILD MODE MARKER minifloat-train-args...``: CHILD runs the ``minifloat``
+command line, with one piece of test instrumentation per MODE that stops the run at a known
+point (so the test can act there) instead of at a random time.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minifloat.train import TrainConfig, train
+from minifloat.train.checkpoint import load_checkpoint
+from minifloat.train.run_dir import LOCK_NAME
+
+pytestmark = pytest.mark.slow
+
+CHILD = r"""
+import os, signal, sys, time
+from pathlib import Path
+from minifloat.train import cli, trainer
+
+mode, marker, argv = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
+
+def wait_for(path):
+    while not path.exists():
+        time.sleep(0.02)
+
+if mode == "hang-in-second-save":
+    # The second checkpoint save stops after writing its temporary file, before the rename.
+    replace, saves = os.replace, []
+    def hanging_replace(src, dst):
+        if str(src).endswith(".tmp") and Path(dst).name == "checkpoint.pt":
+            saves.append(dst)
+            if len(saves) == 2:
+                marker.write_text(str(src))
+                time.sleep(600)
+        replace(src, dst)
+    os.replace = hanging_replace
+elif mode == "die-in-first-step":
+    # SIGKILL at the first step: after the metrics log is opened, before any record.
+    def die(self):
+        marker.write_text("dying")
+        os.kill(os.getpid(), signal.SIGKILL)
+    trainer.Trainer.train_step = die
+elif mode == "hold-before-step-4":
+    # After step 3 the run waits (holding its directory) until the test creates MARKER.done.
+    step = trainer.Trainer.train_step
+    def held_step(self):
+        if self.step == 3:
+            marker.write_text("at step 3")
+            wait_for(marker.with_suffix(".done"))
+        return step(self)
+    trainer.Trainer.train_step = held_step
+sys.exit(cli.main(argv))
+"""
+
+SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
+STEPS = 8
+
+
+def _args(out: Path, cache: Path, *extra: str) -> list[str]:
+    overrides = [a for k, v in SMALL.items() for a in ("--model-override", f"{k}={v}")]
+    return ["train", "--model", "tiny", *overrides, "--tokenizer", "byte", "--data-max-bytes",
+            "60000", "--batch-size", "2", "--seq-len", "32", "--eval-batches", "0",
+            "--log-every", "1", "--device", "cpu", "--cache-dir", str(cache), "--steps",
+            str(STEPS), "--out", str(out), "--quiet", *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[float]]:
+    """(child script, data cache, the losses of an uninterrupted run)."""
+    root = tmp_path_factory.mktemp("faults")
+    child = root / "child.py"
+    child.write_text(CHILD)
+    config = TrainConfig(model="tiny", model_overrides=SMALL, tokenizer="byte",
+                         data_max_bytes=60_000, batch_size=2, seq_len=32, eval_batches=0,
+                         log_every=1, device="cpu", cache_dir=str(root / "cache"), steps=STEPS,
+                         out_dir=str(root / "reference"))  # fmt: skip
+    return child, root / "cache", list(train(config, progress=False).losses)
+
+
+def _start(child: Path, mode: str, marker: Path, args: list[str]) -> subprocess.Popen:
+    command = [sys.executable, str(child), mode, str(marker), *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early ({proc.returncode}): {proc.stderr.read()}")
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minifloat", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+def _losses(out: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _leftovers(out: Path) -> list[str]:
+    """What a finished run must not leave: temporary files and its lock."""
+    return sorted(p.name for p in out.iterdir() if p.name.endswith(".tmp") or p.name == LOCK_NAME)
+
+
+def test_kill_during_a_checkpoint_save(setup, tmp_path: Path) -> None:
+    child, cache, reference = setup
+    out, marker = tmp_path / "run", tmp_path / "saving"
+    proc = _start(child, "hang-in-second-save", marker, _args(out, cache, "--ckpt-every", "2"))
+    _wait_for(marker, proc)
+    proc.kill()  # SIGKILL between writing the step-4 checkpoint and renaming it into place
+    proc.wait(timeout=60)
+    assert [p.name for p in out.glob(".checkpoint.pt.*.tmp")] == [Path(marker.read_text()).name]
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 2  # the previous one is intact
+    assert len(_losses(out)) == 4  # records up to step 4, written before the save began
+
+    # A resumed run killed before its first metrics record: nothing already recorded is lost.
+    marker = tmp_path / "dying"
+    proc = _start(child, "die-in-first-step", marker, _args(out, cache, "--resume"))
+    proc.wait(timeout=120)
+    assert proc.returncode == -signal.SIGKILL and marker.exists()
+    assert _losses(out) == reference[:2]  # the records after the checkpoint (step 2) dropped
+
+    done = _cli(*_args(out, cache, "--resume"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _losses(out) == reference  # bit for bit, each step once
+    assert _leftovers(out) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_writes_a_checkpoint_and_a_second_run_is_locked_out(
+    setup, tmp_path: Path, signum: int
+) -> None:
+    child, cache, reference = setup
+    out, marker = tmp_path / "run", tmp_path / "held"
+    proc = _start(child, "hold-before-step-4", marker, _args(out, cache))
+    try:
+        _wait_for(marker, proc)
+        if signum == signal.SIGTERM:  # a second run on the same directory, meanwhile
+            metrics = (out / "metrics.jsonl").read_bytes()
+            second = _cli(*_args(out, cache, "--overwrite"), cwd=tmp_path)
+            assert second.returncode == 2
+            (line,) = second.stderr.strip().splitlines()
+            assert line.startswith(f"minifloat: error: {out} is in use by another run (pid "
+                                   f"{proc.pid} on host ")  # fmt: skip
+            assert line.endswith("wait for it to finish or give another --out")
+            assert (out / "metrics.jsonl").read_bytes() == metrics  # --overwrite did nothing
+        proc.send_signal(signum)
+        marker.with_suffix(".done").write_text("")
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, stderr
+    assert stderr.strip().splitlines() == [
+        f"minifloat: interrupted by {name} after step 4; checkpoint {out / 'checkpoint.pt'}; "
+        "continue with --resume"
+    ]
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 4
+    assert _losses(out) == reference[:4]
+    assert _leftovers(out) == []
+
+    done = _cli(*_args(out, cache, "--resume"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _losses(out) == reference
