@@ -26,13 +26,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, kernel_ms, time_ms, write_results  # noqa: E402
-from minifloat import recipes  # noqa: E402
+from minifloat import delayed, recipes  # noqa: E402
 from minifloat.kernels.hopper import HopperBackend  # noqa: E402
 from minifloat.linear import (  # noqa: E402
     QuantLinear,
     _compensation_fprop,
     _compensation_wgrad,
-    _delayed_scale,
 )
 
 M = 16384
@@ -135,9 +134,9 @@ def breakdown(recipe, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dic
         d = recipe.delayed
         sx = sw = sg = None
         if d is not None:
-            sx = _delayed_scale(hist, 0, xd, recipe.fprop.lhs.fmt, d)
-            sw = _delayed_scale(hist, 1, w, recipe.fprop.rhs.fmt, d)
-            sg = _delayed_scale(hist, 2, dy, recipe.dgrad.lhs.fmt, d)
+            sx = delayed.history_scale(hist, 0, delayed.amax(xd), recipe.fprop.lhs.fmt, d)
+            sw = delayed.history_scale(hist, 1, delayed.amax(w), recipe.fprop.rhs.fmt, d)
+            sg = delayed.history_scale(hist, 2, delayed.amax(dy), recipe.dgrad.lhs.fmt, d)
         clip = st.get("clip")
         st["x_q"] = x_q = be.quantize(xd, recipe.fprop.lhs, clip=clip, scale=sx)
         st["w_q"] = w_q = be.quantize(w, recipe.fprop.rhs, scale=sw)

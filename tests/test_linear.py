@@ -346,14 +346,19 @@ def test_non_finite_input_propagates():
         assert torch.isnan(got["y"][3]).all() and torch.isfinite(got["y"][:3]).all()
 
 
-def test_delayed_scaling_history():
+def _delayed_layer(history_len: int = 4, margin: int = 1) -> QuantLinear:
     r = dataclasses.replace(
-        recipes.get("fp8-delayed"), delayed=recipes.DelayedScaling(history_len=4, margin=1)
+        recipes.get("fp8-delayed"),
+        delayed=recipes.DelayedScaling(history_len=history_len, margin=margin),
     )
-    layer = QuantLinear(64, 32, recipe=r, backend="emulated")
-    assert layer.amax_history.shape == (3, 4) and "amax_history" not in layer.state_dict()
+    return QuantLinear(64, 32, recipe=r, backend="emulated")
+
+
+def test_delayed_scaling_history():
+    layer = _delayed_layer()
+    assert layer.amax_history.shape == (3, 4) and "amax_history" in layer.state_dict()
     x = torch.randn(16, 64)
-    layer(x).sum().backward()
+    layer(x).sum().backward()  # the backward records the step: input, weight, grad_output
     amax1 = x.abs().amax()
     assert layer.amax_history[0, 0] == amax1 and layer.amax_history[2, 0] == 1.0
     assert layer.amax_history[1, 0] == layer.weight.abs().amax()
@@ -365,9 +370,42 @@ def test_delayed_scaling_history():
     assert float(q.abs().max()) == 448.0
     wq = quantize(layer.weight.detach(), "e4m3")
     expected = quantize(q, "e4m3").dequantize() * ref_scale @ wq.dequantize().t()
-    # fp32 rounding apart (measured 136 dB); following the new amax instead gives 7 dB
     assert sqnr_db(expected, y - layer.bias) > 25
+    assert layer.amax_history[0, :2].tolist() == [float(amax1), 0.0]  # no backward: no record
+    y.sum().backward()
     assert layer.amax_history[0, :2].tolist() == [float(10 * amax1), float(amax1)]
+
+
+def test_delayed_history_ignores_evaluation_and_recomputation():
+    layer = _delayed_layer()
+    x = torch.randn(16, 64)
+    layer(x).sum().backward()
+    after_one = layer.amax_history.clone()
+    with torch.no_grad():
+        layer(3 * x)  # evaluation: no backward follows, nothing is recorded
+    layer.eval()
+    layer(5 * x)
+    layer.train()
+    assert torch.equal(layer.amax_history, after_one)
+    # activation checkpointing runs the forward again inside backward: one record per step
+    from torch.utils.checkpoint import checkpoint
+
+    xg = (2 * x).requires_grad_()
+    checkpoint(layer, xg, use_reentrant=False).sum().backward()
+    assert torch.equal(layer.amax_history[:, 1:], after_one[:, :-1])
+    assert layer.amax_history[0, 0] == 2 * x.abs().amax()
+
+
+def test_delayed_history_is_saved_and_plain_state_dicts_still_load():
+    layer = _delayed_layer()
+    layer(torch.randn(16, 64)).sum().backward()
+    copy = _delayed_layer()
+    copy.load_state_dict(layer.state_dict())  # strict: the history travels with checkpoints
+    assert torch.equal(copy.amax_history, layer.amax_history)
+    plain = nn.Linear(64, 32)
+    copy.load_state_dict(plain.state_dict())  # an nn.Linear's keys: the history stays
+    assert torch.equal(copy.amax_history, layer.amax_history)
+    assert torch.equal(copy.weight, plain.weight)
 
 
 def test_backend_selection():

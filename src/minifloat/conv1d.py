@@ -19,23 +19,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minifloat import recipes
-from minifloat.kernels import BACKEND_NAMES, get_backend
-from minifloat.linear import QuantLinearFunction
+from minifloat.linear import QuantizedGemmMixin
 from minifloat.recipes import QuantRecipe
 
 __all__ = ["QuantConv1D"]
 
 
-class QuantConv1D(nn.Module):
+class QuantConv1D(QuantizedGemmMixin, nn.Module):
     """GPT-2's `Conv1D` (weight [nx, nf] = [in, out], bias [nf]) with quantized GEMMs.
 
     Args:
         nf, nx: output and input features, in `Conv1D`'s order.
         recipe: a quantized recipe or its name (e.g. "fp4", "fp8-tensorwise").
         backend: "auto" (by the input's device), "emulated" or "hopper".
-    Parameters, state_dict keys and call signature are those of `Conv1D`; the fp8-delayed amax
-    history is a non-persistent buffer, as in `QuantLinear`.
+    Parameters, state_dict keys and call signature are those of `Conv1D` (plus the fp8-delayed
+    amax history, as in `QuantLinear`).
     """
 
     def __init__(
@@ -54,19 +52,6 @@ class QuantConv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)  # Conv1D's own initialization
         self._setup(recipe, backend, device)
-
-    def _setup(self, recipe: str | QuantRecipe, backend: str, device) -> None:
-        recipe = recipes.get(recipe)
-        if not isinstance(recipe, QuantRecipe):
-            raise ValueError(f"recipe {recipe.name!r} does not quantize linear layers")
-        if backend not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
-        self.recipe = recipe
-        self.backend = backend
-        history = None
-        if recipe.delayed is not None:
-            history = torch.zeros(3, recipe.delayed.history_len, device=device)
-        self.register_buffer("amax_history", history, persistent=False)
 
     @classmethod
     def from_conv1d(
@@ -99,31 +84,11 @@ class QuantConv1D(nn.Module):
     def out_features(self) -> int:
         return self.nf
 
-    def reset_buffers(self) -> None:
-        """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
-        if self.amax_history is not None:
-            self.amax_history.zero_()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.nx:
             raise ValueError(f"expected last dim {self.nx}, got shape {tuple(x.shape)}")
-        device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):
-            out_dtype = torch.get_autocast_dtype(device_type)
-        else:
-            out_dtype = x.dtype
-        backend = get_backend(self.backend, x.device)
         weight_nk = self.weight.t().contiguous()  # [out, in], nn.Linear's layout
-        y = QuantLinearFunction.apply(
-            x.reshape(-1, self.nx),
-            weight_nk,
-            self.bias,
-            self.recipe,
-            backend,
-            out_dtype,
-            self.amax_history,
-        )
-        return y.reshape(*x.shape[:-1], self.nf)
+        return self._quantized_gemm(x, weight_nk, self.bias, self.nf)
 
     def extra_repr(self) -> str:
         return f"nf={self.nf}, nx={self.nx}, recipe={self.recipe.name}, backend={self.backend}"

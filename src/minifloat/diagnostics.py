@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minifloat import occ
+from minifloat import delayed, occ
 from minifloat.amp import autocast_context, full_precision
 from minifloat.kernels.emulated import EmulatedBackend
-from minifloat.linear import _GRAD_OUTPUT, _INPUT, _WEIGHT, QuantLinear, _delayed_scale
+from minifloat.linear import QuantLinear
 from minifloat.recipes import QuantRecipe, Recipe
 from minifloat.sqnr import sqnr_db
 
@@ -75,7 +75,7 @@ class _LayerProbe:
     def _delayed(self, row: int, t: torch.Tensor, fmt: str) -> torch.Tensor | None:
         if self.recipe.delayed is None or self.history is None:
             return None
-        return _delayed_scale(self.history.clone(), row, t, fmt, self.recipe.delayed)
+        return delayed.history_scale(self.history, row, delayed.amax(t), fmt, self.recipe.delayed)
 
     def forward_hook(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
         if self.called or not args:  # measured at the first positional call only
@@ -86,14 +86,14 @@ class _LayerProbe:
         with torch.no_grad(), full_precision(x.device):
             x2 = x.reshape(-1, x.shape[-1])
             clip = occ.thresholds(x2, r.occ) if r.occ is not None else None
-            s_x = self._delayed(_INPUT, x2, r.fprop.lhs.fmt)
+            s_x = self._delayed(delayed.INPUT, x2, r.fprop.lhs.fmt)
             x_q = _BACKEND.quantize(x2, r.fprop.lhs, clip=clip, scale=s_x)
             x_eff = x_q.dequantize()
             if clip is not None and r.occ.compensate:
                 xf = x2.float()
                 x_eff = x_eff + torch.where(xf.isfinite(), xf - occ.clamp(xf, *clip), 0.0)
             w_q = _BACKEND.quantize(
-                w, r.fprop.rhs, scale=self._delayed(_WEIGHT, w, r.fprop.rhs.fmt)
+                w, r.fprop.rhs, scale=self._delayed(delayed.WEIGHT, w, r.fprop.rhs.fmt)
             )
             ref = F.linear(x.float(), w.float(), None if b is None else b.detach().float())
             self.result = {
@@ -109,7 +109,7 @@ class _LayerProbe:
         r: QuantRecipe = self.recipe
         with torch.no_grad():
             dy2 = dy.detach().reshape(-1, dy.shape[-1])
-            s_g = self._delayed(_GRAD_OUTPUT, dy2, r.dgrad.lhs.fmt)
+            s_g = self._delayed(delayed.GRAD_OUTPUT, dy2, r.dgrad.lhs.fmt)
             fold_w = self.w_scale.t() if r.folds("dgrad") else None
             g_q = _BACKEND.quantize(dy2, r.dgrad.lhs, prescale=fold_w, scale=s_g)
             g_eff = g_q.dequantize() if fold_w is None else g_q.dequantize() / fold_w

@@ -20,36 +20,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minifloat import formats, recipes
+from minifloat import delayed, recipes
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
-from minifloat.recipes import DelayedScaling, OCCConfig, OperandSpec, QuantRecipe
+from minifloat.recipes import OCCConfig, OperandSpec, QuantRecipe
 
-__all__ = ["QuantLinear", "QuantLinearFunction"]
-
-_INPUT, _WEIGHT, _GRAD_OUTPUT = 0, 1, 2  # rows of the delayed-scaling amax history
-
-
-def _delayed_scale(
-    history: torch.Tensor, row: int, x: torch.Tensor, fmt: str, cfg: DelayedScaling
-) -> torch.Tensor:
-    """Tensor scale from the amax history's row `row`, then record x's amax there. [1,1] fp32.
-
-    Non-finite past entries are ignored; while the history is empty the current amax is used.
-    """
-    amax = x.detach().abs().amax().float()
-    past = torch.nan_to_num(history[row], nan=0.0, posinf=0.0).amax()
-    ref = torch.where(past > 0, past, amax)
-    # amax / fmt.max as quantize() computes it, but divided in float64 and rounded once to
-    # float32: the same bits (a correctly rounded double quotient of float32 operands rounds to the
-    # correctly rounded float32 quotient), also under torch.compile, whose Triton code may lower a
-    # float32 division to an approximate one.
-    scaled_ref = (ref * (2.0**cfg.margin)).double()
-    scale = (scaled_ref / torch.full_like(scaled_ref, formats.get(fmt).max)).float()
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    history[row] = torch.roll(history[row], 1)
-    history[row, 0] = amax
-    return scale.reshape(1, 1)
+__all__ = ["QuantLinear", "QuantLinearFunction", "QuantizedGemmMixin"]
 
 
 class QuantLinearFunction(torch.autograd.Function):
@@ -80,11 +56,14 @@ class QuantLinearFunction(torch.autograd.Function):
                 clip = backend.occ_thresholds(x, recipe.occ)
                 if recipe.occ.compensate:
                     cols, delta = backend.occ_outliers(x, *clip)
-            s_x = s_w = None
-            if recipe.delayed is not None:
-                s_x = _delayed_scale(amax_history, _INPUT, x, recipe.fprop.lhs.fmt, recipe.delayed)
-                w_fmt = recipe.fprop.rhs.fmt
-                s_w = _delayed_scale(amax_history, _WEIGHT, weight, w_fmt, recipe.delayed)
+            s_x = s_w = amaxes = None
+            if recipe.delayed is not None:  # scales from past steps; backward records this one
+                amaxes = torch.stack([delayed.amax(x), delayed.amax(weight)])
+                s_x, s_w = (
+                    delayed.history_scale(amax_history, row, amaxes[row], spec.fmt, recipe.delayed)
+                    for row, spec in ((delayed.INPUT, recipe.fprop.lhs),
+                                      (delayed.WEIGHT, recipe.fprop.rhs))
+                )  # fmt: skip
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
@@ -127,6 +106,7 @@ class QuantLinearFunction(torch.autograd.Function):
             None if w_rhs is None else w_rhs.scale,
             cols,
             delta,
+            amaxes,
         )
         return y
 
@@ -144,14 +124,19 @@ class QuantLinearFunction(torch.autograd.Function):
             w_rhs_scale,
             cols,
             delta,
+            amaxes,
         ) = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dx = dw = db = None
         with torch.autocast(dy.device.type, enabled=False):
             s_g = None
             if recipe.delayed is not None:
+                amaxes = torch.cat([amaxes, delayed.amax(dy).reshape(1)])
                 g_fmt = recipe.dgrad.lhs.fmt
-                s_g = _delayed_scale(ctx.amax_history, _GRAD_OUTPUT, dy, g_fmt, recipe.delayed)
+                s_g = delayed.history_scale(
+                    ctx.amax_history, delayed.GRAD_OUTPUT, amaxes[2], g_fmt, recipe.delayed
+                )
+                delayed.record(ctx.amax_history, amaxes)  # once per trained step
             g_q = None
             if need_dx:
                 w_rhs = (
@@ -266,15 +251,68 @@ def _wgrad(
     return backend.scaled_mm(h_q, x_rhs, out_dtype=torch.float32)
 
 
-class QuantLinear(nn.Linear):
-    """`nn.Linear` with quantized GEMMs: same parameters, state_dict keys and call signature.
+class QuantizedGemmMixin:
+    """What QuantLinear and QuantConv1D share: the recipe, the backend choice, the fp8-delayed
+    amax history, and the call of `QuantLinearFunction` on a [out, in] weight.
+
+    The history is a persistent buffer `amax_history` [3, history_len] (rows: input, weight,
+    grad_output), so checkpoints carry it and a resumed run continues bit for bit; a state_dict
+    without it (an nn.Linear's) still loads and leaves it as it was.
+    """
+
+    recipe: QuantRecipe
+    backend: str
+    amax_history: torch.Tensor | None
+
+    def _setup(self, recipe: str | QuantRecipe, backend: str, device) -> None:
+        recipe = recipes.get(recipe)
+        if not isinstance(recipe, QuantRecipe):
+            raise ValueError(f"recipe {recipe.name!r} does not quantize linear layers")
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
+        self.recipe = recipe
+        self.backend = backend
+        history = None
+        if recipe.delayed is not None:
+            history = torch.zeros(3, recipe.delayed.history_len, device=device)
+        self.register_buffer("amax_history", history, persistent=True)
+
+    def reset_buffers(self) -> None:
+        """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
+        if self.amax_history is not None:
+            self.amax_history.zero_()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, *rest):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, *rest)
+        if prefix + "amax_history" in missing:  # a plain layer's state_dict: keep the history
+            missing.remove(prefix + "amax_history")
+
+    def _quantized_gemm(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_out: int
+    ) -> torch.Tensor:
+        """y = x·weightᵀ + bias through QuantLinearFunction (weight [n_out, in]), x's batch dims."""
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            out_dtype = torch.get_autocast_dtype(device_type)
+        else:
+            out_dtype = x.dtype
+        backend = get_backend(self.backend, x.device)
+        y = QuantLinearFunction.apply(
+            x.reshape(-1, x.shape[-1]), weight, bias, self.recipe, backend, out_dtype,
+            self.amax_history,
+        )  # fmt: skip
+        return y.reshape(*x.shape[:-1], n_out)
+
+
+class QuantLinear(QuantizedGemmMixin, nn.Linear):
+    """`nn.Linear` with quantized GEMMs: same parameters and call signature.
 
     Args:
         in_features, out_features, bias, device, dtype: as for `nn.Linear`.
         recipe: a quantized recipe or its name (e.g. "fp4", "fp8-rowwise").
         backend: "auto" (by the input's device), "emulated" or "hopper" (forced, for tests).
-    The fp8-delayed amax history lives in a non-persistent buffer `amax_history` [3, history_len]
-    (rows: input, weight, grad_output), so state_dicts stay those of `nn.Linear`.
+    state_dict keys are those of `nn.Linear`, plus `amax_history` under fp8-delayed
+    (see `QuantizedGemmMixin`).
     """
 
     def __init__(
@@ -291,19 +329,6 @@ class QuantLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self._setup(recipe, backend, device)
 
-    def _setup(self, recipe: str | QuantRecipe, backend: str, device) -> None:
-        recipe = recipes.get(recipe)
-        if not isinstance(recipe, QuantRecipe):
-            raise ValueError(f"recipe {recipe.name!r} does not quantize linear layers")
-        if backend not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
-        self.recipe = recipe
-        self.backend = backend
-        history = None
-        if recipe.delayed is not None:
-            history = torch.zeros(3, recipe.delayed.history_len, device=device)
-        self.register_buffer("amax_history", history, persistent=False)
-
     @classmethod
     def from_linear(
         cls, linear: nn.Linear, recipe: str | QuantRecipe, *, backend: str = "auto"
@@ -318,25 +343,10 @@ class QuantLinear(nn.Linear):
         new.train(linear.training)
         return new
 
-    def reset_buffers(self) -> None:
-        """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
-        if self.amax_history is not None:
-            self.amax_history.zero_()
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected last dim {self.in_features}, got shape {tuple(x.shape)}")
-        device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):
-            out_dtype = torch.get_autocast_dtype(device_type)
-        else:
-            out_dtype = x.dtype
-        backend = get_backend(self.backend, x.device)
-        x2 = x.reshape(-1, self.in_features)
-        y = QuantLinearFunction.apply(
-            x2, self.weight, self.bias, self.recipe, backend, out_dtype, self.amax_history
-        )
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return self._quantized_gemm(x, self.weight, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, recipe={self.recipe.name}, backend={self.backend}"

@@ -366,3 +366,12 @@ def test_checkpoints_by_default_and_a_record_at_each(tmp_path: Path, dataset) ->
         7,
         6,
     ]
+
+
+def test_fp8_delayed_losses_do_not_depend_on_the_eval_schedule(tmp_path: Path, dataset) -> None:
+    # The amax history advances once per trained step (in backward), never in evaluation.
+    often = train(_config(tmp_path / "a", recipe="fp8-delayed", eval_every=2), dataset=dataset,
+                  progress=False)  # fmt: skip
+    rarely = train(_config(tmp_path / "b", recipe="fp8-delayed", eval_every=8), dataset=dataset,
+                   progress=False)  # fmt: skip
+    assert often.losses == rarely.losses

@@ -2,9 +2,9 @@
 
 Plain and DDP models use ordinary state dicts. FSDP2 models hold sharded DTensors; their full
 (unsharded) state is gathered to CPU through ``torch.distributed.checkpoint.state_dict`` so the
-checkpoint file looks the same whatever the parallelism. Non-persistent buffers (e.g. the
-fp8-delayed amax history) are not in ``state_dict()`` but are training state; they are saved
-per rank.
+checkpoint file looks the same whatever the parallelism. Non-persistent buffers are not in
+``state_dict()`` but may be training state; they are saved per rank. (The fp8-delayed amax
+history is persistent since 2026-11-23; checkpoints written before keep it among these.)
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ def load_full_state(
 def extra_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
     """CPU copies of the non-persistent buffers (those ``state_dict()`` leaves out).
 
-    They stay out of ``state_dict()`` so model files load into plain models, but a resumed
-    fp8-delayed run without its amax history would scale differently.
+    They stay out of ``state_dict()`` so model files load into plain models; a checkpoint of an
+    fp8-delayed run from before 2026-11-23 holds its amax history here.
     """
     persistent = set(model.state_dict().keys())
     return {

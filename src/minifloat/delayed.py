@@ -1,0 +1,45 @@
+"""Delayed tensor scales (Transformer Engine / MS-AMP style): a scale from past amaxes.
+
+A fp8-delayed `QuantLinear` keeps a [3, history_len] amax history (rows: input, weight,
+grad_output; column 0 the newest). Step t quantizes each operand with the scale
+`max(history row) * 2**margin / fmt.max` of the steps before it, and its backward records the
+step's three amaxes once (`record`). Recording in backward rather than forward makes a forward
+that no backward follows (evaluation, generation) leave the history alone, and makes activation
+checkpointing, which runs a forward again inside backward, record a step once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minifloat import formats
+from minifloat.exact import div_rn
+from minifloat.recipes import DelayedScaling
+
+__all__ = ["INPUT", "WEIGHT", "GRAD_OUTPUT", "history_scale", "record", "amax"]
+
+INPUT, WEIGHT, GRAD_OUTPUT = 0, 1, 2  # rows of the amax history
+
+
+def amax(t: torch.Tensor) -> torch.Tensor:
+    """|t|.amax() as a 0-dim float32 tensor (NaN if t holds one)."""
+    return t.detach().abs().amax().float()
+
+
+def history_scale(
+    history: torch.Tensor, row: int, amax_now: torch.Tensor, fmt: str, cfg: DelayedScaling
+) -> torch.Tensor:
+    """The [1, 1] float32 scale of history row `row`: its largest finite past amax (the current
+    amax while the row is still empty) times 2**margin over `fmt`'s max; 1 if that is zero.
+
+    Divided with `exact.div_rn`, so it equals `quantize()`'s scale of that amax bit for bit.
+    """
+    past = torch.nan_to_num(history[row], nan=0.0, posinf=0.0).amax()
+    ref = torch.where(past > 0, past, amax_now) * (2.0**cfg.margin)
+    scale = div_rn(ref, torch.full_like(ref, formats.get(fmt).max))
+    return torch.where(scale > 0, scale, torch.ones_like(scale)).reshape(1, 1)
+
+
+def record(history: torch.Tensor, amaxes: torch.Tensor) -> None:
+    """Shift the history one step and write `amaxes` [3] (input, weight, grad_output) in front."""
+    history.copy_(torch.cat([amaxes.reshape(3, 1), history[:, :-1]], dim=1))
