@@ -143,7 +143,7 @@ def test_good_configs_pass():
 
 
 def _cli_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
-    from minifloat.cli import main
+    from minifloat.train.cli import main
 
     assert main(args) != 0
     err = capsys.readouterr().err  # progress lines (data work), then the error
@@ -157,8 +157,9 @@ def _cli_error(args: list[str], capsys: pytest.CaptureFixture) -> str:
     ("override", "message"),
     [
         ("n_heads=0", "n_heads must be positive, got 0"),
-        ("dim=1e3", "dim must be an int, got 1000.0"),
-        ("n_layers=2.0", "n_layers must be an int, got 2.0"),
+        # integral floats (dim=1e3, n_layers=2.0) are taken as integers, as --tokens 2e9 is
+        ("dim=1.5", "dim must be an integer, got 1.5"),
+        ("n_layers=2.5", "n_layers must be an integer, got 2.5"),
         ("rope_theta=-1", "rope_theta must be positive and finite, got -1"),
     ],
 )
