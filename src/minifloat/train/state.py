@@ -55,16 +55,18 @@ def load_full_state(
 
 
 def extra_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the non-persistent buffers (those ``state_dict()`` leaves out).
+    """CPU copies of this rank's own buffers: the non-persistent ones (those ``state_dict()``
+    leaves out) and the fp8-delayed amax histories.
 
-    They stay out of ``state_dict()`` so model files load into plain models; a checkpoint of an
-    fp8-delayed run from before 2026-11-23 holds its amax history here.
+    A history is in ``state_dict()`` too, but under data parallelism every rank records the
+    amaxes of its own micro-batches, so each rank's history is its own state: a sharded
+    checkpoint keeps one copy of a replicated buffer, which would give every rank rank 0's.
     """
     persistent = set(model.state_dict().keys())
     return {
         name: buf.detach().cpu().clone()
         for name, buf in model.named_buffers()
-        if name not in persistent
+        if name not in persistent or name.endswith("amax_history")
     }
 
 
