@@ -57,13 +57,16 @@ class ElementFormat:
         x: torch.Tensor,
         rounding: str = "nearest",
         generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Round float32 `x` (already divided by its scale) onto the grid, saturating at ±max.
 
         "nearest" is round-to-nearest, ties-to-even, as hardware conversion does. "stochastic"
         picks one of the two neighbouring grid points with probability proportional to proximity
-        (unbiased), drawing uniforms from `generator`. NaN stays NaN; ±inf saturates to ±max
-        (callers that must keep inf non-finite handle it before rounding).
+        (unbiased): `floor(|x| / quantum + u) * quantum`, with u the given `noise` (uniforms in
+        [0, 1) of x's shape, e.g. `counter_rng.uniform`) or drawn from `generator`. NaN stays
+        NaN; ±inf saturates to ±max (callers that must keep inf non-finite handle it before
+        rounding).
         """
         if rounding not in ROUNDING_MODES:
             raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
@@ -75,8 +78,10 @@ class ElementFormat:
         elif rounding == "nearest":
             q = torch.round(mag / quantum) * quantum
         else:
-            device = generator.device if generator is not None else mag.device
-            u = torch.rand(mag.shape, generator=generator, device=device, dtype=torch.float32)
+            u = noise
+            if u is None:
+                device = generator.device if generator is not None else mag.device
+                u = torch.rand(mag.shape, generator=generator, device=device, dtype=torch.float32)
             q = torch.floor(mag / quantum + u.to(mag.device)) * quantum
         q = q.clamp(max=self.max)
         return torch.copysign(q, x)

@@ -307,6 +307,7 @@ def quantize(
     rounding: str = "nearest",
     generator: torch.Generator | None = None,
     clip_quantile: float | None = None,
+    noise: torch.Tensor | None = None,
 ) -> QTensor:
     """Quantize `x` onto `fmt`'s grid with one absmax scale per group.
 
@@ -323,6 +324,8 @@ def quantize(
         scale_format: "fp32", "pow2", "e8m0" or "e4m3" (NVFP4's block scale x fp32 tensor scale).
         rounding: "nearest" (ties to even, saturating) or "stochastic" (unbiased).
         generator: random source for stochastic rounding (for reproducibility).
+        noise: uniforms in [0, 1) of x's shape for stochastic rounding, instead of drawing them
+            (the counter-based draws of `minifloat.counter_rng`, as the FP4 recipes use).
         clip_quantile: if set to alpha, a real number in (0.5, 1), clamp x's finite entries to
             its [1-alpha, alpha] per-tensor quantiles first.
 
@@ -356,7 +359,7 @@ def quantize(
     scale = torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
 
     scale_full = expand_scale(scale, xf.shape, granularity)
-    values = fmt.round(xf / scale_full, rounding=rounding, generator=generator)
+    values = fmt.round(xf / scale_full, rounding=rounding, generator=generator, noise=noise)
     return QTensor(values, scale, fmt, granularity, sfmt)
 
 
@@ -369,6 +372,7 @@ def fake_quantize(
     rounding: str = "nearest",
     generator: torch.Generator | None = None,
     clip_quantile: float | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`quantize(x, ...).dequantize(x.dtype)`: x with its quantization error, in x's dtype.
 
@@ -383,5 +387,6 @@ def fake_quantize(
         rounding=rounding,
         generator=generator,
         clip_quantile=clip_quantile,
+        noise=noise,
     )
     return q.dequantize(x.dtype)
