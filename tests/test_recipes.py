@@ -32,6 +32,8 @@ EXPECTED = [
     "fp4-occ",
     "fp4-w4a8",
     "fp4-w8a4",
+    "nvfp4",
+    "mxfp4",
 ]
 
 
@@ -41,7 +43,7 @@ def test_names_and_get():
         r = recipes.get(name)
         assert r.name == name
         assert recipes.get(r) is r
-        assert r.quantized == name.startswith(("fp8", "fp4"))
+        assert r.quantized == name.startswith(("fp8", "fp4", "nvfp4", "mxfp4"))
 
 
 def test_unknown_name_lists_valid():
@@ -55,7 +57,7 @@ def test_register_duplicate_raises():
         recipes.register(recipes.get("fp4"))
 
 
-@pytest.mark.parametrize("name", [n for n in EXPECTED if n.startswith(("fp8", "fp4"))])
+@pytest.mark.parametrize("name", [n for n in EXPECTED if recipes.get(n).quantized])
 def test_quantized_recipes_use_bf16_autocast(name):
     r = recipes.get(name)
     assert isinstance(r, QuantRecipe)

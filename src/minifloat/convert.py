@@ -20,6 +20,12 @@ Rules:
   Numeric parts are the indices of repeated blocks (`layers.3`, `h.0`), so `output` and `lm_head`
   are heads while `layers.0.attention.output` is a projection inside a block and is converted.
 - Embeddings are never quantized (convert swaps linear layers only) and always reported.
+- The last blocks: a recipe with `keep_last_blocks = k` (nvfp4: 2) keeps the linear layers of the
+  model's last k repeated blocks in high precision (bf16 under autocast). A layer's block is its
+  first numeric name part (`layers.7.attention.wq` is in block 7 of `layers`); the last k are the
+  k largest indices of that container among the model's modules.
+- Random state: layers of recipes that draw random numbers (stochastic rounding, Hadamard signs)
+  get a salt from their name (crc32), so each layer draws its own numbers, the same in every run.
 - Any other parameter of two or more dims stays in high precision and is reported by its own
   name: e.g. the fused expert weights [experts, out, in] of Mixtral and Qwen2-MoE, or a MoE
   router's weight, which their modules multiply in their own forward. convert cannot swap
@@ -41,6 +47,7 @@ from __future__ import annotations
 import fnmatch
 import sys
 import warnings
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar, overload
@@ -183,6 +190,33 @@ def _recipe_reason(recipe: Recipe, module: nn.Module, conv1d: type | None) -> st
     return recipe.unsuitable(*_features(module))
 
 
+def _block_of(fqn: str) -> tuple[str, int] | None:
+    """(container, index) of the repeated block holding `fqn` (its first numeric part)."""
+    parts = fqn.split(".")
+    i = next((i for i, part in enumerate(parts) if part.isdigit()), None)
+    return None if i is None else (".".join(parts[:i]), int(parts[i]))
+
+
+def _last_blocks(model: nn.Module, k: int) -> dict[str, set[int]]:
+    """{container: the k largest block indices among the model's modules} (k = 0: {})."""
+    if k <= 0:
+        return {}
+    found: dict[str, set[int]] = {}
+    for fqn, _ in model.named_modules():
+        block = _block_of(fqn)
+        if block is not None:
+            found.setdefault(block[0], set()).add(block[1])
+    return {c: set(sorted(indices)[-k:]) for c, indices in found.items()}
+
+
+def _last_block_reason(fqn: str, recipe: Recipe, last: dict[str, set[int]]) -> str | None:
+    block = _block_of(fqn)
+    if block is None or block[1] not in last.get(block[0], ()):
+        return None
+    k = recipe.keep_last_blocks
+    return f"in the last {k} blocks (recipe {recipe.name} keeps them in high precision)"
+
+
 def _filter_reason(
     module_filter_fn: ModuleFilter | None, module: nn.Module, fqn: str
 ) -> str | None:
@@ -320,6 +354,7 @@ def convert(
         id(m.weight): name for name, m in model.named_modules() if isinstance(m, embedding_types)
     }
     report = ConversionReport(recipe=recipe.name)
+    last = _last_blocks(model, getattr(recipe, "keep_last_blocks", 0))
     covered: set[int] = set()  # parameters of the modules looked at below
     layers: list[str] = []
     targets: list[tuple[str, nn.Module]] = []
@@ -336,6 +371,7 @@ def convert(
             matched = next((p for p in patterns if fnmatch.fnmatchcase(fqn, p)), None)
             reason = None if matched is None else f"matched skip pattern {matched!r}"
         reason = reason or _recipe_reason(recipe, module, conv1d)
+        reason = reason or _last_block_reason(fqn, recipe, last)
         reason = reason or _filter_reason(module_filter_fn, module, fqn)
         if reason is None:
             targets.append((fqn, module))
@@ -347,6 +383,7 @@ def convert(
             new = QuantLinear.from_linear(module, recipe, backend=backend)
         else:
             new = QuantConv1D.from_conv1d(module, recipe, backend=backend)
+        new.seed_rng(zlib.crc32(fqn.encode()) & 0x7FFFFFFF)
         _set_submodule(model, fqn, new)
         report.converted.append(fqn)
     # A plain attribute (Module.__setattr__ keeps non-tensor values in __dict__): outside the

@@ -11,14 +11,16 @@ measures, for each `QuantLinear`, the SQNR in dB (`minifloat.sqnr.sqnr_db`) of:
 - ``grad_output``: dy against dgrad's operand, dequantized (with the FP4 fold, Q(dy·diag(s_w))
   divided by s_w again);
 - ``grad_output_t``: dy against wgrad's operand (quantized along the tokens; with the fold,
-  Q((diag(s_x)·dy)ᵀ)ᵀ divided by s_x);
+  Q((diag(s_x)·dy)ᵀ)ᵀ divided by s_x; with a random Hadamard transform R, rotated back:
+  Q(dyᵀR)Rᵀ, whose error has the norm of the rotated operand's, R being orthogonal);
 - ``output``: y against a float32 ``F.linear`` of the unquantized x, w and bias.
 
 Everything is observed from outside: a forward hook sees x and y, a tensor hook on y sees dy, and
 the quantizers are the reference backend's (bit-identical to the Hopper kernels), fed with the same
-OCC thresholds and delayed scales the layer uses. The backward is ``torch.autograd.grad`` with
-respect to the parameters, so no ``.grad`` is touched; RNG states and fp8-delayed amax histories
-are restored afterwards, so measuring does not change a training run (tested). A layer called
+OCC thresholds, delayed scales and random draws (stochastic rounding, Hadamard signs) the layer
+uses. The backward is ``torch.autograd.grad`` with respect to the parameters, so no ``.grad`` is
+touched; RNG states, fp8-delayed amax histories and the layers' counter-based random states are
+restored afterwards, so measuring does not change a training run (tested). A layer called
 more than once per forward is measured at its first call.
 """
 
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minifloat import delayed, occ
+from minifloat import counter_rng, delayed, hadamard, occ
 from minifloat.amp import autocast_context, full_precision
 from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.linear import QuantLinear
@@ -70,6 +72,7 @@ class _LayerProbe:
         self.result: dict[str, float | None] = {}
         self.x_scale: torch.Tensor | None = None
         self.w_scale: torch.Tensor | None = None
+        self.seeds: torch.Tensor | None = None  # the layer's draws of this step (dgrad, wgrad)
         self.called = False
 
     def _delayed(self, row: int, t: torch.Tensor, fmt: str) -> torch.Tensor | None:
@@ -102,6 +105,8 @@ class _LayerProbe:
                 "output": _db(ref, output.detach()),
             }
             self.x_scale, self.w_scale = x_q.scale, w_q.scale
+            if module.rng_state is not None:
+                self.seeds = counter_rng.layer_seeds(module.rng_state)
         if output.requires_grad:
             output.register_hook(self.grad_hook)
 
@@ -110,14 +115,27 @@ class _LayerProbe:
         with torch.no_grad():
             dy2 = dy.detach().reshape(-1, dy.shape[-1])
             s_g = self._delayed(delayed.GRAD_OUTPUT, dy2, r.dgrad.lhs.fmt)
+            seeds = [None, None] if self.seeds is None else self.seeds
             fold_w = self.w_scale.t() if r.folds("dgrad") else None
-            g_q = _BACKEND.quantize(dy2, r.dgrad.lhs, prescale=fold_w, scale=s_g)
+            g_q = _BACKEND.quantize(dy2, r.dgrad.lhs, prescale=fold_w, scale=s_g, seed=seeds[0])
             g_eff = g_q.dequantize() if fold_w is None else g_q.dequantize() / fold_w
             fold_x = self.x_scale if r.folds("wgrad") else None
-            h_q = _BACKEND.quantize(dy2, r.wgrad.lhs, prescale=fold_x, transpose=True, scale=s_g)
-            h_eff = h_q.dequantize().t() if fold_x is None else h_q.dequantize().t() / fold_x
+            h_q = _BACKEND.quantize(
+                dy2, r.wgrad.lhs, prescale=fold_x, transpose=True, scale=s_g, seed=seeds[1]
+            )
+            h_eff = _unrotated(h_q.dequantize(), r.wgrad.lhs.hadamard, seeds[1], dy2.shape[0]).t()
+            h_eff = h_eff if fold_x is None else h_eff / fold_x
             self.result["grad_output"] = _db(dy2, g_eff)
             self.result["grad_output_t"] = _db(dy2, h_eff)
+
+
+def _unrotated(q: torch.Tensor, size: int, seed: torch.Tensor | None, length: int) -> torch.Tensor:
+    """A wgrad operand [rows, M'] rotated back along M (its first `length` columns)."""
+    if not size:
+        return q
+    seed = torch.zeros((), dtype=torch.int64, device=q.device) if seed is None else seed
+    signs = counter_rng.random_signs(counter_rng.derive(seed, "signs"), size, q.device)
+    return hadamard.rotate(q, signs, dim=1, inverse=True)[:, :length]
 
 
 def measure_layer_sqnr(
@@ -145,6 +163,7 @@ def measure_layer_sqnr(
     loss_fn = loss_fn or _lm_loss
     device = inputs.device
     snapshots = {n: None if m.amax_history is None else m.amax_history.clone() for n, m in layers}
+    rng_states = {n: None if m.rng_state is None else m.rng_state.clone() for n, m in layers}
     probes = {n: _LayerProbe(m, snapshots[n]) for n, m in layers}
     handles = [m.register_forward_hook(probes[n].forward_hook) for n, m in layers]
     params = [p for p in model.parameters() if p.requires_grad]
@@ -164,6 +183,8 @@ def measure_layer_sqnr(
             for name, layer in layers:
                 if snapshots[name] is not None:
                     layer.amax_history.copy_(snapshots[name])
+                if rng_states[name] is not None:
+                    layer.rng_state.copy_(rng_states[name])
     return {name: probes[name].result for name, _ in layers if probes[name].called}
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minifloat import delayed, recipes
+from minifloat import counter_rng, delayed, recipes
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
 from minifloat.recipes import OCCConfig, OperandSpec, QuantRecipe
@@ -43,10 +43,14 @@ class QuantLinearFunction(torch.autograd.Function):
     the plain dx = Q(dy)·Q(w) and dw = Q(dy)ᵀ·Q(x), with each operand quantized along that GEMM's
     contraction dim as its `OperandSpec` says. x_c = clamp(x, q_{1-α}, q_α) under OCC, else x.
     dgrad passes straight through the clamp (the clamp plus compensation is the identity).
+    Micro-block recipes (nvfp4, mxfp4) may round dy stochastically and rotate both wgrad
+    operands along M: dw = Q(dyᵀ·R)·Q(xᵀ·R)ᵀ, R an orthogonal random Hadamard transform
+    (minifloat/hadamard.py); the draws come from `rng_state` (counter_rng.py): seeds of the
+    forward's step, saved for backward, which counts the step (`counter_rng.advance`).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, backend, out_dtype, amax_history):
+    def forward(ctx, x, weight, bias, recipe, backend, out_dtype, amax_history, rng_state=None):
         recipe: QuantRecipe
         backend: Backend
         need_dx, need_dw = ctx.needs_input_grad[:2]
@@ -64,6 +68,7 @@ class QuantLinearFunction(torch.autograd.Function):
                     for row, spec in ((delayed.INPUT, recipe.fprop.lhs),
                                       (delayed.WEIGHT, recipe.fprop.rhs))
                 )  # fmt: skip
+            seeds = None if rng_state is None else counter_rng.layer_seeds(rng_state)
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
@@ -86,11 +91,15 @@ class QuantLinearFunction(torch.autograd.Function):
             if reuse_x:
                 x_rhs = backend.transpose(x_q, unit_scale=recipe.folds("wgrad"))
             elif need_dw:
-                x_rhs = backend.quantize(x, recipe.wgrad.rhs, clip=clip, transpose=True, scale=s_x)
+                x_rhs = backend.quantize(
+                    x, recipe.wgrad.rhs, clip=clip, transpose=True, scale=s_x,
+                    seed=_seed(seeds, "wgrad"),
+                )  # fmt: skip
             if reuse_w:
                 w_rhs = backend.transpose(w_q, unit_scale=recipe.folds("dgrad"))
 
         ctx.recipe, ctx.backend, ctx.amax_history = recipe, backend, amax_history
+        ctx.rng_state = rng_state
         ctx.x_dtype = x.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         x_rhs_data, ctx.x_rhs_meta = _stash(backend, x_rhs)
@@ -107,6 +116,8 @@ class QuantLinearFunction(torch.autograd.Function):
             cols,
             delta,
             amaxes,
+            *_tensor_scales(x_rhs, w_rhs),
+            seeds,
         )
         return y
 
@@ -125,6 +136,9 @@ class QuantLinearFunction(torch.autograd.Function):
             cols,
             delta,
             amaxes,
+            x_rhs_ts,
+            w_rhs_ts,
+            seeds,
         ) = ctx.saved_tensors
         need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
         dx = dw = db = None
@@ -137,19 +151,23 @@ class QuantLinearFunction(torch.autograd.Function):
                     ctx.amax_history, delayed.GRAD_OUTPUT, amaxes[2], g_fmt, recipe.delayed
                 )
                 delayed.record(ctx.amax_history, amaxes)  # once per trained step
+            if ctx.rng_state is not None:
+                counter_rng.advance(ctx.rng_state)  # once per trained step, as the history
             g_q = None
             if need_dx:
                 w_rhs = (
-                    _unstash(backend, w_rhs_data, w_rhs_scale, ctx.w_rhs_meta)
+                    _unstash(backend, w_rhs_data, w_rhs_scale, ctx.w_rhs_meta, w_rhs_ts)
                     if w_rhs_data is not None
                     else backend.quantize(weight, recipe.dgrad.rhs, transpose=True)
                 )
                 prescale = w_scale.t() if recipe.folds("dgrad") else None
-                g_q = backend.quantize(dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g)
+                g_q = backend.quantize(
+                    dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g, seed=_seed(seeds, "dgrad")
+                )
                 dx = backend.scaled_mm(g_q, w_rhs, out_dtype=ctx.x_dtype)
             if need_dw:
-                x_rhs = _unstash(backend, x_rhs_data, x_rhs_scale, ctx.x_rhs_meta)
-                dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g)
+                x_rhs = _unstash(backend, x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
+                dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g, _seed(seeds, "wgrad"))
                 if delta is not None and cols.numel() > 0:
                     dw_comp = _compensation_wgrad(backend, recipe.occ, dy, delta, cols.numel())
                     dw.index_add_(1, cols, dw_comp)
@@ -159,7 +177,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 dw = dw.to(weight.dtype)
             if need_db and ctx.bias_dtype is not None:
                 db = dy.float().sum(dim=0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 _E4M3_ROWS = OperandSpec(fmt="e4m3", granularity="row")
@@ -180,15 +198,32 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
     packed_cols = None
     if q.fmt == "e2m1" and data.dtype == torch.float8_e4m3fn:
         data, packed_cols = backend.kernel(pack_e2m1, data)(data), data.shape[1]
-    return data, (q.fmt, q.granularity, packed_cols, transposed)
+    return data, (q.fmt, q.granularity, packed_cols, transposed, q.scale_format)
 
 
-def _unstash(backend: Backend, data: torch.Tensor, scale: torch.Tensor, meta: tuple) -> QOperand:
+def _unstash(
+    backend: Backend,
+    data: torch.Tensor,
+    scale: torch.Tensor,
+    meta: tuple,
+    tensor_scale: torch.Tensor | None = None,
+) -> QOperand:
     """The operand `_stash` saved (a transposed view again where it was one)."""
-    fmt, granularity, packed_cols, transposed = meta
+    fmt, granularity, packed_cols, transposed, scale_format = meta
     if packed_cols is not None:
         data = backend.kernel(unpack_e2m1, data)(data, packed_cols)
-    return QOperand(data.t() if transposed else data, scale, fmt, granularity)
+    data = data.t() if transposed else data
+    return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format)
+
+
+def _tensor_scales(*qs: QOperand | None) -> list[torch.Tensor | None]:
+    """The micro-block tensor scales of saved operands (None where absent), saved beside them."""
+    return [None if q is None else q.tensor_scale for q in qs]
+
+
+def _seed(seeds: torch.Tensor | None, gemm: str) -> torch.Tensor | None:
+    """The step's seed of `gemm` ("dgrad" / "wgrad") from `counter_rng.layer_seeds`."""
+    return None if seeds is None else seeds[0 if gemm == "dgrad" else 1]
 
 
 def _pad_columns(t: torch.Tensor) -> torch.Tensor:
@@ -233,6 +268,7 @@ def _wgrad(
     x_rhs: QOperand,
     x_scale: torch.Tensor | None,
     s_g: torch.Tensor | None,
+    seed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dw [N, K] in fp32, before OCC and DGE corrections."""
     lhs = recipe.wgrad.lhs
@@ -247,7 +283,7 @@ def _wgrad(
         h_q = backend.transpose(g_q)
     else:
         prescale = x_scale if recipe.folds("wgrad") else None
-        h_q = backend.quantize(dy, lhs, prescale=prescale, transpose=True, scale=s_g)
+        h_q = backend.quantize(dy, lhs, prescale=prescale, transpose=True, scale=s_g, seed=seed)
     return backend.scaled_mm(h_q, x_rhs, out_dtype=torch.float32)
 
 
@@ -258,11 +294,17 @@ class QuantizedGemmMixin:
     The history is a persistent buffer `amax_history` [3, history_len] (rows: input, weight,
     grad_output), so checkpoints carry it and a resumed run continues bit for bit; a state_dict
     without it (an nn.Linear's) still loads and leaves it as it was.
+
+    Recipes that draw random numbers (`recipe.randomized`: stochastic rounding, Hadamard signs)
+    keep `rng_state`, int64 [2] = (salt, step), alike: a persistent buffer advanced once per
+    trained backward; its seeds are `counter_rng.layer_seeds(rng_state)`. `convert` gives each
+    layer a salt from its name (`seed_rng`), so layers draw different numbers.
     """
 
     recipe: QuantRecipe
     backend: str
     amax_history: torch.Tensor | None
+    rng_state: torch.Tensor | None
 
     def _setup(self, recipe: str | QuantRecipe, backend: str, device) -> None:
         recipe = recipes.get(recipe)
@@ -276,16 +318,28 @@ class QuantizedGemmMixin:
         if recipe.delayed is not None:
             history = torch.zeros(3, recipe.delayed.history_len, device=device)
         self.register_buffer("amax_history", history, persistent=True)
+        self._rng_salt = 0
+        rng = torch.zeros(2, dtype=torch.int64, device=device) if recipe.randomized else None
+        self.register_buffer("rng_state", rng, persistent=True)
+
+    def seed_rng(self, salt: int) -> None:
+        """Start the random state at (salt, step 0); salt in [0, 2^31)."""
+        self._rng_salt = int(salt)
+        if self.rng_state is not None:
+            self.rng_state.copy_(torch.tensor([self._rng_salt, 0], dtype=torch.int64))
 
     def reset_buffers(self) -> None:
-        """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
+        """Zero the delayed-scaling amax history and restart the random state at step 0 (e.g.
+        after `to_empty` materialized them)."""
         if self.amax_history is not None:
             self.amax_history.zero_()
+        self.seed_rng(self._rng_salt)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, *rest):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, *rest)
-        if prefix + "amax_history" in missing:  # a plain layer's state_dict: keep the history
-            missing.remove(prefix + "amax_history")
+        for key in ("amax_history", "rng_state"):  # a plain layer's state_dict: keep them
+            if prefix + key in missing:
+                missing.remove(prefix + key)
 
     def _quantized_gemm(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_out: int
@@ -299,7 +353,7 @@ class QuantizedGemmMixin:
         backend = get_backend(self.backend, x.device)
         y = QuantLinearFunction.apply(
             x.reshape(-1, x.shape[-1]), weight, bias, self.recipe, backend, out_dtype,
-            self.amax_history,
+            self.amax_history, self.rng_state,
         )  # fmt: skip
         return y.reshape(*x.shape[:-1], n_out)
 
@@ -311,8 +365,8 @@ class QuantLinear(QuantizedGemmMixin, nn.Linear):
         in_features, out_features, bias, device, dtype: as for `nn.Linear`.
         recipe: a quantized recipe or its name (e.g. "fp4", "fp8-rowwise").
         backend: "auto" (by the input's device), "emulated" or "hopper" (forced, for tests).
-    state_dict keys are those of `nn.Linear`, plus `amax_history` under fp8-delayed
-    (see `QuantizedGemmMixin`).
+    state_dict keys are those of `nn.Linear`, plus `amax_history` under fp8-delayed and
+    `rng_state` under recipes that draw random numbers (see `QuantizedGemmMixin`).
     """
 
     def __init__(

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from minifloat import formats
+from minifloat import formats, microblock_variants
+from minifloat.hadamard import check_size
 from minifloat.quantize import Granularity, normalize_granularity
 
 __all__ = [
@@ -83,6 +84,9 @@ class OperandSpec:
     row scale, which cannot be applied along the backward contraction dim, is folded into the
     gradient operand (DESIGN.md "FP4 on Hopper") and the reused values get a unit scale. A reused
     spec must name the fprop's format; its granularity is ignored.
+    `hadamard` (wgrad operands only, 0 = off): the size n of a random Hadamard transform applied
+    along the contraction dim before quantizing (minifloat/hadamard.py). "stochastic" rounding
+    and the transform draw from the layer's counter-based random state (minifloat/counter_rng.py).
     """
 
     fmt: str
@@ -90,6 +94,7 @@ class OperandSpec:
     scale_format: str = "fp32"
     rounding: str = "nearest"
     reuse: bool = False
+    hadamard: int = 0
 
     def __post_init__(self) -> None:
         formats.get(self.fmt)  # validates the name
@@ -99,6 +104,8 @@ class OperandSpec:
             raise ValueError("operand granularity 'column' cannot scale a GEMM operand; use 'row'")
         if self.rounding not in formats.ROUNDING_MODES:
             raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}")
+        if self.hadamard:
+            check_size(self.hadamard)
 
     def words(self) -> str:
         """E.g. "E2M1 (row)"; reused operands read "E2M1 (fprop values)"."""
@@ -106,6 +113,7 @@ class OperandSpec:
             return f"{self.fmt.upper()} (fprop values)"
         extra = [] if self.scale_format == "fp32" else [f"{self.scale_format} scale"]
         extra += [] if self.rounding == "nearest" else [self.rounding]
+        extra += [f"RHT {self.hadamard}"] if self.hadamard else []
         return f"{self.fmt.upper()} ({', '.join([_granularity_words(self.granularity), *extra])})"
 
 
@@ -212,6 +220,9 @@ class QuantRecipe(Recipe):
     # fp32), as torchao's float8 layers run their output GEMM: 7-20 % faster at LLaMA shapes.
     # Exact for E2M1 x E2M1 (every partial sum fits); the emulation always sums in fp32.
     fprop_fast_accum: bool = True
+    # convert() keeps the linear layers of the model's last `keep_last_blocks` repeated blocks in
+    # high precision (bf16 under autocast), as NVFP4 training does (arXiv 2509.25149).
+    keep_last_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.fprop.lhs.reuse or self.fprop.rhs.reuse or self.dgrad.lhs.reuse:
@@ -227,10 +238,30 @@ class QuantRecipe(Recipe):
                 raise ValueError("delayed scaling needs tensor granularity for all operands")
             if self.occ is not None:
                 raise ValueError("delayed scaling and OCC do not combine")
+        self._check_random_features()
+
+    def _check_random_features(self) -> None:
+        if self.keep_last_blocks < 0:
+            raise ValueError("keep_last_blocks must be >= 0")
+        lhs, rhs = self.wgrad.lhs, self.wgrad.rhs
+        if any(
+            s.hadamard for s in (self.fprop.lhs, self.fprop.rhs, self.dgrad.lhs, self.dgrad.rhs)
+        ):
+            raise ValueError("a Hadamard transform applies to the wgrad operands only")
+        if lhs.hadamard != rhs.hadamard or (rhs.hadamard and rhs.reuse):
+            raise ValueError("both wgrad operands need the same Hadamard transform (no reuse)")
 
     @property
     def quantized(self) -> bool:
         return True
+
+    @property
+    def randomized(self) -> bool:
+        """Whether a layer draws random numbers (stochastic rounding, Hadamard signs), so it keeps
+        a counter-based random state (`QuantizedGemmMixin.rng_state`)."""
+        specs = [getattr(self, g).lhs for g in ("fprop", "dgrad", "wgrad")]
+        specs += [getattr(self, g).rhs for g in ("fprop", "dgrad", "wgrad")]
+        return any(s.rounding == "stochastic" or s.hadamard for s in specs)
 
     def folds(self, gemm: str) -> bool:
         """Whether the backward `gemm` ("dgrad"/"wgrad") folds a fprop row scale into dy."""
@@ -394,6 +425,50 @@ for _r in (
 del _r
 
 
+def _microblock(
+    name: str,
+    description: str,
+    scale_format: str,
+    block: int,
+    weight_block: tuple[int, int],
+    rht: int,
+    keep_last_blocks: int,
+) -> QuantRecipe:
+    """E2M1 in 1 x `block` blocks along each GEMM's contraction dim with `scale_format` block
+    scales; the weight in `weight_block` blocks (square: dgrad reuses the fprop values, else
+    it quantizes wᵀ again); stochastic rounding of dy; a random Hadamard transform of size `rht`
+    (0: none) on both wgrad operands."""
+
+    def op(granularity=(1, block), rounding="nearest", hadamard=0) -> OperandSpec:
+        return _op("e2m1", granularity, scale_format=scale_format, rounding=rounding,
+                   hadamard=hadamard)  # fmt: skip
+
+    square = weight_block[0] == weight_block[1]
+    return QuantRecipe(
+        name=name,
+        description=description,
+        fprop=GemmSpec(lhs=op(), rhs=op(weight_block)),
+        dgrad=GemmSpec(lhs=op(rounding="stochastic"), rhs=_reuse("e2m1") if square else op()),
+        wgrad=GemmSpec(lhs=op(rounding="stochastic", hadamard=rht), rhs=op(hadamard=rht)),
+        min_multiple=max(16, *weight_block),
+        keep_last_blocks=keep_last_blocks,
+    )
+
+
+register(
+    _microblock(
+        "nvfp4", "2509.25149: NVFP4 (1x16 E4M3 x fp32 scales, 16x16 weights, SR, 16-point RHT)",
+        "e4m3", 16, (16, 16), rht=16, keep_last_blocks=2,
+    )
+)  # fmt: skip
+register(
+    _microblock(
+        "mxfp4", "OCP MXFP4: 1x32 E8M0 scales, stochastic rounding of gradients",
+        "e8m0", 32, (1, 32), rht=0, keep_last_blocks=0,
+    )
+)  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # Variants: "BASE:KEY=VALUE[:KEY=VALUE...]"
 # ---------------------------------------------------------------------------------------------
@@ -419,6 +494,11 @@ VARIANT_KEYS: dict[str, str] = {
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
     "scaling.grad_output": "row|tensor: scale granularity of the output gradient dy",
     "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
+    "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",
+    "rht": "on|off: random Hadamard transform on both wgrad operands, size = block (nvfp4, mxfp4)",
+    "rht.size": "power of two: size of the wgrad random Hadamard transform (turns it on)",
+    "block": "power of two >= 2: micro-block length along the contraction dim (square weights NxN)",
+    "keep_last": "integer >= 0: the model's last N blocks' linear layers stay in bf16 (convert)",
 }
 
 
@@ -474,6 +554,11 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
     if key == "occ":
         on = _switch(key, value)
         return rep(r, occ=(r.occ or OCCConfig(threshold="sampled")) if on else None)
+    if key in ("sr", "rht"):
+        return microblock_variants.apply(r, key, _switch(key, value))
+    if key in ("rht.size", "block", "keep_last"):
+        pow2 = key != "keep_last"
+        return microblock_variants.apply(r, key, _integer(key, value, power_of_two=pow2))
     group, _, field = key.partition(".")
     if group == "dge":
         return rep(r, dge=rep(r.dge or DGEConfig(), **{field: _number(key, value)}))
@@ -493,6 +578,15 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
     return r
 
 
+def _integer(key: str, value: str, *, power_of_two: bool = False) -> int:
+    number = _number(key, value)
+    n = int(number)
+    if number != n or n < 0 or (power_of_two and (n < 2 or n & (n - 1))):
+        kind = "a power of two >= 2" if power_of_two else "an integer >= 0"
+        raise ValueError(f"{key} must be {kind}, got {value!r}")
+    return n
+
+
 def _parse_overrides(name: str, items: list[str]) -> dict[str, str]:
     overrides: dict[str, str] = {}
     for item in items:
@@ -504,7 +598,7 @@ def _parse_overrides(name: str, items: list[str]) -> dict[str, str]:
         if key in overrides:
             raise ValueError(f"variant key {key!r} is given twice")
         overrides[key] = value
-    for switch in ("dge", "occ"):
+    for switch in ("dge", "occ", "rht"):
         fields = [k for k in overrides if k.startswith(switch + ".")]
         if fields and switch in overrides and not _switch(switch, overrides[switch]):
             raise ValueError(f"{switch}=off contradicts {', '.join(fields)}")

@@ -31,12 +31,17 @@ class QOperand:
     fast path (kernels/operand.py). `scale`: float32
     dequantization multiplier: [1,1] for "tensor", [rows,1] for "row", [ceil(rows/br),
     ceil(cols/bc)] for blocks (br, bc). `fmt`: the element format's name.
+    Micro-block operands (kernels/microscale.py) name their `scale_format` ("e4m3": NVFP4's
+    E4M3 block scales, stored as float8_e4m3fn, times the fp32 `tensor_scale` [1,1]; "e8m0":
+    MX's power-of-two block scales); their GEMM keeps the tensor scale out of the products.
     """
 
     data: torch.Tensor
     scale: torch.Tensor
     fmt: str
     granularity: Granularity
+    tensor_scale: torch.Tensor | None = None
+    scale_format: str = "fp32"
 
     @property
     def shape(self) -> torch.Size:
@@ -47,8 +52,9 @@ class QOperand:
         return self.data.float()
 
     def expanded_scale(self) -> torch.Tensor:
-        """The scale of every element, data's shape."""
-        return expand_scale(self.scale, self.data.shape, self.granularity)
+        """The scale of every element, data's shape (block scale x tensor scale, if any)."""
+        full = expand_scale(self.scale.float(), self.data.shape, self.granularity)
+        return full if self.tensor_scale is None else full * self.tensor_scale
 
     def dequantize(self) -> torch.Tensor:
         """values * scale in float32."""
@@ -75,8 +81,10 @@ class Backend(Protocol):
         transpose: bool = False,
         clip: tuple[torch.Tensor, torch.Tensor] | None = None,
         scale: torch.Tensor | None = None,
+        seed: torch.Tensor | None = None,
     ) -> QOperand:
-        """clip -> * prescale -> transpose -> absmax-quantize (or divide by a given scale)."""
+        """clip -> * prescale -> transpose -> absmax-quantize (or divide by a given scale).
+        `seed` (0-dim int64): the random draws of stochastic rounding and Hadamard transforms."""
         ...
 
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
@@ -97,6 +105,19 @@ class Backend(Protocol):
 
         `fast_accum` lets FP8 tensor cores skip the periodic fp32 promotion of partial sums
         (a speed hint; the emulation sums in fp32 regardless)."""
+        ...
+
+    def microscaled_mm(
+        self,
+        a: QOperand,
+        b: QOperand,
+        *,
+        out_dtype: torch.dtype,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """a @ bᵀ of micro-block (NVFP4 / MXFP4) operands, which `scaled_mm` hands over:
+        (values x block scales) multiplied exactly, tensor scales applied to the fp32 output
+        (kernels/microscale.py). The seam for a native FP4 tensor-core GEMM (Blackwell)."""
         ...
 
     def apply_dge(

@@ -10,6 +10,7 @@ in fp32. On CUDA, keep TF32 matmuls off (the PyTorch default) or fp32 GEMMs are 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from minifloat import formats
 from minifloat.dge import dge_scale
 from minifloat.exact import div_rn
-from minifloat.kernels import operand
+from minifloat.kernels import microscale, operand
 from minifloat.kernels.backend import QOperand
 from minifloat.occ import outliers, thresholds
 from minifloat.quantize import quantize
@@ -47,9 +48,14 @@ class EmulatedBackend:
         transpose: bool = False,
         clip: tuple[torch.Tensor, torch.Tensor] | None = None,
         scale: torch.Tensor | None = None,
+        seed: torch.Tensor | None = None,
     ) -> QOperand:
         if scale is not None and spec.granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
+        if microscale.supports(spec):  # NVFP4 / MXFP4 blocks, SR, Hadamard transforms
+            return microscale.quantize(
+                self, x, spec, prescale=prescale, transpose=transpose, clip=clip, seed=seed
+            )
         fast = operand.supports(spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
         if fast:
             values, s = self.kernel(operand.quantize_operand, x)(
@@ -68,7 +74,9 @@ class EmulatedBackend:
             return QOperand(data, q.scale, q.fmt, "tensor")
         if isinstance(q.granularity, tuple):
             br, bc = q.granularity
-            return QOperand(data, q.scale.t().contiguous(), q.fmt, (bc, br))
+            return dataclasses.replace(
+                q, data=data, scale=q.scale.t().contiguous(), granularity=(bc, br)
+            )
         raise ValueError(f"cannot transpose a {q.granularity!r}-scaled operand keeping its scale")
 
     def scaled_mm(
@@ -82,6 +90,8 @@ class EmulatedBackend:
     ) -> torch.Tensor:
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+        if microscale.is_microscaled(a) or microscale.is_microscaled(b):
+            return self.microscaled_mm(a, b, out_dtype=out_dtype, bias=bias)
         if a.granularity in _ROWISH and b.granularity in _ROWISH:
             acc = a.values() @ b.values().t()
             out = (acc * b.scale.t()) * a.scale
@@ -90,6 +100,18 @@ class EmulatedBackend:
         if bias is not None:
             out = out + bias.float()
         return out.to(out_dtype)
+
+    def microscaled_mm(
+        self,
+        a: QOperand,
+        b: QOperand,
+        *,
+        out_dtype: torch.dtype,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """fp32 GEMM of the bf16-exact `values x block scale` operands (exact products, fp32
+        sums), tensor scales on the output (kernels/microscale.py)."""
+        return microscale.dequantized_mm(a, b, out_dtype=out_dtype, bias=bias)
 
     def apply_dge(
         self, dw: torch.Tensor, w_hp: torch.Tensor, w_q: QOperand, cfg: DGEConfig

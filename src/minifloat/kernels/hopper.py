@@ -12,6 +12,9 @@ two differences, so results never depend on which one ran:
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
   zero-padded.
+- microscaled_mm (NVFP4 / MXFP4 operands): the bf16-exact `values x block scale` operands in a
+  bf16 GEMM with fp32 output, tensor scales applied to that output (kernels/microscale.py): the
+  FP4 numerics at bf16 speed, not faster. A Blackwell path would override this method.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from minifloat.dge import dge_scale
-from minifloat.kernels import operand
+from minifloat.kernels import microscale, operand
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.emulated import EmulatedBackend
@@ -34,8 +37,17 @@ _ROWISH = ("tensor", "row")
 # torch.compile the original functions are traced into its graph instead.
 _COMPILED: dict[Callable, Callable] = {
     fn: torch.compile(fn)
-    for fn in (operand.quantize_operand, operand.pack_e2m1, operand.unpack_e2m1, dge_scale)
+    for fn in (
+        operand.quantize_operand,
+        operand.pack_e2m1,
+        operand.unpack_e2m1,
+        dge_scale,
+        microscale.quantize_microscaled,
+    )
 }
+# torch.mm(a, b, out_dtype=torch.float32) on bf16 operands: one bf16 tensor-core GEMM with fp32
+# output (torch >= 2.8, CUDA). Without it, an fp32 GEMM of the same (bf16-exact) values.
+_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
 
 
 class FallbackWarning(UserWarning):
@@ -86,6 +98,26 @@ class HopperBackend(EmulatedBackend):
         if bias is not None:
             out = (out + bias.float()).to(out_dtype)
         return out
+
+    def microscaled_mm(
+        self,
+        a: QOperand,
+        b: QOperand,
+        *,
+        out_dtype: torch.dtype,
+        bias: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The micro-block GEMM as a bf16 GEMM with fp32 output (exact operands; fp32 sums)."""
+        if not a.data.is_cuda:
+            return super().microscaled_mm(a, b, out_dtype=out_dtype, bias=bias)
+        return microscale.dequantized_mm(a, b, out_dtype=out_dtype, bias=bias, gemm=_bf16_gemm)
+
+
+def _bf16_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ bᵀ, fp32 [R, C], of float32 operands whose values are exact in bf16."""
+    if _MM_OUT_DTYPE:
+        return torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16).t(), out_dtype=torch.float32)
+    return a @ b.t()
 
 
 def _gemm_kind(a: QOperand, b: QOperand) -> str | None:
