@@ -2,7 +2,8 @@
 
 Inputs are the heavy-tailed tensors of `minifloat.sqnr` (Student-t activations with outlier
 channels, weights with log-normal channel norms). Runs on CPU (the emulated backend computes the
-same numbers as the GPU path). Writes benchmarks/results/recipe_sqnr_<date>.md and .json.
+same numbers as the GPU path). Stochastic rounding and Hadamard signs are one step's draws of a
+fresh layer (salt 0, step 0). Writes benchmarks/results/recipe_sqnr_<date>.md and .json.
 
     python benchmarks/recipe_sqnr.py [--m 1024 --k 1024 --n 1024]
 """
@@ -27,6 +28,13 @@ VARIANTS = [
     "fp4:occ.compensation_format=e4m3",
     "fp4-occ:occ.compensate=off",
     "fp4-occ:occ.compensation_format=e4m3",
+    # The micro-block recipes' ablations (issue 16): without the Hadamard transform, without
+    # stochastic rounding, MXFP4 with a 32-point transform.
+    "nvfp4:rht=off",
+    "nvfp4:sr=off",
+    "nvfp4:rht=off:sr=off",
+    "mxfp4:rht=on",
+    "mxfp4:sr=off",
 ]
 
 
