@@ -142,29 +142,23 @@ OCC_COMPENSATION_FORMATS = ("fp32", "e4m3")
 
 @dataclass(frozen=True, kw_only=True)
 class OCCConfig:
-    """Outlier Clamping and Compensation on the inputs (2501.17116).
+    """Outlier Clamping and Compensation on the inputs (2501.17116); the math is in occ.py.
 
     The input is clamped to its per-tensor [1-alpha, alpha] quantiles before quantization; with
-    `compensate` the clipped remainder Δx is multiplied by the weight in high precision and added.
-    `threshold`: "exact" quantiles, or "sampled": quantiles of `sample_size()` entries drawn with
-    replacement (seeded by `seed`). By the DKW inequality the sampled estimate's rank error is at
-    most `sample_eps` with probability at least 1 - `sample_delta`, i.e. the clipped fraction of
-    each tail lies in [1-alpha-eps, 1-alpha+eps].
-    `compensation_format`: "fp32" (the paper's high-precision GEMM) or "e4m3": Δx and the weight
-    (and, in wgrad, dy) quantized to E4M3 with per-row scales and multiplied on FP8 tensor cores.
-    When the clipped entries spread over every input channel the fp32 compensation is a dense
-    fp32 GEMM; in E4M3 it costs one FP8 GEMM. On a heavy-tailed 1024x1024 layer (CPU,
-    benchmarks/recipe_sqnr.py) y's SQNR goes from 21.4 dB (fp32) to 21.2 dB (none: 2.4 dB), and
-    fp4-occ's dw from 23.7 to 23.1 dB. Not yet trained with or timed.
+    `compensate` the clipped remainder Δx = x - x_c is multiplied by the weight and added.
+    `threshold`: "exact" quantiles of the whole tensor (one sort of it: a reference), or
+    "sampled": the quantiles of a strided sample of about `sample_size` entries (every s-th
+    entry, s a prime that does not divide the row length, so the sample visits every column).
+    `compensation_format`: "e4m3": Δx quantized row-wise to E4M3 in a second FP8 GEMM of fprop,
+    and in wgrad folded into the saved input (occ.fold_remainder); or "fp32": dense fp32 GEMMs,
+    the paper's high-precision compensation, kept as the reference it is measured against.
     """
 
     alpha: float = 0.99
     compensate: bool = True
-    compensation_format: str = "fp32"
-    threshold: str = "exact"
-    sample_eps: float = 0.002
-    sample_delta: float = 0.01
-    seed: int = 0
+    compensation_format: str = "e4m3"
+    threshold: str = "sampled"
+    sample_size: int = 65536
 
     def __post_init__(self) -> None:
         if not 0.5 < self.alpha < 1.0:
@@ -173,12 +167,8 @@ class OCCConfig:
             raise ValueError(f"OCC threshold must be one of {OCC_THRESHOLDS}")
         if self.compensation_format not in OCC_COMPENSATION_FORMATS:
             raise ValueError(f"OCC compensation_format must be one of {OCC_COMPENSATION_FORMATS}")
-        if not (0 < self.sample_eps < 1 and 0 < self.sample_delta < 1):
-            raise ValueError("OCC sample_eps and sample_delta must lie in (0, 1)")
-
-    def sample_size(self) -> int:
-        """n = ceil(ln(2/delta) / (2 eps²)), the DKW sample size."""
-        return math.ceil(math.log(2.0 / self.sample_delta) / (2.0 * self.sample_eps**2))
+        if not (isinstance(self.sample_size, int) and self.sample_size >= 1024):
+            raise ValueError(f"OCC sample_size must be an integer >= 1024, got {self.sample_size}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -379,9 +369,7 @@ def _fp4_like(name: str, description: str, w_fmt: str, x_fmt: str, **kw) -> Quan
     )
 
 
-# The named fp4 recipes estimate OCC thresholds from a DKW-sized sample (exact for tensors of up
-# to ~662k entries): exact selection over a whole activation costs seconds per step on an H200.
-_DGE, _OCC = DGEConfig(), OCCConfig(threshold="sampled")
+_DGE, _OCC = DGEConfig(), OCCConfig()
 for _r in (
     _fp4_like("fp4", "2501.17116: W4A4 E2M1 + DGE + OCC", "e2m1", "e2m1", dge=_DGE, occ=_OCC),
     _fp4_like("fp4-direct", "W4A4 E2M1 direct cast (no DGE, no OCC)", "e2m1", "e2m1"),
@@ -408,12 +396,12 @@ VARIANT_KEYS: dict[str, str] = {
     "dge": "on|off: the DGE weight-gradient correction (on: k=5, cap=3)",
     "dge.k": "DGE sharpness k > 0 (turns DGE on)",
     "dge.cap": "DGE derivative cap > 0 (turns DGE on)",
-    "occ": "on|off: outlier clamping + compensation (on: alpha=0.99, sampled thresholds)",
+    "occ": "on|off: outlier clamping + compensation (on: alpha=0.99, sampled, e4m3)",
     "occ.alpha": "OCC clamp quantile alpha in (0.5, 1) (turns OCC on)",
-    "occ.compensate": "on|off: add the clipped remainder back through a high-precision GEMM",
+    "occ.compensate": "on|off: add the clipped remainder back through a second GEMM",
     "occ.threshold": "exact|sampled quantiles",
-    "occ.compensation_format": "fp32|e4m3: precision of the compensation GEMM",
-    "occ.sample_eps": "rank error bound of sampled thresholds, in (0, 1)",
+    "occ.compensation_format": "e4m3|fp32: precision of the compensation (fp32: reference)",
+    "occ.sample_size": "entries of the strided threshold sample, an integer >= 1024",
     "scaling": "row|tensor: scale granularity of both input and weight, in every GEMM",
     "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
@@ -430,6 +418,12 @@ def _number(key: str, value: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{key} must be a finite number, got {value!r}")
     return number
+
+
+def _integer(key: str, value: str) -> int:
+    if not value.isdigit():
+        raise ValueError(f"{key} must be a non-negative integer, got {value!r}")
+    return int(value)
 
 
 def _switch(key: str, value: str) -> bool:
@@ -473,7 +467,7 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
         return rep(r, fprop_fast_accum=_switch(key, value))
     if key == "occ":
         on = _switch(key, value)
-        return rep(r, occ=(r.occ or OCCConfig(threshold="sampled")) if on else None)
+        return rep(r, occ=(r.occ or OCCConfig()) if on else None)
     group, _, field = key.partition(".")
     if group == "dge":
         return rep(r, dge=rep(r.dge or DGEConfig(), **{field: _number(key, value)}))
@@ -484,9 +478,11 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
             parsed = _choice(key, value, OCC_THRESHOLDS)
         elif field == "compensation_format":
             parsed = _choice(key, value, OCC_COMPENSATION_FORMATS)
+        elif field == "sample_size":
+            parsed = _integer(key, value)
         else:
             parsed = _number(key, value)
-        return rep(r, occ=rep(r.occ or OCCConfig(threshold="sampled"), **{field: parsed}))
+        return rep(r, occ=rep(r.occ or OCCConfig(), **{field: parsed}))
     g = _choice(key, value, _SCALINGS)
     for operand in ("input", "weight") if key == "scaling" else (field,):
         r = _set_granularity(r, operand, g)
