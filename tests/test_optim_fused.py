@@ -249,3 +249,25 @@ def test_cuda_fused_step_tracks_unfused(config):
         )
     for a, b in zip(*moved, strict=True):
         assert sqnr_db(b, a) >= 60
+
+
+def test_step_time_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/optim_states.py --step-time: fused and unfused timed, JSON written."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "optim_states.py"
+    spec = importlib.util.spec_from_file_location("optim_states_bench", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--step-time", "--device", "cpu", "--model", "tiny", "--layers", "1",
+                 "--dim", "64", "--presets", "fp32,fp8-fp16", "--fused", "--unfused",
+                 "--warmup", "1", "--repeats", "2", "--out", str(tmp_path)])  # fmt: skip
+    (js,) = tmp_path.glob("optim_step_*.json")
+    records = json.loads(js.read_text())
+    assert [(r["preset"], r["path"]) for r in records] == [
+        ("fp32", "foreach"), ("fp8-fp16", "fused"), ("fp8-fp16", "unfused")
+    ]  # fmt: skip
+    assert all(r["step_ms"] > 0 and r["params"] > 0 for r in records)
+    assert "| fp8-fp16 | fused |" in js.with_suffix(".md").read_text()
