@@ -63,6 +63,11 @@ def test_our_llama_shards_its_layers():
     assert [id(b) for b in find_repeated_blocks(model)] == [id(b) for b in model.layers]
 
 
+def test_a_one_layer_model_shards_its_single_block():
+    model = Llama(get_config("tiny", dim=32, n_layers=1, n_heads=2, ffn_dim=64, vocab_size=64))
+    assert [id(b) for b in find_repeated_blocks(model)] == [id(model.layers[0])]
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2"])
 def test_transformers_decoders_shard_their_decoder_layers(name):
     torch.manual_seed(0)
