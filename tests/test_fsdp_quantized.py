@@ -10,6 +10,7 @@ weight)` (values and scales), the forward outputs are equal bit for bit, the gra
 from __future__ import annotations
 
 import copy
+import dataclasses
 from unittest import mock
 
 import pytest
@@ -226,14 +227,49 @@ def _checkpoint_worker(rank: int) -> None:
         assert torch.equal(fresh(xs[rank]), model(xs[rank])), quantized
 
 
-def _worker(rank: int) -> None:
+def _trainer_resume_worker(rank: int, root: str) -> None:
+    # The trainer with --quantized-all-gather (meta-device init, sharded checkpoints): stopping
+    # after 2 steps and resuming gives the losses of an uninterrupted run bit for bit.
+    from minifloat.train.build import load_dataset
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer, train
+
+    config = TrainConfig(
+        recipe="fp4-dge", model="tiny", data="stdlib", tokenizer="byte", device="cpu",
+        model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+        data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/run",
+        parallel="fsdp", quantized_all_gather=True, checkpoint_format="sharded", steps=4,
+        batch_size=2, seq_len=16, lr=3e-3, eval_every=0, eval_batches=1, log_every=1,
+    )  # fmt: skip
+    dataset = load_dataset(config, progress=False)
+    trainer = Trainer(
+        dataclasses.replace(config, out_dir=f"{root}/full", save_checkpoints=False),
+        dataset=dataset, progress=False,
+    )  # fmt: skip
+    assert isinstance(trainer.raw_model.layers[0].attention.wq.weight._local_tensor, ShardedWeight)
+    full = trainer.run()
+    half = train(dataclasses.replace(config, stop_after=2), dataset=dataset, progress=False)
+    rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+    assert half.losses == full.losses[:2] and rest.losses == full.losses, (rest, full)
+
+
+def _worker(rank: int, root: str) -> None:
     _matches_unsharded_worker(rank)
     _checkpoint_worker(rank)
+    _trainer_resume_worker(rank, root)
 
 
-def test_quantized_all_gather_matches_unsharded_model_and_checkpoints():
-    # One spawn for both: starting the two ranks costs ~20 s on a 2-core CI machine.
-    spawn(_worker)
+def test_quantized_all_gather_matches_unsharded_model_and_checkpoints(tmp_path):
+    # One spawn for all: starting the two ranks costs ~20 s on a 2-core CI machine.
+    spawn(_worker, str(tmp_path))
+
+
+def test_trainer_flag_needs_fsdp():
+    from minifloat.train.config import ConfigError, TrainConfig
+    from minifloat.train.config_checks import check_config
+
+    with pytest.raises(ConfigError, match="quantized-all-gather needs parallel=fsdp"):
+        check_config(TrainConfig(recipe="fp8-tensorwise", quantized_all_gather=True))
 
 
 # ---- refusals (one process) -------------------------------------------------------------------
