@@ -236,7 +236,7 @@ def _trainer_resume_worker(rank: int, root: str) -> None:
 
     config = TrainConfig(
         recipe="fp4-dge", model="tiny", data="stdlib", tokenizer="byte", device="cpu",
-        model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+        model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
         data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/run",
         parallel="fsdp", quantized_all_gather=True, checkpoint_format="sharded", steps=4,
         batch_size=2, seq_len=16, lr=3e-3, eval_every=0, eval_batches=1, log_every=1,
