@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minifloat.blocks import find_repeated_blocks
+from minifloat.fsdp_quantized import enable_quantized_all_gather
 from minifloat.sqnr import sqnr_db
 
 __all__ = [
@@ -302,6 +303,7 @@ def apply_fsdp(
     mesh=None,  # noqa: ANN001 - a torch.distributed DeviceMesh; None = all ranks
     reshard_after_forward: bool = True,
     blocks: Iterable[nn.Module] | None = None,
+    quantized_all_gather: bool = False,
 ) -> nn.Module:
     """Shard `model` with FSDP2: fully_shard each repeated block, then the root.
 
@@ -312,12 +314,18 @@ def apply_fsdp(
     dtype (use bf16 autocast for mixed precision), reduce_dtype=fp32 reduce-scatters gradients
     in fp32 (the AMP rule). Works on converted models: QuantLinear is an nn.Linear subclass and
     its extra buffers stay replicated. Returns the same (now sharded) module.
+
+    quantized_all_gather=True all-gathers QuantLinear weights already quantized (FP8 1 byte,
+    packed E2M1 0.5 byte a parameter, plus scales; `minifloat.fsdp_quantized`, docs/distributed.md).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     blocks = find_repeated_blocks(model) if blocks is None else list(blocks)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard_after_forward}
+    if quantized_all_gather:
+        world = mesh.size() if mesh is not None else dist.get_world_size()
+        enable_quantized_all_gather(model, world_size=world)
     for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from minifloat import delayed, occ, occ_gemm, recipes
+from minifloat.fsdp_weight import GatheredWeight
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
 from minifloat.recipes import QuantRecipe
@@ -58,7 +59,8 @@ class QuantLinearFunction(torch.autograd.Function):
             clip = None if recipe.occ is None else occ.thresholds(x, recipe.occ)
             s_x = s_w = amaxes = None
             if recipe.delayed is not None:  # scales from past steps; backward records this one
-                amaxes = torch.stack([delayed.amax(x), delayed.amax(weight)])
+                w_amax = weight.amax if isinstance(weight, GatheredWeight) else delayed.amax(weight)
+                amaxes = torch.stack([delayed.amax(x), w_amax])
                 s_x, s_w = (
                     delayed.history_scale(amax_history, row, amaxes[row], spec.fmt, recipe.delayed)
                     for row, spec in ((delayed.INPUT, recipe.fprop.lhs),
@@ -67,7 +69,7 @@ class QuantLinearFunction(torch.autograd.Function):
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
-            w_q = backend.quantize(weight, recipe.fprop.rhs, scale=s_w)
+            w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
             fast_accum = recipe.fprop_fast_accum
             if comp is None:
                 y = backend.scaled_mm(
@@ -146,7 +148,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 w_rhs = (
                     _unstash(backend, w_rhs_data, w_rhs_scale, ctx.w_rhs_meta)
                     if w_rhs_data is not None
-                    else backend.quantize(weight, recipe.dgrad.rhs, transpose=True)
+                    else _weight_operand(backend, weight, recipe.dgrad.rhs, transpose=True)
                 )
                 prescale = w_scale.t() if recipe.folds("dgrad") else None
                 g_q = backend.quantize(dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g)
@@ -158,13 +160,30 @@ class QuantLinearFunction(torch.autograd.Function):
                     delta_rhs = _unstash(backend, delta_data, delta_scale, ctx.delta_meta)
                     comp = occ_gemm.compensation(recipe)
                     dw = dw + occ_gemm.wgrad_correction(backend, comp, dy, delta_rhs)
-                if recipe.dge is not None:
+                # A quantized all-gather has no hp weight: DGE scales the reduce-scattered
+                # gradient shard instead (fsdp_weight.sharded_dge_hook).
+                if recipe.dge is not None and not isinstance(weight, GatheredWeight):
                     w_q = QOperand(weight, w_scale, *ctx.w_q_meta)  # data unused by apply_dge
                     dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
                 dw = dw.to(weight.dtype)
             if need_db and ctx.bias_dtype is not None:
                 db = dy.float().sum(dim=0).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None, None
+
+
+def _weight_operand(
+    backend: Backend,
+    weight: torch.Tensor,
+    spec: recipes.OperandSpec,
+    *,
+    transpose: bool = False,
+    scale: torch.Tensor | None = None,
+) -> QOperand:
+    """The weight quantized per `spec`: as FSDP2 all-gathered it already quantized
+    (fsdp_weight.GatheredWeight, the same values and scales), else quantized here."""
+    if isinstance(weight, GatheredWeight):
+        return weight.operand(backend, spec, transpose=transpose)
+    return backend.quantize(weight, spec, transpose=transpose, scale=scale)
 
 
 def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, tuple | None]:

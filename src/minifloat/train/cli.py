@@ -135,6 +135,9 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=dest, default=None, **kwargs)
     parser.add_argument("--compile", dest="compile", action="store_true", default=None)
     parser.add_argument(
+        "--quantized-all-gather", dest="quantized_all_gather", action="store_true", default=None
+    )
+    parser.add_argument(
         "--no-weight-guard",
         dest="weight_guard",
         action="store_false",
@@ -266,6 +269,7 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
     flags = [dest for _, dest, _ in _SHARED_FLAGS]
     flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
     flags += ["checkpoint_format", "keep_checkpoints", "overwrite", "weight_guard"]
+    flags += ["quantized_all_gather"]
     for dest in flags:
         value = getattr(args, dest, None)
         if value is not None:

@@ -99,6 +99,7 @@ class TrainConfig:
     compile: bool = False
     parallel: str = "none"
     grad_comm: str = "fp32"
+    quantized_all_gather: bool = False  # FSDP: all-gather QuantLinear weights quantized
     # Evaluation, logging, checkpoints.
     eval_every: int = 50
     eval_batches: int = 4  # 0: no validation at all (not even at the end)
@@ -190,7 +191,7 @@ class TrainConfig:
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
-            "weight_guard",
+            "weight_guard", "quantized_all_gather",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.

@@ -110,6 +110,8 @@ def _check_choices(cfg: TrainConfig) -> None:
             )
     if cfg.sqnr_every and cfg.parallel == "fsdp":
         raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
+    if cfg.quantized_all_gather and cfg.parallel != "fsdp":
+        raise ConfigError("quantized-all-gather needs parallel=fsdp")
     if cfg.checkpoint_format == "sharded" and cfg.parallel != "fsdp":
         raise ConfigError(
             "checkpoint-format sharded needs parallel=fsdp (other runs hold the whole "

@@ -113,7 +113,9 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
             reduce_dtype = fsdp_reduce_dtype(config.grad_comm)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        model = apply_fsdp(model, reduce_dtype=reduce_dtype)
+        model = apply_fsdp(
+            model, reduce_dtype=reduce_dtype, quantized_all_gather=config.quantized_all_gather
+        )
         if deferred:
             _materialize(model, runtime.device, config.seed)
     forward_module = torch.compile(model) if config.compile else model
