@@ -156,6 +156,9 @@ def test_fingerprint_holds_the_switch_only_when_there_is_one() -> None:
     assert "switch_recipe" not in plain and "switch_at" not in plain  # old checkpoints fit
     switched = TrainConfig(recipe="fp4", steps=10, switch_recipe="bf16", switch_at=0.9)
     assert switched.trajectory_fields(1) == {**plain, "switch_recipe": "bf16", "switch_at": 0.9}
+    # A step number is the same setting whether given as 8 (Python) or 8.0 (flag, TOML).
+    step = TrainConfig(recipe="fp4", steps=10, switch_recipe="bf16", switch_at=8)
+    assert step.switch_at == 8.0 and type(step.switch_at) is float
 
 
 # ---- training across the switch ---------------------------------------------------------------

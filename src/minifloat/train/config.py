@@ -129,6 +129,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
+        if isinstance(self.switch_at, int) and not isinstance(self.switch_at, bool):
+            object.__setattr__(self, "switch_at", float(self.switch_at))  # one fingerprint
         overrides = normalize_model_overrides(self.model_overrides)
         object.__setattr__(self, "model_overrides", overrides)
         self.validate()

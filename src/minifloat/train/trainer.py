@@ -251,7 +251,8 @@ class Trainer:
         """Give the quantized layers the recipe of the step after ``steps_done`` steps: the
         switch recipe from the switch step on (a no-op without a switch, or when it is set).
 
-        Called before every step and, on resume, before a checkpoint's model state is loaded.
+        Called before every step and, on resume, before a checkpoint's model state is loaded
+        (`_recipe_as_saved`).
         Parameters and optimizer state are untouched (set_recipe changes layers in place).
         Under torch.compile the next call recompiles: each layer's forward reads its ``recipe``
         attribute, which dynamo guards on, so the graph traced for the old recipe no longer
@@ -264,6 +265,12 @@ class Trainer:
         if recipe is not self.recipe:
             set_recipe(self.raw_model, recipe)
             self.recipe = recipe
+
+    def _recipe_as_saved(self, step: int) -> None:
+        """Before the state of a checkpoint of ``step`` is loaded: the recipe the model had
+        when it was saved, the one of step ``step`` itself (a checkpoint at the switch step is
+        from before the switch), so that the fp8-delayed amax buffers match the saved ones."""
+        self._use_recipe_for(step - 1)
 
     # ---- one optimizer step -------------------------------------------------------------------
 
@@ -345,7 +352,7 @@ class Trainer:
     def resume(self) -> None:
         """Restore the state saved in ``out_dir``; raises CheckpointError on any mismatch."""
         try:
-            state, local = self.checkpointer.load(before_model=self._use_recipe_for)
+            state, local = self.checkpointer.load(before_model=self._recipe_as_saved)
             self.scaler.load_state_dict(state["scaler"])
             self.guard.load_state_dict(state["guard"])
             self.iterator.load_state_dict(local["data"])
