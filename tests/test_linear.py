@@ -3,6 +3,7 @@ nn.Linear drop-in contract (state_dict, batch dims, bias, autocast, saved activa
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -477,3 +478,49 @@ def test_hopper_backend_matches_emulation(name):
         assert torch.equal(fast["y"], emu["y"])
     for key in emu:
         assert sqnr_db(emu[key], fast[key]) >= 60, key
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_set_recipe_to_bf16_computes_as_nn_linear_and_back(autocast):
+    """A final phase in bf16 (convert.set_recipe): the same parameters, nn.Linear's math."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32)
+    q = QuantLinear.from_linear(copy.deepcopy(lin), "fp4")
+    weight = q.weight
+    q.set_recipe("bf16")
+    assert q.weight is weight and q.recipe.name == "bf16" and q.amax_history is None
+    x, dy = torch.randn(2, 8, 64), torch.randn(2, 8, 32)
+    outs = []
+    for layer in (lin, q):
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = layer(xi)
+        y.backward(dy.to(y.dtype))
+        outs.append((y, xi.grad, layer.weight.grad, layer.bias.grad))
+    for a, b in zip(*outs, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    q.set_recipe("fp4")  # and back: the quantized GEMMs again
+    assert torch.equal(q(x), QuantLinear.from_linear(lin, "fp4")(x))
+
+
+def test_set_recipe_keeps_restarts_or_drops_the_amax_history():
+    layer = _delayed_layer()
+    layer(torch.randn(16, 64)).sum().backward()
+    history = layer.amax_history
+    assert history.abs().sum() > 0
+    same_length = dataclasses.replace(
+        layer.recipe, name="d4-margin0", delayed=recipes.DelayedScaling(history_len=4, margin=0)
+    )
+    layer.set_recipe(same_length)  # the amaxes of the same tensors: kept
+    assert layer.amax_history is history and layer.recipe is same_length
+    longer = dataclasses.replace(
+        layer.recipe, name="d8", delayed=recipes.DelayedScaling(history_len=8)
+    )
+    layer.set_recipe(longer)
+    assert layer.amax_history.shape == (3, 8) and not layer.amax_history.any()
+    assert "amax_history" in layer.state_dict()
+    layer.set_recipe("fp4")  # no delayed scaling: no history, and none in the state_dict
+    assert layer.amax_history is None and list(layer.state_dict()) == ["weight", "bias"]
+    with pytest.raises(ValueError, match="not multiples of 128"):
+        layer.set_recipe("fp8-blockwise")  # 64 x 32: the blockwise tiles do not fit
+    assert layer.recipe.name == "fp4"

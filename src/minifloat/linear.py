@@ -25,7 +25,7 @@ from minifloat import delayed, occ, occ_gemm, recipes
 from minifloat.fsdp_weight import GatheredWeight
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
-from minifloat.recipes import QuantRecipe
+from minifloat.recipes import QuantRecipe, Recipe
 
 __all__ = ["QuantLinear", "QuantLinearFunction", "QuantizedGemmMixin"]
 
@@ -245,9 +245,12 @@ class QuantizedGemmMixin:
     The history is a persistent buffer `amax_history` [3, history_len] (rows: input, weight,
     grad_output), so checkpoints carry it and a resumed run continues bit for bit; a state_dict
     without it (an nn.Linear's) still loads and leaves it as it was.
+
+    `set_recipe` changes the recipe in place (e.g. a final training phase in bf16); after a switch
+    to a recipe that quantizes nothing the layer computes as the plain layer does.
     """
 
-    recipe: QuantRecipe
+    recipe: Recipe  # a QuantRecipe unless set_recipe chose an autocast-only one
     backend: str
     amax_history: torch.Tensor | None
 
@@ -263,6 +266,30 @@ class QuantizedGemmMixin:
         if recipe.delayed is not None:
             history = torch.zeros(3, recipe.delayed.history_len, device=device)
         self.register_buffer("amax_history", history, persistent=True)
+
+    def set_recipe(self, recipe: str | Recipe) -> None:
+        """Change the recipe in place; parameters (the same objects) and their values stay.
+
+        A recipe that quantizes nothing ("bf16", "fp32") makes the layer compute exactly as the
+        plain layer (nn.Linear, Conv1D) does, in the precision of the autocast region around it.
+        The fp8-delayed amax history is kept when the new recipe keeps one of the same length,
+        started afresh (zeros) when it needs another, and dropped when it needs none, so the
+        layer holds a history exactly when its recipe is delayed (as after `_setup`).
+        Raises ValueError (nothing changed) when the layer's dims do not suit the recipe.
+        """
+        recipe = recipes.get(recipe)
+        delayed_cfg = recipe.delayed if isinstance(recipe, QuantRecipe) else None
+        if isinstance(recipe, QuantRecipe):
+            reason = recipe.unsuitable(self.in_features, self.out_features)
+            if reason is not None:
+                raise ValueError(reason)
+        history = self.amax_history
+        if delayed_cfg is None:
+            history = None
+        elif history is None or history.shape[1] != delayed_cfg.history_len:
+            history = torch.zeros(3, delayed_cfg.history_len, device=self.weight.device)
+        self.amax_history = history  # a registered buffer: Module.__setattr__ keeps it one
+        self.recipe = recipe
 
     def reset_buffers(self) -> None:
         """Zero the delayed-scaling amax history (e.g. after `to_empty` materialized it)."""
@@ -333,6 +360,8 @@ class QuantLinear(QuantizedGemmMixin, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected last dim {self.in_features}, got shape {tuple(x.shape)}")
+        if not self.recipe.quantized:  # set_recipe("bf16"): nn.Linear's own computation
+            return nn.functional.linear(x, self.weight, self.bias)
         return self._quantized_gemm(x, self.weight, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
