@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import SMALL
+from test_trainer import _config as _small_config
 from torch import nn
 from torch._dynamo.utils import counters
 
@@ -24,26 +26,10 @@ from minifloat.train.errors import CheckpointError
 from minifloat.train.switch import parse_run_name, run_name, switch_step
 from minifloat.train.trainer import train
 
-SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
-
 
 def _config(tmp_path: Path, **changes) -> TrainConfig:
-    base = TrainConfig(
-        recipe="fp4",
-        model="tiny",
-        model_overrides=SMALL,
-        data="stdlib",
-        steps=8,
-        batch_size=4,
-        seq_len=32,
-        lr=3e-3,
-        eval_every=4,
-        eval_batches=2,
-        log_every=2,
-        out_dir=str(tmp_path / "run"),
-        device="cpu",
-    )
-    return dataclasses.replace(base, **changes)
+    """test_trainer's small CPU run, under fp4 unless `changes` say otherwise."""
+    return _small_config(tmp_path, **{"recipe": "fp4", **changes})
 
 
 def _records(path: Path) -> list[dict]:
