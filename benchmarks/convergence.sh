@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Issue #8, the convergence study, as device calls of at most 10 minutes that resume from
+# Issues #8 and #15, the convergence study, as device calls of at most 10 minutes that resume from
 # checkpoints. Headline: 125M preset, seq 1024, batch 32 (32,768 tokens/step), 9,156 steps =
-# 300.0M tokens, bf16 / fp8-tensorwise / fp8-blockwise / fp4. Ablations: 50M preset, same batch,
+# 300.0M tokens, bf16 / fp8-tensorwise / fp8-blockwise / fp4 / fp4 with a final-phase switch to
+# bf16 for the last 10 % of steps (run name fp4+switch=bf16+at=0.9: train --recipe fp4
+# --switch-recipe bf16 --switch-at 0.9, docs/training.md). Ablations: 50M preset, same batch,
 # 400 steps = 13.1M tokens (the 50M pilot's length), every run with --sqnr-every (per-layer
 # quantization SQNR).
 #
@@ -73,13 +75,14 @@ a fp4:occ.alpha=0.999 36000
 a fp4:occ.alpha=0.97 36000
 a fp4:scaling=tensor 36000
 h fp4 30000
+h fp4+switch=bf16+at=0.9 33000
 "
 # Smoke scale for a CPU check of this script (tiny model, stdlib corpus, a few steps).
 if [ -n "${SMOKE:-}" ]; then
   DATA=stdlib BATCH=4 SEQ=64 TOKENS_PER_STEP=256 H_MODEL=tiny A_MODEL=tiny A_STEPS=6
   H_STEPS="${SMOKE_STEPS:-12}" H_EVAL=6 A_EVAL=3 H_LOG=2 A_LOG=2 H_SQNR=4 A_SQNR=3
   OVERHEAD=5 MIN_LEFT=15
-  TABLE=$'\nh bf16 400\na fp4-dge:dge.k=3 300\nh fp4 20\n'
+  TABLE=$'\nh bf16 400\na fp4-dge:dge.k=3 300\nh fp4 20\nh fp4+switch=bf16+at=0.5 25\n'
   EXTRA="--device cpu --tokenizer byte --data-max-bytes 300000 $EXTRA"
 fi
 TABLE="${QUEUE:-$TABLE}"                        # another queue: lines "group recipe tokens/s"
@@ -97,6 +100,15 @@ fits() {
   [ "$(train_seconds "$1" "$2")" -le $(( $(capacity "$3") + $4 * $(capacity "$BUDGET") )) ]
 }
 key() { echo "${1}_$(g "$1" MODEL)/$2"; }        # h_125M/bf16: the run's directory under RUNS
+# The train flags of a run name: RECIPE, or RECIPE+switch=SWITCH+at=F (minifloat.train.switch).
+recipe_flags() {
+  if [[ "$1" == *+switch=* ]]; then
+    local rest="${1#*+switch=}"
+    echo "--recipe ${1%%+switch=*} --switch-recipe ${rest%+at=*} --switch-at ${rest##*+at=}"
+  else
+    echo "--recipe $1"
+  fi
+}
 is_done() {
   local k; k="$(key "$1" "$2")"
   [ -f "$RUNS/$k/DONE" ] || { [ -f "$DONE_FILE" ] && grep -qxF "$k" "$DONE_FILE"; }
@@ -139,7 +151,8 @@ chunk() {
   every=$(( speed * 150 / TOKENS_PER_STEP ))       # a checkpoint every ~150 s of training,
   every=$(( every > fit / 3 ? fit / 3 : every ))   # at least three per chunk
   every=$(( every < 10 ? 10 : every ))
-  local args=(--model "$(g "$grp" MODEL)" --recipe "$recipe" --data "$DATA" --steps "$steps"
+  local -a recipe_args; read -ra recipe_args <<<"$(recipe_flags "$recipe")"
+  local args=(--model "$(g "$grp" MODEL)" "${recipe_args[@]}" --data "$DATA" --steps "$steps"
     --batch-size "$(( BATCH / NPROC ))" --seq-len "$SEQ" --lr "$(g "$grp" LR)"
     --eval-every "$(g "$grp" EVAL)"
     --eval-batches 20 --log-every "$(g "$grp" LOG)" --sqnr-every "$(g "$grp" SQNR)"

@@ -8,6 +8,14 @@ spread of fp32 states (the run-to-run noise the low-precision states are judged 
     python benchmarks/optim_states.py [--steps 300] [--seeds 0,1,2]
 
 Writes benchmarks/results/optim_states_cpu_<date>.md and .json.
+
+Step-time mode: milliseconds per optimizer step on --device for the parameters of a LLaMA preset,
+fused (optim/fused.py: one compiled function per parameter on CUDA) against unfused (decode,
+foreach update, encode per tensor) low-precision states, and fp32 states as the baseline:
+
+    python benchmarks/optim_states.py --step-time --device cuda --model 1.3B [--fused --unfused]
+
+Writes benchmarks/results/optim_step_<gpu>_<date>.md and .json (--out to change the folder).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import json
 import math
 import platform
 import statistics
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -26,8 +35,11 @@ import torch
 import torch.nn.functional as F
 
 from minifloat.models.llama import Llama, get_config
-from minifloat.optim import AdamW, bytes_per_param
+from minifloat.optim import OPTIM_STATE_PRESETS, AdamW, bytes_per_param, preset_param_dtype
 from minifloat.sqnr import sqnr_db
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402
 
 # name -> (AdamW state kwargs, parameter dtype)
 CONFIGS: dict[str, tuple[dict, torch.dtype]] = {
@@ -148,8 +160,10 @@ def evaluate(model: Llama, val: torch.Tensor, args) -> float:
         return F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()).item()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=128)
@@ -160,8 +174,26 @@ def main() -> None:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--fidelity-only", action="store_true", help="skip the LM runs")
-    args = parser.parse_args()
+    timing = parser.add_argument_group("step-time mode")
+    timing.add_argument("--step-time", action="store_true", help="time optimizer steps instead")
+    timing.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    timing.add_argument("--model", default="1.3B", help="LLaMA preset whose parameters to step")
+    timing.add_argument("--layers", type=int, help="override the preset's n_layers")
+    timing.add_argument("--dim", type=int, help="override dim (ffn_dim scales with it)")
+    timing.add_argument("--presets", default="fp32,fp8-fp16,lean", help="optimizer-state presets")
+    timing.add_argument("--fused", action="store_true", help="time the fused path")
+    timing.add_argument("--unfused", action="store_true", help="time the unfused path")
+    timing.add_argument("--warmup", type=int, default=3, help="untimed steps (compile included)")
+    timing.add_argument("--repeats", type=int, default=20, help="timed steps")
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.step_time:
+        paths = [p for p in ("fused", "unfused") if getattr(args, p)] or ["fused", "unfused"]
+        records = step_time(args, paths)
+        md, js = write_results("optim_step", records, step_time_table(records), out_dir=args.out)
+        print(md.read_text())
+        print(f"wrote {md} and {js}")
+        return
     fidelity = update_fidelity()
     for name, stats in fidelity.items():
         mean, low = stats["mean_sqnr_db"], stats["min_sqnr_db"]
@@ -179,6 +211,109 @@ def main() -> None:
             records.append({"config": name, "seed": seed, "val_loss": loss})
             print(f"{name:28s} seed={seed} val_loss={loss:.4f} ({time.perf_counter() - t0:.0f}s)")
     write_report(records, fidelity, args)
+
+
+# ---- step-time mode ------------------------------------------------------------------------
+
+
+def param_shapes(args) -> list[torch.Size]:
+    """Parameter shapes of the LLaMA preset `args.model` (with --layers/--dim overrides)."""
+    overrides = {}
+    if args.layers:
+        overrides["n_layers"] = args.layers
+    if args.dim:
+        base = get_config(args.model)
+        overrides.update(dim=args.dim, ffn_dim=base.ffn_dim * args.dim // base.dim)
+        overrides["n_heads"] = max(1, args.dim // (base.dim // base.n_heads))
+    with torch.device("meta"):
+        model = Llama(get_config(args.model, **overrides))
+    return [p.shape for p in model.parameters()]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_optimizer(preset: str, path: str, shapes: list[torch.Size], args) -> dict:
+    """Median milliseconds of one AdamW step over parameters of `shapes` on args.device (steps
+    after `args.warmup` untimed ones; the first step, with compilation, is reported apart)."""
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if preset_param_dtype(preset) == "bf16" else torch.float32
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = [torch.randn(s, generator=gen, device=device).to(dtype) for s in shapes]
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen, device=device) * 1e-3).to(dtype)
+    opt = AdamW(params, lr=1e-4, fused=path == "fused", **OPTIM_STATE_PRESETS[preset])
+    torch._dynamo.utils.counters.clear()
+    times = []
+    for i in range(args.warmup + args.repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        opt.step()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if i == 0 and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+    timed = times[args.warmup :] or times
+    numel = sum(p.numel() for p in params)
+    return {
+        "preset": preset,
+        "path": path,
+        "device": str(device),
+        "model": args.model,
+        "params": numel,
+        "tensors": len(params),
+        "step_ms": statistics.median(timed),
+        "step_ms_min": min(timed),
+        "first_step_ms": times[0],
+        "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
+        "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9
+        if device.type == "cuda"
+        else None,
+    }
+
+
+def step_time(args, paths: list[str]) -> list[dict]:
+    """Time every preset on every path; fp32 states have one path (foreach) and are the
+    baseline of the `vs_fp32` ratio."""
+    shapes = param_shapes(args)
+    records = []
+    for preset in args.presets.split(","):
+        low_precision = OPTIM_STATE_PRESETS[preset]["exp_avg_dtype"] != "fp32"
+        for path in paths if low_precision else ["foreach"]:
+            rec = time_optimizer(preset, path, shapes, args)
+            records.append(rec)
+            print(f"{preset:10s} {path:8s} {rec['step_ms']:9.2f} ms/step "
+                  f"(first {rec['first_step_ms']:.0f} ms)")  # fmt: skip
+    base = [r["step_ms"] for r in records if r["preset"] == "fp32"]
+    for r in records:
+        r["vs_fp32"] = r["step_ms"] / base[0] if base else None
+    return records
+
+
+def step_time_table(records: list[dict]) -> str:
+    """Markdown table of step-time records, fused against unfused per preset."""
+    r0 = records[0]
+    lines = [
+        f"Optimizer step time, {r0['model']} parameters ({r0['params'] / 1e9:.3f} B in "
+        f"{r0['tensors']} tensors) on {r0['device']}; median of timed steps (host clock "
+        "after device sync).",
+        "",
+        "| preset | path | ms/step | vs fp32 states | vs unfused | first step ms | graphs |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    unfused = {r["preset"]: r["step_ms"] for r in records if r["path"] == "unfused"}
+    for r in records:
+        vs_fp32 = f"{r['vs_fp32']:.2f}x" if r["vs_fp32"] else "-"
+        vs_unfused = (
+            f"{r['step_ms'] / unfused[r['preset']]:.2f}x" if r["preset"] in unfused else "-"
+        )
+        lines.append(
+            f"| {r['preset']} | {r['path']} | {r['step_ms']:.2f} | {vs_fp32} | {vs_unfused} | "
+            f"{r['first_step_ms']:.0f} | {r['compiled_graphs']} |"
+        )
+    return "\n".join(lines)
 
 
 def write_report(records: list[dict], fidelity: dict, args) -> None:

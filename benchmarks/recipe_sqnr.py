@@ -21,13 +21,15 @@ from minifloat import recipes
 from minifloat.linear import QuantLinear
 from minifloat.sqnr import sqnr_db, synthetic_activation, synthetic_weight
 
-# OCC's compensation: off (the released code's behaviour) and on the FP8 path; fp4-occ (no DGE)
-# shows the wgrad compensation's effect on dw.
+# OCC's compensation: off (the released code's behaviour) and the dense fp32 reference (the
+# paper's high-precision GEMM) beside the default E4M3 one; fp4-occ (no DGE) shows the wgrad
+# compensation's effect on dw, and exact thresholds the cost of the strided sample.
 VARIANTS = [
     "fp4:occ.compensate=off",
-    "fp4:occ.compensation_format=e4m3",
+    "fp4:occ.compensation_format=fp32",
     "fp4-occ:occ.compensate=off",
-    "fp4-occ:occ.compensation_format=e4m3",
+    "fp4-occ:occ.compensation_format=fp32",
+    "fp4-occ:occ.compensation_format=fp32:occ.threshold=exact",
     # The micro-block recipes' ablations (issue 16): without the Hadamard transform, without
     # stochastic rounding, MXFP4 with a 32-point transform.
     "nvfp4:rht=off",

@@ -58,3 +58,21 @@ def test_constructor_and_checks() -> None:
     conv.weight = nn.Parameter(torch.randn(48, 32))  # not [nx, nf]
     with pytest.raises(ValueError, match=r"shape \[nx, nf\] = \[32, 48\]"):
         QuantConv1D.from_conv1d(conv, "fp4")
+
+
+def test_set_recipe_to_bf16_computes_as_conv1d() -> None:
+    torch.manual_seed(0)
+    conv, twin = Conv1D(nf=48, nx=32), Conv1D(nf=48, nx=32)
+    twin.load_state_dict(conv.state_dict())
+    q_conv = QuantConv1D.from_conv1d(twin, "fp4", backend="emulated")
+    q_conv.set_recipe("bf16")
+    assert q_conv.weight is twin.weight and q_conv.recipe.name == "bf16"
+    x = torch.randn(3, 5, 32)
+    outs = []
+    for layer in (conv, q_conv):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        y.float().sum().backward()
+        outs.append((y, layer.weight.grad, layer.bias.grad))
+    for a, b in zip(*outs, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -14,8 +14,10 @@ from minifloat.convert import (
     REPORT_ATTR,
     AlreadyConvertedError,
     ConversionReport,
+    check_recipe,
     convert,
     is_output_head,
+    set_recipe,
 )
 from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, LlamaConfig
@@ -399,3 +401,32 @@ def test_tiny_model_trains_under_fp4_and_occ_improves_activation_sqnr():
     # of this tiny model are near-Gaussian, so the mean gain (~1.4 dB) is far below Table 1's.
     assert (sqnr_fp4 > sqnr_direct).float().mean() >= 0.8, (sqnr_fp4, sqnr_direct)
     assert sqnr_fp4.mean() > sqnr_direct.mean() + 0.5, (sqnr_fp4, sqnr_direct)
+
+
+def test_set_recipe_switches_the_converted_layers_in_place():
+    """The final-phase switch: same modules and parameters; in bf16 the converted model computes
+    exactly as the model never converted; a recipe a layer cannot take changes nothing."""
+    plain = tiny_llama()
+    model = convert(copy.deepcopy(plain), "fp4")
+    params = list(model.parameters())
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert set_recipe(model, "bf16") == model.minifloat_report.converted
+    assert all(p is q for p, q in zip(params, model.parameters(), strict=True))
+    now = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(now) == len(layers) and all(a is b for a, b in zip(now, layers, strict=True))
+    tokens = torch.randint(0, TINY.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for m in (plain, model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = m(tokens)
+        logits.float().square().mean().backward()
+        grads.append([logits] + [p.grad for p in m.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="cannot take recipe fp8-blockwise"):
+        set_recipe(model, "fp8-blockwise")  # dims of 64: blockwise needs multiples of 128
+    assert all(m.recipe.name == "bf16" for m in layers)
+    check_recipe(model, "fp8-tensorwise")  # fits: no error, no change
+    assert all(m.recipe.name == "bf16" for m in layers)
+    set_recipe(model, "fp8-tensorwise")
+    assert all(m.recipe.name == "fp8-tensorwise" for m in layers)

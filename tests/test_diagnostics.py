@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minifloat import occ, recipes
-from minifloat.convert import convert
+from minifloat.convert import convert, set_recipe
 from minifloat.diagnostics import OPERANDS, measure_layer_sqnr, summarize
 from minifloat.quantize import fake_quantize, quantize
 from minifloat.sqnr import sqnr_db
@@ -160,6 +160,11 @@ def test_model_state_is_untouched() -> None:
 def test_unquantized_model_and_summary() -> None:
     model = TinyLM()
     assert measure_layer_sqnr(model, *_batch(), recipe=recipes.get("bf16")) == {}
+    model = _model("fp4")
+    set_recipe(model, "bf16")  # a final phase in bf16: nothing quantized, nothing to measure
+    assert measure_layer_sqnr(model, *_batch(), recipe=recipes.get("bf16")) == {}
+    set_recipe(model, "fp4")
+    assert set(measure_layer_sqnr(model, *_batch(), recipe=recipes.get("fp4"))) == {"fc1", "fc2"}
     layers = {"a": {"input": 10.0, "weight": 20.0}, "b": {"input": 4.0, "weight": None}}
     summary = summarize(layers)
     assert summary["input"] == {"mean_db": 7.0, "min_db": 4.0, "worst_layer": "b"}

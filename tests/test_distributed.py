@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from bits import bits_equal
 from gloo_ranks import WORLD, spawn
 from minifloat.convert import convert
 from minifloat.distributed import (
@@ -206,6 +207,56 @@ def _fsdp_lowp_states_worker(rank: int) -> None:
 
 def test_fsdp_low_precision_states_and_bf16_reduce():
     spawn(_fsdp_lowp_states_worker)
+
+
+def _hf_fsdp_worker(rank: int) -> None:
+    # transformers decoders have no `layers` attribute at the top (model.model.layers): the
+    # repeated blocks are found anyway, one FSDP unit each plus the root, and a training step
+    # of the sharded model matches the unsharded one on the full batch.
+    from torch.distributed.fsdp import FSDPModule
+
+    from test_blocks import HF_LAYERS, hf_model
+
+    x, y = _batch(0)
+    sqnr = {}
+    for name in ("llama", "mistral", "qwen2"):
+        torch.manual_seed(0)
+        ref = hf_model(name)
+        model = apply_fsdp(copy.deepcopy(ref))
+        units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        assert len(units) == HF_LAYERS + 1 and units[0] is model, name
+        assert type(model.model.layers[0].self_attn.q_proj.weight).__name__ == "DTensor"
+        p0 = [p.detach().clone() for p in ref.parameters()]
+        opts = [AdamW(m.parameters(), lr=1e-2) for m in (ref, model)]
+        F.cross_entropy(ref(x).logits.flatten(0, 1), y.flatten()).backward()
+        logits = model(_shard(x, rank)).logits
+        F.cross_entropy(logits.flatten(0, 1), _shard(y, rank).flatten()).backward()
+        pairs = list(zip(ref.parameters(), model.parameters(), p0, strict=True))
+        grad_db = min(sqnr_db(a.grad, b.grad.full_tensor()) for a, b, _ in pairs)
+        for opt in opts:
+            opt.step()
+        step_db = min(sqnr_db(a - start, b.full_tensor() - start) for a, b, start in pairs)
+        assert grad_db >= DDP_GRAD_SQNR_DB["fp32"] and step_db >= ADAM_UPDATE_SQNR_DB, name
+        sqnr[name] = (grad_db, step_db)
+    if rank == 0:
+        print("min SQNR dB (grads, AdamW step):", sqnr)  # measured >= 130 dB, >= 97 dB
+    # The fused low-precision AdamW update on DTensor shards: the same bits as the unfused one.
+    states = dict(exp_avg_dtype="fp8-sr", exp_avg_sq_dtype="fp16", small_numel=0)
+    params = []
+    for fused in (False, True):
+        model = apply_fsdp(copy.deepcopy(ref))
+        opt = AdamW(model.parameters(), lr=1e-2, fused=fused, **states)
+        for _ in range(2):
+            logits = model(_shard(x, rank)).logits
+            F.cross_entropy(logits.flatten(0, 1), _shard(y, rank).flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+        params.append([p.full_tensor() for p in model.parameters()])
+    assert all(bits_equal(a, b) for a, b in zip(*params, strict=True))
+
+
+def test_fsdp_shards_transformers_decoders_by_their_repeated_blocks():
+    spawn(_hf_fsdp_worker)
 
 
 def _converted_worker(rank: int) -> None:

@@ -21,7 +21,12 @@ pytestmark = [
     pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores"),
 ]
 
-QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
+# Every quantized recipe, plus OCC with a strided threshold sample (the test inputs hold fewer
+# entries than the default sample) and with the fp32 reference compensation.
+QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + [
+    "fp4:occ.sample_size=1024",
+    "fp4:occ.compensation_format=fp32",
+]
 # Relative error bound (Frobenius) of hopper outputs against emulated ones, one reason each.
 RTOL = {
     "y": 1e-2,  # bf16 output: a different fp32 summation order can flip one bf16 rounding
@@ -112,7 +117,7 @@ def test_ragged_dims_fall_back_with_warning():
     assert sum(issubclass(c.category, FallbackWarning) for c in caught) <= 1
 
 
-@pytest.mark.parametrize("name", [n for n in QUANT_RECIPES if recipes.get(n).occ is None])
+@pytest.mark.parametrize("name", QUANT_RECIPES)
 def test_torch_compile_matches_eager(name):
     # fullgraph: choosing the backend or running its kernels must not break the graph (a break
     # made the trainer's compiled step recompile per input dtype and fall back to eager). Eager
@@ -131,3 +136,24 @@ def test_torch_compile_matches_eager(name):
         outs.append((y, xi.grad, mod.weight.grad))
     for key, a, b in zip(("y", "dx", "dw"), outs[0], outs[1], strict=True):
         assert bits_equal(b, a), f"{name}: compiled {key} differs from eager"
+
+
+@pytest.mark.parametrize("threshold", ["exact", "sampled"])
+def test_occ_thresholds_and_fold_equal_the_cpu_emulation(threshold):
+    """OCC's parts outside `quantize` (logged above): the thresholds (a sort on CUDA, order
+    statistics on CPU) and the folded wgrad operand (its compiled twin on CUDA) are bit-equal."""
+    from minifloat.kernels.hopper import HopperBackend
+    from minifloat.occ import fold_remainder, thresholds
+    from minifloat.recipes import OCCConfig
+
+    cfg = OCCConfig(threshold=threshold, sample_size=4096)
+    x, _, _ = _inputs(512, 256, 16)
+    clip_gpu, clip_cpu = thresholds(x, cfg), thresholds(x.cpu(), cfg)
+    for a, b in zip(clip_gpu, clip_cpu, strict=True):
+        assert bits_equal(a.cpu(), b)
+    x_q = HopperBackend().quantize(x, recipes.get("fp4").fprop.lhs, clip=clip_gpu)
+    fold = HopperBackend().kernel(fold_remainder, x)
+    got = fold(x, *clip_gpu, x_q.data, x_q.scale)
+    want = fold_remainder(x.cpu(), *clip_cpu, x_q.data.cpu(), x_q.scale.cpu())
+    for a, b in zip(got, want, strict=True):
+        assert bits_equal(a.cpu(), b)

@@ -32,6 +32,7 @@ NUMERICS = [
     "minifloat.diagnostics",
     "minifloat.amp",
     "minifloat.distributed",
+    "minifloat.blocks",
     "minifloat.optim",
     "minifloat.models",
     "minifloat.data",

@@ -151,6 +151,21 @@ def test_random_state_counts_trained_backwards_only():
     assert layer.rng_state.tolist() == [7, 0]
 
 
+def test_set_recipe_keeps_starts_or_drops_the_random_state():
+    x, w, _, dy = _data(32, 64, 64, seed=7)
+    layer = _layer("nvfp4", w, salt=9)
+    _step(layer, x, dy)
+    state = layer.rng_state
+    layer.set_recipe("mxfp4")  # draws too: the same state goes on counting
+    assert layer.rng_state is state and state.tolist() == [9, 1]
+    layer.set_recipe("fp4")  # draws nothing: no state, and none in the state_dict
+    assert layer.rng_state is None and list(layer.state_dict()) == ["weight"]
+    layer.set_recipe("nvfp4")  # the layer's salt again, from step 0
+    assert layer.rng_state.tolist() == [9, 0] and "rng_state" in layer.state_dict()
+    _step(layer, x, dy)
+    assert layer.rng_state.tolist() == [9, 1]
+
+
 def test_convert_keeps_the_last_blocks_and_salts_layers():
     model = Llama(get_config("tiny"))
     plain_state = copy.deepcopy(model.state_dict())

@@ -71,7 +71,7 @@ def test_variants():
         ("fp8-rowwise:rht=on", "micro-block recipes (nvfp4, mxfp4) only"),
         ("nvfp4:block=24", "block must be a power of two >= 2"),
         ("nvfp4:rht.size=1", "rht.size must be a power of two >= 2"),
-        ("nvfp4:keep_last=1.5", "keep_last must be an integer >= 0"),
+        ("nvfp4:keep_last=1.5", "keep_last must be a non-negative integer"),
         ("nvfp4:rht=off:rht.size=16", "rht=off contradicts rht.size"),
         ("nvfp4:sr=maybe", "on|true|yes|1|off|false|no|0"),
     ],

@@ -9,10 +9,18 @@ import torch
 
 from minifloat import recipes
 from minifloat.linear import QuantLinear
-from minifloat.occ import clamp, clipped_fraction, occ_activation, outliers, thresholds
+from minifloat.occ import (
+    clamp,
+    clipped_fraction,
+    fold_remainder,
+    occ_activation,
+    remainder,
+    sample_stride,
+    thresholds,
+)
 from minifloat.quantize import quantize
 from minifloat.recipes import OCCConfig
-from minifloat.sqnr import sqnr_db
+from minifloat.sqnr import sqnr_db, synthetic_activation, synthetic_weight
 
 
 def heavy_tailed(m: int, k: int, seed: int, n_outlier_channels: int = 2) -> torch.Tensor:
@@ -31,7 +39,7 @@ def heavy_tailed(m: int, k: int, seed: int, n_outlier_channels: int = 2) -> torc
 def test_clipped_fraction_is_two_tails(alpha):
     torch.manual_seed(1)
     x = heavy_tailed(128, 1024, seed=1)
-    frac = clipped_fraction(x, OCCConfig(alpha=alpha))
+    frac = clipped_fraction(x, OCCConfig(alpha=alpha, threshold="exact"))
     # exact quantiles of x: 2 (1 - alpha) to within a few of 131k entries (measured 1.4e-5)
     assert frac == pytest.approx(2 * (1 - alpha), rel=0.05)
 
@@ -52,37 +60,79 @@ def test_snr_ordering_as_in_paper_table_1():
         assert higher > lower + 0.5, snrs  # each step measured >= 1.5 dB
 
 
-def test_sampled_threshold_within_dkw_bound():
+def test_sample_stride_is_a_prime_that_visits_every_column():
+    assert sample_stride(65536, 256, 65536) == 1  # small tensors: every entry
+    for numel, row_len, n in ((16384 * 2048, 2048, 65536), (4096 * 11008, 11008, 65536),
+                              (1024 * 1024, 1024, 65536), (50 * 17 * 4, 17 * 4, 1024)):  # fmt: skip
+        s = sample_stride(numel, row_len, n)
+        assert s >= 2 and all(s % d for d in range(2, s)), s  # prime
+        assert row_len % s != 0  # so i*s mod row_len runs through every column
+        assert -(-numel // s) <= n  # at most sample_size entries
+    assert sample_stride(50 * 68, 68, 1024) == 5  # 4 would do, is not prime; 5 does not divide 68
+    assert sample_stride(1000 * 1000, 1000, 65536) == 17  # 16 -> 17 (prime, 1000 % 17 != 0)
+
+
+def test_sampled_threshold_error():
+    """The strided sample's quantiles against the exact ones on heavy-tailed activations:
+    65536 entries leave a rank error of ~0.04 % (binomial sd); measured: each tail within
+    0.05 % of 1 %, the thresholds within 1.5 % of the exact quantiles."""
     torch.manual_seed(2)
-    x = torch.distributions.StudentT(4.0).sample((1024, 1024))
-    cfg = OCCConfig(alpha=0.99, threshold="sampled", sample_eps=0.002)
-    assert x.numel() > cfg.sample_size()  # really sampled
+    x = heavy_tailed(1024, 1024, seed=2, n_outlier_channels=8)
+    cfg = OCCConfig(alpha=0.99)
+    assert cfg.threshold == "sampled" and x.numel() > 4 * cfg.sample_size
     lo, hi = thresholds(x, cfg)
-    tails = ((x < lo).float().mean().item(), (x > hi).float().mean().item())
-    for tail in tails:  # each tail's clipped fraction is (1 - alpha) ± eps (w.p. >= 99 %)
-        assert abs(tail - 0.01) <= cfg.sample_eps
-    # deterministic: the same draw every call
-    assert torch.equal(torch.stack(thresholds(x, cfg)), torch.stack((lo, hi)))
+    for tail in ((x < lo).float().mean().item(), (x > hi).float().mean().item()):
+        assert abs(tail - 0.01) <= 0.002  # 5 sd
     exact = thresholds(x, dataclasses.replace(cfg, threshold="exact"))
-    assert not torch.equal(torch.stack(exact), torch.stack((lo, hi)))
+    assert not torch.equal(torch.stack(exact), torch.stack((lo, hi)))  # really a sample
+    for got, want in zip((lo, hi), exact, strict=True):
+        assert abs(got / want - 1) <= 0.03
+    # deterministic: the same sample every call
+    assert torch.equal(torch.stack(thresholds(x, cfg)), torch.stack((lo, hi)))
 
 
 def test_small_tensor_sampled_is_exact():
     x = torch.randn(64, 64)
-    cfg = OCCConfig(threshold="sampled")
-    assert torch.equal(torch.stack(thresholds(x, cfg)), torch.stack(thresholds(x, OCCConfig())))
+    cfg = OCCConfig()
+    exact = dataclasses.replace(cfg, threshold="exact")
+    assert torch.equal(torch.stack(thresholds(x, cfg)), torch.stack(thresholds(x, exact)))
 
 
-def test_outliers_columns_and_delta():
+def test_remainder_and_clamp():
     x = torch.zeros(4, 6)
-    x[1, 2], x[3, 5], x[0, 0] = 10.0, -7.0, float("inf")
+    x[1, 2], x[3, 5], x[0, 0], x[2, 1] = 10.0, -7.0, float("inf"), float("nan")
     lo, hi = torch.tensor(-1.0), torch.tensor(1.0)
-    cols, delta = outliers(x, lo, hi)
-    assert cols.tolist() == [2, 5]  # the inf is not clipped: non-finite passes through
-    assert delta[:, 0].tolist() == [0.0, 9.0, 0.0, 0.0]
-    assert delta[:, 1].tolist() == [0.0, 0.0, 0.0, -6.0]
+    delta = remainder(x, lo, hi)
+    want = torch.zeros(4, 6)
+    want[1, 2], want[3, 5] = 9.0, -6.0  # non-finite entries are not clipped: they pass through
+    assert torch.equal(delta, want)
     clamped = clamp(x, lo, hi)
-    assert clamped[0, 0] == float("inf") and clamped[1, 2] == 1.0
+    assert clamped[0, 0] == float("inf") and clamped[1, 2] == 1.0 and clamped[2, 1].isnan()
+
+
+def test_fold_remainder():
+    torch.manual_seed(5)
+    x = heavy_tailed(64, 256, seed=5)
+    lo, hi = thresholds(x, OCCConfig(threshold="exact"))
+    xq = quantize(clamp(x, lo, hi), "e2m1", "row")
+    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale)
+    assert values.dtype == torch.float8_e4m3fn and values.shape == x.shape
+    z = xq.values + remainder(x, lo, hi) / xq.scale
+    # t: the least power of two >= 1 with |z| / t <= 448 (z reaches ~12 sigma / 3 sigma * 6)
+    tv = t.item()
+    assert tv >= 1 and tv == 2.0 ** round(torch.log2(t).item())
+    assert z.abs().max() / tv <= 448 and (tv == 1 or z.abs().max() / (tv / 2) > 448)
+    unclipped = remainder(x, lo, hi) == 0
+    folded = values.float() * t
+    assert torch.equal(folded[unclipped], xq.values[unclipped])  # E2M1 values stay exact
+    # clipped entries: z rounded to E4M3 (3 mantissa bits, relative error <= 2^-4)
+    err = (folded - z).abs()[~unclipped]
+    assert bool((err <= 2.0**-4 * z.abs()[~unclipped]).all()) and (~unclipped).any()
+    # a large remainder needs t > 1
+    big = x.clone()
+    big[0, 0] = 1e6
+    _, t_big = fold_remainder(big, lo, hi, xq.values, xq.scale)
+    assert t_big.item() > 1
 
 
 def test_layer_output_is_clamped_gemm_plus_compensation():
@@ -91,12 +141,12 @@ def test_layer_output_is_clamped_gemm_plus_compensation():
     w = torch.randn(32, 128) * 0.1
     y = {}
     for comp in (True, False):
-        r = recipes.get("fp4-occ")
+        r = recipes.get("fp4-occ:occ.compensation_format=fp32")
         r = dataclasses.replace(r, occ=dataclasses.replace(r.occ, compensate=comp))
         layer = QuantLinear(128, 32, bias=False, recipe=r, backend="emulated")
         layer.weight.data.copy_(w)
         y[comp] = layer(x).double()
-    lo, hi = thresholds(x, OCCConfig())
+    lo, hi = thresholds(x, OCCConfig(threshold="exact"))
     x_c = clamp(x, lo, hi)
     xq, wq = quantize(x_c, "e2m1", "row"), quantize(w, "e2m1", "row")
     main = (xq.values.double() @ wq.values.double().t()) * (
@@ -104,7 +154,7 @@ def test_layer_output_is_clamped_gemm_plus_compensation():
     )
     comp = (x.double() - x_c.double()) @ w.double().t()
     # E2M1 x E2M1 sums are exact in fp32, so only the scale products round (~1e-7 relative); the
-    # compensation adds an fp32 GEMM over each row's few clipped entries (measured <= 8% of tol).
+    # compensation adds a dense fp32 GEMM of Δx, mostly zeros (measured <= 8% of tol).
     torch.testing.assert_close(y[False], main, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(y[True], main + comp, rtol=1e-6, atol=1e-5)
     exact = x.double() @ w.double().t()
@@ -117,16 +167,17 @@ def test_wgrad_gets_compensation_term_and_dgrad_is_ste():
     w = torch.randn(32, 128) * 0.1
     dy = torch.randn(64, 32)
     grads = {}
-    for name in ("fp4-occ", "fp4-direct"):
+    for name in ("fp4-occ:occ.compensation_format=fp32", "fp4-direct"):
         layer = QuantLinear(128, 32, bias=False, recipe=name, backend="emulated")
         layer.weight.data.copy_(w)
         x.grad = None
         layer(x).backward(dy)
         grads[name] = (x.grad.clone(), layer.weight.grad.clone())
     # dgrad does not depend on the clamp (same fold, same quantized weight)
-    assert torch.equal(grads["fp4-occ"][0], grads["fp4-direct"][0])
+    occ_grads = grads["fp4-occ:occ.compensation_format=fp32"]
+    assert torch.equal(occ_grads[0], grads["fp4-direct"][0])
     # wgrad: quantized-x part on x_c plus dyᵀ·Δx on the outlier columns
-    lo, hi = thresholds(x.detach(), OCCConfig())
+    lo, hi = thresholds(x.detach(), OCCConfig(threshold="exact"))
     x_c = clamp(x.detach(), lo, hi)
     xq = quantize(x_c, "e2m1", "row")
     h = (dy * xq.scale).t()
@@ -139,4 +190,34 @@ def test_wgrad_gets_compensation_term_and_dgrad_is_ste():
     terms = (hq.values.double().abs() @ xq.values.double().abs()) * hq.scale.double()
     terms = terms + dy.double().abs().t() @ delta.abs()
     bound = (64 + 4) * 2.0**-24 * terms + 2.0**-24 * dw_ref.abs()
-    assert bool(((grads["fp4-occ"][1].double() - dw_ref).abs() <= bound).all())
+    assert bool(((occ_grads[1].double() - dw_ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("k", [512, 2048])
+def test_e4m3_compensation_within_half_a_db_of_fp32(k):
+    """The issue's target on benchmarks/recipe_sqnr.py's kind of input (Student-t activations
+    with outlier channels): y's SQNR with the E4M3 compensation (and sampled thresholds) within
+    0.5 dB of the exact fp32 one (measured -0.34 dB at k=512, -0.16 dB at k=2048); dw keeps most
+    of the fp32 compensation's gain over none (measured 21.7 vs 23.6 vs 2.6 dB at k=1024)."""
+    x = synthetic_activation(512, k, seed=1)
+    w = synthetic_weight(256, k, seed=2)
+    dy = torch.randn(512, 256, generator=torch.Generator().manual_seed(3))
+    ref_x, ref_w = x.double().requires_grad_(), w.double().requires_grad_()
+    (ref_x @ ref_w.t()).backward(dy.double())
+    sqnr = {}
+    for comp in ("e4m3", "fp32", "off"):
+        name = (
+            "fp4-occ:occ.compensate=off"
+            if comp == "off"
+            else f"fp4-occ:occ.compensation_format={comp}"
+        )
+        layer = QuantLinear(k, 256, bias=False, recipe=name, backend="emulated")
+        layer.weight.data.copy_(w)
+        y = layer(x)
+        y.backward(dy)
+        sqnr[comp] = (
+            sqnr_db(ref_x.detach() @ ref_w.detach().t(), y),
+            sqnr_db(ref_w.grad, layer.weight.grad),
+        )
+    assert sqnr["e4m3"][0] >= sqnr["fp32"][0] - 0.5, sqnr
+    assert sqnr["e4m3"][1] >= sqnr["off"][1] + 10, sqnr

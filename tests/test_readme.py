@@ -29,11 +29,13 @@ ABLATIONS = (
     "minifloat compare --recipes fp4,fp4:dge.k=3,fp4:occ.alpha=0.97,fp4:scaling=tensor "
     "--sqnr-every 50"
 )
+SWITCH = "minifloat train --recipe fp4 --switch-recipe bf16 --switch-at 0.9"
+SWITCH_COMPARE = "minifloat compare --recipes bf16,fp4,fp4+switch=bf16+at=0.9"
 RECIPES = "minifloat recipes"
 EXPORT = "minifloat export runs/fp4 --out hf/fp4"
 
 # Commands run here; FP4, RESUME and EXPORT run in sequence (test_train_resume_export).
-RUN = [TRAIN, COMPARE, ABLATIONS, RECIPES]
+RUN = [TRAIN, COMPARE, ABLATIONS, SWITCH, SWITCH_COMPARE, RECIPES]
 # Run here and proposed for the README, which does not show them yet: remove a command from
 # this set once the README has it.
 PENDING: set[str] = set()
@@ -122,7 +124,10 @@ def test_readme_command_runs(
         argv += [*tiny, "--steps", "3", "--out", str(tmp_path / "out")]
     out = _run(argv, capsys)
     if argv[0] == "train":
-        assert out.startswith("bf16 tiny: 3 steps") and (tmp_path / "out/checkpoint.pt").is_file()
+        name = "fp4+switch=bf16+at=0.9" if "--switch-recipe" in argv else "bf16"
+        assert (
+            out.startswith(f"{name} tiny: 3 steps") and (tmp_path / "out/checkpoint.pt").is_file()
+        )
     elif argv[0] == "compare":
         recipes = argv[argv.index("--recipes") + 1].split(",")
         assert all(f"| {name} |" in out for name in recipes)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
@@ -156,11 +155,15 @@ def test_unsuitable_dims():
     assert "multiples of 128" in recipes.get("fp8-blockwise").unsuitable(256, 64)
 
 
-def test_occ_sample_size_is_dkw():
-    cfg = OCCConfig(sample_eps=0.01, sample_delta=0.05)
-    n = cfg.sample_size()
-    assert n == math.ceil(math.log(2 / 0.05) / (2 * 0.01**2))
-    assert 2 * math.exp(-2 * n * 0.01**2) <= 0.05
+def test_occ_defaults_and_sample_size():
+    cfg = OCCConfig()
+    assert (cfg.threshold, cfg.compensation_format, cfg.sample_size) == ("sampled", "e4m3", 65536)
+    assert recipes.get("fp4:occ.sample_size=4096").occ.sample_size == 4096
+    for bad in (100, 1.5e4):
+        with pytest.raises(ValueError, match="sample_size must be an integer >= 1024"):
+            OCCConfig(sample_size=bad)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        recipes.get("fp4:occ.sample_size=1e5")
 
 
 # ---- variants: "BASE:KEY=VALUE[:KEY=VALUE...]" ----------------------------------------------
@@ -197,9 +200,9 @@ def test_switches_turn_features_on_and_off() -> None:
     assert recipes.get("fp4-direct:dge.k=3").dge == DGEConfig(k=3.0)
     assert not recipes.get("fp4:occ.compensate=off").occ.compensate
     assert recipes.get("fp4:occ.threshold=exact").occ.threshold == "exact"
-    e4m3 = recipes.get("fp4:occ.compensation_format=e4m3").occ
-    assert e4m3.compensation_format == "e4m3"
-    assert recipes.get("fp4").occ.compensation_format == "fp32"
+    fp32 = recipes.get("fp4:occ.compensation_format=fp32").occ
+    assert fp32.compensation_format == "fp32"
+    assert recipes.get("fp4").occ.compensation_format == "e4m3"
 
 
 def test_per_tensor_scaling_switches_the_fp4_operands() -> None:

@@ -17,6 +17,7 @@ from minifloat.convert import (
     ConversionReport,
     convert,
     is_output_head,
+    set_recipe,
 )
 from minifloat.dge import dge_derivative
 from minifloat.linear import QuantLinear
@@ -34,6 +35,7 @@ __all__ = [
     "ConversionReport",
     "AlreadyConvertedError",
     "is_output_head",
+    "set_recipe",
     "REPORT_ATTR",
     "QuantLinear",
     "QuantConv1D",

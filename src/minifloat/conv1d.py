@@ -87,6 +87,9 @@ class QuantConv1D(QuantizedGemmMixin, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.nx:
             raise ValueError(f"expected last dim {self.nx}, got shape {tuple(x.shape)}")
+        if not self.recipe.quantized:  # set_recipe("bf16"): Conv1D's own computation
+            y = torch.addmm(self.bias, x.reshape(-1, self.nx), self.weight)
+            return y.reshape(*x.shape[:-1], self.nf)
         weight_nk = self.weight.t().contiguous()  # [out, in], nn.Linear's layout
         return self._quantized_gemm(x, weight_nk, self.bias, self.nf)
 

@@ -40,6 +40,11 @@ Rules:
   the state_dict, kept by `copy.deepcopy`); convert() refuses a model, or a model with a
   submodule, that carries a report or holds quantized layers, even where the first conversion
   swapped nothing (e.g. "bf16", which only relies on autocast).
+
+`set_recipe(model, recipe)` changes the recipe of a converted model's quantized layers in place
+(e.g. the last phase of a run in bf16): no module is swapped, so parameters, optimizer state and
+state_dict keys stay (bar the fp8-delayed amax history, which a layer holds exactly when its
+recipe is delayed). The report keeps the recipe the model was converted with.
 """
 
 from __future__ import annotations
@@ -66,7 +71,9 @@ __all__ = [
     "AlreadyConvertedError",
     "HEAD_NAMES",
     "REPORT_ATTR",
+    "check_recipe",
     "is_output_head",
+    "set_recipe",
 ]
 
 HEAD_NAMES = ("lm_head", "output", "head")
@@ -392,3 +399,39 @@ def convert(
     if not report.converted:
         _warn_nothing_converted(recipe, report, layers)
     return (model, report) if return_report else model
+
+
+def check_recipe(model: nn.Module, recipe: str | Recipe) -> None:
+    """Raise ValueError, naming the first, when a quantized layer of `model` cannot take
+    `recipe` (its dims; see `QuantRecipe.unsuitable`); change nothing. `set_recipe` checks this
+    itself: call it alone to fail early, before a change planned for later."""
+    recipe = recipes.get(recipe)
+    if not isinstance(recipe, QuantRecipe):
+        return
+    for name, layer in model.named_modules():
+        if isinstance(layer, _QUANTIZED_LAYERS):
+            reason = recipe.unsuitable(layer.in_features, layer.out_features)
+            if reason is not None:
+                raise ValueError(f"layer {name!r} cannot take recipe {recipe.name}: {reason}")
+
+
+def set_recipe(model: nn.Module, recipe: str | Recipe) -> list[str]:
+    """Change the recipe of every quantized layer of `model` in place; return their names.
+
+    The layers stay the same modules with the same Parameter objects, so an optimizer and its
+    state carry on. To a recipe that quantizes nothing ("bf16", "fp32") the layers compute as
+    the plain layers do (`F.linear`, Conv1D's `addmm`) under the caller's autocast, i.e. as a
+    model never converted would. Layers convert() kept in high precision are not touched. A
+    compiled model picks the change up at its next call: each layer's recipe is an attribute
+    its forward reads, which torch.compile guards on (a recompile, not a stale graph).
+
+    Raises:
+        ValueError: unknown recipe, or a layer whose dims the recipe cannot take (checked for
+            every layer before any changes, so the model is left as it was).
+    """
+    recipe = recipes.get(recipe)
+    check_recipe(model, recipe)
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QUANTIZED_LAYERS)]
+    for _, layer in layers:
+        layer.set_recipe(recipe)
+    return [name for name, _ in layers]

@@ -155,9 +155,15 @@ def measure_layer_sqnr(
         loss_fn: loss of (model output, targets); default: next-token cross entropy in fp32.
     Returns:
         {layer name: {operand: dB or None}} with the operands of `OPERANDS`; empty when the model
-        holds no QuantLinear. Gradient operands are missing for layers no gradient reaches.
+        holds no QuantLinear with a quantized recipe. Gradient operands are missing for layers
+        no gradient reaches.
     """
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear)]
+    # A layer switched to an autocast-only recipe (convert.set_recipe) quantizes nothing.
+    layers = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, QuantLinear) and m.recipe.quantized
+    ]
     if not layers:
         return {}
     loss_fn = loss_fn or _lm_loss

@@ -16,11 +16,15 @@ across ranks:
 Bytes are counted per rank as the standard ring / pairwise algorithms send them:
 all-reduce 2(W-1)/W * bytes, all-to-all and all-gather (W-1)/W * total bytes.
 
-FSDP2 (`apply_fsdp`) calls torch.distributed.fsdp.fully_shard on every block of `model.layers`,
-then on the root, with a MixedPrecisionPolicy (gradients reduce-scattered in fp32 by default).
+FSDP2 (`apply_fsdp`) calls torch.distributed.fsdp.fully_shard on every repeated block of the
+model (blocks.find_repeated_blocks: the children of the outermost ModuleList/ModuleDict of >= 2
+same-class blocks, e.g. `layers` of minifloat's Llama or of a `transformers` Llama, Mistral or
+Qwen2), then on the root, with a MixedPrecisionPolicy (gradients reduce-scattered in fp32 by
+default). A model with no repeated blocks is an error unless the blocks are named explicitly.
 """
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +32,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from minifloat.blocks import find_repeated_blocks
+from minifloat.fsdp_quantized import enable_quantized_all_gather
 from minifloat.sqnr import sqnr_db
 
 __all__ = [
@@ -296,19 +302,31 @@ def apply_fsdp(
     param_dtype: torch.dtype | None = None,
     mesh=None,  # noqa: ANN001 - a torch.distributed DeviceMesh; None = all ranks
     reshard_after_forward: bool = True,
+    blocks: Iterable[nn.Module] | None = None,
+    quantized_all_gather: bool = False,
 ) -> nn.Module:
-    """Shard `model` with FSDP2: fully_shard each block in `model.layers`, then the root.
+    """Shard `model` with FSDP2: fully_shard each repeated block, then the root.
 
+    blocks: the modules to shard one by one before the root; None finds them
+    (blocks.find_repeated_blocks, which raises NoRepeatedBlocksError, a ValueError, when the
+    model has none); pass `()` to shard the root alone.
     MixedPrecisionPolicy(param_dtype, reduce_dtype): param_dtype=None computes with the stored
     dtype (use bf16 autocast for mixed precision), reduce_dtype=fp32 reduce-scatters gradients
     in fp32 (the AMP rule). Works on converted models: QuantLinear is an nn.Linear subclass and
     its extra buffers stay replicated. Returns the same (now sharded) module.
+
+    quantized_all_gather=True all-gathers QuantLinear weights already quantized (FP8 1 byte,
+    packed E2M1 0.5 byte a parameter, plus scales; `minifloat.fsdp_quantized`, docs/distributed.md).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    blocks = find_repeated_blocks(model) if blocks is None else list(blocks)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard_after_forward}
-    for block in getattr(model, "layers", ()):
+    if quantized_all_gather:
+        world = mesh.size() if mesh is not None else dist.get_world_size()
+        enable_quantized_all_gather(model, world_size=world)
+    for block in blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     return model

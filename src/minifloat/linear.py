@@ -12,7 +12,8 @@ Precision choices:
   input's dtype. dx has the input's dtype, dw the weight's, db the bias's.
 - Activations saved for backward stay quantized (the wgrad operand, transposed) plus their row
   scales; the high-precision input is never saved. E2M1 operands are saved packed, two values a
-  byte. OCC keeps only Δx on the outlier columns.
+  byte. With OCC's E4M3 compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an
+  entry; occ_gemm.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minifloat import counter_rng, delayed, recipes
+from minifloat import counter_rng, delayed, occ, occ_gemm, recipes
+from minifloat.fsdp_weight import GatheredWeight
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
-from minifloat.recipes import OCCConfig, OperandSpec, QuantRecipe
+from minifloat.recipes import QuantRecipe, Recipe
 
 __all__ = ["QuantLinear", "QuantLinearFunction", "QuantizedGemmMixin"]
 
@@ -34,15 +36,17 @@ class QuantLinearFunction(torch.autograd.Function):
     Shapes: x [M, K] (tokens x in_features), w [N, K], b [N] or None, y and dy [M, N].
     Every GEMM is `a @ bᵀ` computed by `backend.scaled_mm` as (acc * b_scaleᵀ) * a_scale.
 
-        fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Δx[:, cols]·w[:, cols]ᵀ with OCC)
+        fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Q8(Δx)·Q8(w)ᵀ with OCC)
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
         wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
-                    (+ dyᵀ·Δx on the outlier columns with OCC; then dw *= f'(w / s_w) with DGE)
+                    (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w / s_w) with DGE)
 
     Without the fold (tensor or block scales, or re-quantized operands) the backward GEMMs are
     the plain dx = Q(dy)·Q(w) and dw = Q(dy)ᵀ·Q(x), with each operand quantized along that GEMM's
-    contraction dim as its `OperandSpec` says. x_c = clamp(x, q_{1-α}, q_α) under OCC, else x.
-    dgrad passes straight through the clamp (the clamp plus compensation is the identity).
+    contraction dim as its `OperandSpec` says. x_c = clamp(x, q_{1-α}, q_α) under OCC, else x;
+    Δx = x - x_c. Q8: E4M3 per row. Where wgrad cannot fold Δx into its input (or with the fp32
+    reference compensation) it adds dyᵀ·Δx through its own GEMM (occ_gemm.py). dgrad passes
+    straight through the clamp (the clamp plus compensation is the identity).
     Micro-block recipes (nvfp4, mxfp4) may round dy stochastically and rotate both wgrad
     operands along M: dw = Q(dyᵀ·R)·Q(xᵀ·R)ᵀ, R an orthogonal random Hadamard transform
     (minifloat/hadamard.py); the draws come from `rng_state` (counter_rng.py): seeds of the
@@ -54,15 +58,13 @@ class QuantLinearFunction(torch.autograd.Function):
         recipe: QuantRecipe
         backend: Backend
         need_dx, need_dw = ctx.needs_input_grad[:2]
+        comp = occ_gemm.compensation(recipe)
         with torch.autocast(x.device.type, enabled=False):
-            clip, cols, delta = None, None, None
-            if recipe.occ is not None:
-                clip = backend.occ_thresholds(x, recipe.occ)
-                if recipe.occ.compensate:
-                    cols, delta = backend.occ_outliers(x, *clip)
+            clip = None if recipe.occ is None else occ.thresholds(x, recipe.occ)
             s_x = s_w = amaxes = None
             if recipe.delayed is not None:  # scales from past steps; backward records this one
-                amaxes = torch.stack([delayed.amax(x), delayed.amax(weight)])
+                w_amax = weight.amax if isinstance(weight, GatheredWeight) else delayed.amax(weight)
+                amaxes = torch.stack([delayed.amax(x), w_amax])
                 s_x, s_w = (
                     delayed.history_scale(amax_history, row, amaxes[row], spec.fmt, recipe.delayed)
                     for row, spec in ((delayed.INPUT, recipe.fprop.lhs),
@@ -72,29 +74,32 @@ class QuantLinearFunction(torch.autograd.Function):
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
-            w_q = backend.quantize(weight, recipe.fprop.rhs, scale=s_w)
-            if delta is None:
+            w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
+            fast_accum = recipe.fprop_fast_accum
+            if comp is None:
                 y = backend.scaled_mm(
-                    x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=recipe.fprop_fast_accum
+                    x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum
                 )
             else:
-                y = backend.scaled_mm(
-                    x_q, w_q, out_dtype=torch.float32, fast_accum=recipe.fprop_fast_accum
-                )
-                if recipe.occ.compensation_format == "e4m3":
-                    delta = _pad_columns(delta)  # once, for both GEMMs (saved for wgrad)
-                y = y + _compensation_fprop(backend, recipe.occ, delta, weight[:, cols])
+                y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32, fast_accum=fast_accum)
+                y = y + occ_gemm.fprop_correction(backend, comp, x, clip, weight, fast_accum)
                 y = (y + bias.float() if bias is not None else y).to(out_dtype)
 
             # Backward operands, prepared only for the gradients autograd will ask for.
-            x_rhs = w_rhs = None
-            if reuse_x:
+            x_rhs = w_rhs = delta_rhs = None
+            if reuse_x and occ_gemm.folds_remainder(recipe):
+                x_rhs = occ_gemm.folded_wgrad_operand(
+                    backend, x, clip, x_q, unit_scale=recipe.folds("wgrad")
+                )
+            elif reuse_x:
                 x_rhs = backend.transpose(x_q, unit_scale=recipe.folds("wgrad"))
             elif need_dw:
                 x_rhs = backend.quantize(
                     x, recipe.wgrad.rhs, clip=clip, transpose=True, scale=s_x,
                     seed=_seed(seeds, "wgrad"),
                 )  # fmt: skip
+            if need_dw and comp is not None and not occ_gemm.folds_remainder(recipe):
+                delta_rhs = occ_gemm.remainder_wgrad_operand(backend, comp, x, clip)
             if reuse_w:
                 w_rhs = backend.transpose(w_q, unit_scale=recipe.folds("dgrad"))
 
@@ -104,6 +109,7 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.bias_dtype = None if bias is None else bias.dtype
         x_rhs_data, ctx.x_rhs_meta = _stash(backend, x_rhs)
         w_rhs_data, ctx.w_rhs_meta = _stash(backend, w_rhs)
+        delta_data, ctx.delta_meta = _stash(backend, delta_rhs)
         ctx.w_q_meta = (w_q.fmt, w_q.granularity)
         ctx.save_for_backward(
             weight,
@@ -113,8 +119,8 @@ class QuantLinearFunction(torch.autograd.Function):
             w_q.scale,
             w_rhs_data,
             None if w_rhs is None else w_rhs.scale,
-            cols,
-            delta,
+            delta_data,
+            None if delta_rhs is None else delta_rhs.scale,
             amaxes,
             *_tensor_scales(x_rhs, w_rhs),
             seeds,
@@ -133,8 +139,8 @@ class QuantLinearFunction(torch.autograd.Function):
             w_scale,
             w_rhs_data,
             w_rhs_scale,
-            cols,
-            delta,
+            delta_data,
+            delta_scale,
             amaxes,
             x_rhs_ts,
             w_rhs_ts,
@@ -158,7 +164,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 w_rhs = (
                     _unstash(backend, w_rhs_data, w_rhs_scale, ctx.w_rhs_meta, w_rhs_ts)
                     if w_rhs_data is not None
-                    else backend.quantize(weight, recipe.dgrad.rhs, transpose=True)
+                    else _weight_operand(backend, weight, recipe.dgrad.rhs, transpose=True)
                 )
                 prescale = w_scale.t() if recipe.folds("dgrad") else None
                 g_q = backend.quantize(
@@ -168,10 +174,13 @@ class QuantLinearFunction(torch.autograd.Function):
             if need_dw:
                 x_rhs = _unstash(backend, x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
                 dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g, _seed(seeds, "wgrad"))
-                if delta is not None and cols.numel() > 0:
-                    dw_comp = _compensation_wgrad(backend, recipe.occ, dy, delta, cols.numel())
-                    dw.index_add_(1, cols, dw_comp)
-                if recipe.dge is not None:
+                if delta_data is not None:  # OCC's correction, unless folded into x_rhs
+                    delta_rhs = _unstash(backend, delta_data, delta_scale, ctx.delta_meta)
+                    comp = occ_gemm.compensation(recipe)
+                    dw = dw + occ_gemm.wgrad_correction(backend, comp, dy, delta_rhs)
+                # A quantized all-gather has no hp weight: DGE scales the reduce-scattered
+                # gradient shard instead (fsdp_weight.sharded_dge_hook).
+                if recipe.dge is not None and not isinstance(weight, GatheredWeight):
                     w_q = QOperand(weight, w_scale, *ctx.w_q_meta)  # data unused by apply_dge
                     dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
                 dw = dw.to(weight.dtype)
@@ -180,7 +189,19 @@ class QuantLinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None
 
 
-_E4M3_ROWS = OperandSpec(fmt="e4m3", granularity="row")
+def _weight_operand(
+    backend: Backend,
+    weight: torch.Tensor,
+    spec: recipes.OperandSpec,
+    *,
+    transpose: bool = False,
+    scale: torch.Tensor | None = None,
+) -> QOperand:
+    """The weight quantized per `spec`: as FSDP2 all-gathered it already quantized
+    (fsdp_weight.GatheredWeight, the same values and scales), else quantized here."""
+    if isinstance(weight, GatheredWeight):
+        return weight.operand(backend, spec, transpose=transpose)
+    return backend.quantize(weight, spec, transpose=transpose, scale=scale)
 
 
 def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, tuple | None]:
@@ -226,40 +247,6 @@ def _seed(seeds: torch.Tensor | None, gemm: str) -> torch.Tensor | None:
     return None if seeds is None else seeds[0 if gemm == "dgrad" else 1]
 
 
-def _pad_columns(t: torch.Tensor) -> torch.Tensor:
-    """Zero columns up to a multiple of 16, as FP8 tensor cores need; zeros change neither the
-    row scales nor any sum. A no-op (no copy) on an already padded tensor."""
-    pad = -t.shape[1] % 16
-    return torch.nn.functional.pad(t, (0, pad)) if pad else t
-
-
-def _compensation_fprop(
-    backend: Backend, occ: OCCConfig, delta: torch.Tensor, w_cols: torch.Tensor
-) -> torch.Tensor:
-    """OCC's fprop correction Δx[:, cols] · w[:, cols]ᵀ [M, N], float32.
-
-    "e4m3": both operands quantized per row (along the outlier columns, the contraction) and
-    multiplied on the FP8 GEMM path; "fp32": the high-precision GEMM.
-    """
-    if occ.compensation_format == "fp32":
-        return backend.hp_matmul(delta, w_cols)
-    delta_q = backend.quantize(_pad_columns(delta), _E4M3_ROWS)
-    w_q = backend.quantize(_pad_columns(w_cols), _E4M3_ROWS)
-    return backend.scaled_mm(delta_q, w_q, out_dtype=torch.float32)
-
-
-def _compensation_wgrad(
-    backend: Backend, occ: OCCConfig, dy: torch.Tensor, delta: torch.Tensor, n_cols: int
-) -> torch.Tensor:
-    """OCC's wgrad correction dyᵀ · Δx[:, cols] [N, n_cols], float32 (see the fprop one);
-    `delta` may carry zero padding columns beyond `n_cols`."""
-    if occ.compensation_format == "fp32":
-        return backend.hp_matmul(dy.t(), delta[:, :n_cols].t())
-    g_q = backend.quantize(dy, _E4M3_ROWS, transpose=True)  # dyᵀ rows, along the tokens
-    delta_q = backend.quantize(_pad_columns(delta), _E4M3_ROWS, transpose=True)
-    return backend.scaled_mm(g_q, delta_q, out_dtype=torch.float32)[:, :n_cols]
-
-
 def _wgrad(
     backend: Backend,
     recipe: QuantRecipe,
@@ -299,9 +286,12 @@ class QuantizedGemmMixin:
     keep `rng_state`, int64 [2] = (salt, step), alike: a persistent buffer advanced once per
     trained backward; its seeds are `counter_rng.layer_seeds(rng_state)`. `convert` gives each
     layer a salt from its name (`seed_rng`), so layers draw different numbers.
+
+    `set_recipe` changes the recipe in place (e.g. a final training phase in bf16); after a switch
+    to a recipe that quantizes nothing the layer computes as the plain layer does.
     """
 
-    recipe: QuantRecipe
+    recipe: Recipe  # a QuantRecipe unless set_recipe chose an autocast-only one
     backend: str
     amax_history: torch.Tensor | None
     rng_state: torch.Tensor | None
@@ -327,6 +317,37 @@ class QuantizedGemmMixin:
         self._rng_salt = int(salt)
         if self.rng_state is not None:
             self.rng_state.copy_(torch.tensor([self._rng_salt, 0], dtype=torch.int64))
+
+    def set_recipe(self, recipe: str | Recipe) -> None:
+        """Change the recipe in place; parameters (the same objects) and their values stay.
+
+        A recipe that quantizes nothing ("bf16", "fp32") makes the layer compute exactly as the
+        plain layer (nn.Linear, Conv1D) does, in the precision of the autocast region around it.
+        The fp8-delayed amax history is kept when the new recipe keeps one of the same length,
+        started afresh (zeros) when it needs another, and dropped when it needs none, so the
+        layer holds a history exactly when its recipe is delayed (as after `_setup`). The
+        counter-based random state likewise: kept when the new recipe draws random numbers too,
+        started at (salt, step 0) when only the new one does, dropped when it draws none.
+        Raises ValueError (nothing changed) when the layer's dims do not suit the recipe.
+        """
+        recipe = recipes.get(recipe)
+        delayed_cfg = recipe.delayed if isinstance(recipe, QuantRecipe) else None
+        if isinstance(recipe, QuantRecipe):
+            reason = recipe.unsuitable(self.in_features, self.out_features)
+            if reason is not None:
+                raise ValueError(reason)
+        history = self.amax_history
+        if delayed_cfg is None:
+            history = None
+        elif history is None or history.shape[1] != delayed_cfg.history_len:
+            history = torch.zeros(3, delayed_cfg.history_len, device=self.weight.device)
+        self.amax_history = history  # a registered buffer: Module.__setattr__ keeps it one
+        randomized = isinstance(recipe, QuantRecipe) and recipe.randomized
+        rng = self.rng_state if randomized else None
+        if randomized and rng is None:
+            rng = torch.tensor([self._rng_salt, 0], dtype=torch.int64, device=self.weight.device)
+        self.rng_state = rng
+        self.recipe = recipe
 
     def reset_buffers(self) -> None:
         """Zero the delayed-scaling amax history and restart the random state at step 0 (e.g.
@@ -400,6 +421,8 @@ class QuantLinear(QuantizedGemmMixin, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected last dim {self.in_features}, got shape {tuple(x.shape)}")
+        if not self.recipe.quantized:  # set_recipe("bf16"): nn.Linear's own computation
+            return nn.functional.linear(x, self.weight, self.bias)
         return self._quantized_gemm(x, self.weight, self.bias, self.out_features)
 
     def extra_repr(self) -> str:

@@ -2,47 +2,83 @@
 
 A few large activations stretch the absmax scale of their token and push every other value of it
 into FP4's coarse low range. OCC clamps the input x to its per-tensor [1-alpha, alpha] quantiles
-before quantization, x_c = clamp(x, q_{1-alpha}, q_alpha), and optionally adds back the clipped
-remainder Δx = x - x_c through a high-precision GEMM:
+before quantization, x_c = clamp(x, q_{1-alpha}, q_alpha), and adds back the clipped remainder
+Δx = x - x_c (≈ 2(1-alpha) of the entries are non-zero) through a second GEMM:
 
     y = Q(x_c) · Q(w)ᵀ + Δx · wᵀ
 
-Δx is sparse (≈ 2(1-alpha) of the entries) and concentrated in few input channels, so the
-compensation runs as a dense GEMM over only the columns of x that hold outliers,
-Δx[:, cols] · w[:, cols]ᵀ (DESIGN.md measured 0.07 ms for 128 of 4096 channels vs 16 ms for a CSR
-sparse product).
+Everything here is plain PyTorch with static shapes (no `nonzero`, no `.item()`): under
+torch.compile it is traced into the caller's graph without breaks or recompiles, and inductor
+fuses the clamp, the remainder and their quantizers into the passes that already read x.
 
-Thresholds: "exact" uses `quantize.tensor_quantiles` (order statistics; one sort on CUDA).
-"sampled" uses the quantiles of n entries drawn uniformly with replacement: by the
-Dvoretzky-Kiefer-Wolfowitz inequality, P(sup |F_n - F| > eps) <= 2 exp(-2 n eps²), so for
-n >= ln(2/delta) / (2 eps²) the estimated alpha-quantile's rank in x is within alpha ± eps with
-probability >= 1 - delta, and each tail's clipped fraction lies in (1-alpha) ± eps. The draw uses
-a fixed-seed generator on x's device, so it is deterministic and independent of the data.
+Thresholds ("sampled"): the quantiles of every s-th entry of x, about `sample_size` of them. s is
+the smallest prime >= numel / sample_size that does not divide the row length K, so entry
+i·s falls in column i·s mod K and the sample visits every column equally often (a channel of
+massive activations is sampled in proportion). One sort of the sample replaces a sort of x.
 
-Backward (linear.py): dgrad uses the straight-through estimator through the clamp (the clamp plus
-the compensation is the identity on x); wgrad receives the compensation's contribution dyᵀ·Δx on
-the outlier columns, in high precision.
+Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is measured against):
+- fprop: Δx quantized per row to E4M3 and multiplied by the E4M3 row-quantized weight in a
+  second FP8 GEMM, dense: the clipped entries of an activation spread over every channel
+  (benchmarks/recipe_sqnr.py inputs), so restricting the GEMM to a few columns cannot hold them.
+- wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx / s_x
+  (s_x: x_q's scale) is stored in E4M3 with a power-of-two tensor scale, and dw = dyᵀ · z s_x
+  is the one wgrad GEMM; the saved activation is one byte per entry and no extra GEMM runs.
+- dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
+  identity on x).
 """
 
 from __future__ import annotations
 
 import torch
 
+from minifloat.exact import div_rn
+from minifloat.kernels.operand import round_to_storage
 from minifloat.quantize import Granularity, quantize, tensor_quantiles
 from minifloat.recipes import OCCConfig
 
-__all__ = ["thresholds", "clamp", "outliers", "occ_activation", "clipped_fraction"]
+__all__ = [
+    "sample_stride",
+    "thresholds",
+    "clamp",
+    "remainder",
+    "fold_remainder",
+    "occ_activation",
+    "clipped_fraction",
+]
+
+_E4M3_MAX = 448.0
+# Power-of-two tensor scales 2^0 .. 2^63 of `fold_remainder` (float32: 448·2^63 is finite).
+_FOLD_EXPONENTS = 64
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+def sample_stride(numel: int, row_len: int, sample_size: int) -> int:
+    """The stride s of the threshold sample of a [numel / row_len, row_len] tensor.
+
+    1 (every entry: the exact quantiles) when numel <= sample_size; else the smallest prime
+    s >= numel / sample_size that does not divide row_len (so the sample visits every column).
+    """
+    if numel <= sample_size:
+        return 1
+    s = max(2, -(-numel // sample_size))
+    while not _is_prime(s) or row_len % s == 0:
+        s += 1
+    return s
 
 
 def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The clamp bounds (lo, hi) of x under `cfg`, 0-dim float32 tensors on x's device."""
-    n = cfg.sample_size()
-    if cfg.threshold == "exact" or x.numel() <= n:
-        lo, hi = tensor_quantiles(x, cfg.alpha)
-    else:
-        gen = torch.Generator(device=x.device).manual_seed(cfg.seed)
-        idx = torch.randint(0, x.numel(), (n,), generator=gen, device=x.device)
-        lo, hi = tensor_quantiles(x.detach().reshape(-1)[idx], cfg.alpha)
+    """The clamp bounds (lo, hi) of x under `cfg`, 0-dim float32 tensors on x's device.
+
+    "exact": the [1-alpha, alpha] quantiles of x's finite entries (linear interpolation, as
+    `torch.quantile`); "sampled": the same quantiles of the strided sample (module docstring).
+    """
+    flat = x.detach().reshape(-1)
+    if cfg.threshold == "sampled":
+        flat = flat[:: sample_stride(flat.numel(), x.shape[-1], cfg.sample_size)]
+    lo, hi = tensor_quantiles(flat, cfg.alpha)
     return lo.float(), hi.float()
 
 
@@ -52,18 +88,39 @@ def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(xf), torch.clamp(xf, lo, hi), xf)
 
 
-def outliers(
-    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Columns of 2-D x holding clipped entries, and Δx = x - clamp(x) on them.
-
-    Returns (cols int64 [n], delta float32 [M, n]); cols are sorted ascending.
-    """
+def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Δx = x - clamp(x, lo, hi) in float32 (dense, x's shape); 0 at non-finite entries, which
+    stay in the clamped part and propagate through its quantization."""
     xf = x.float()
-    # Non-finite entries are not outliers: they stay in x_c, whose quantization propagates them.
-    delta = torch.where(torch.isfinite(xf), xf - clamp(xf, lo, hi), torch.zeros_like(xf))
-    cols = torch.nonzero((delta != 0).any(dim=0)).flatten()
-    return cols, delta[:, cols].contiguous()
+    return torch.where(torch.isfinite(xf), xf - torch.clamp(xf, lo, hi), 0.0)
+
+
+def fold_remainder(
+    x: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    x_values: torch.Tensor,
+    x_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The wgrad operand z = x_q + Δx / s_x in E4M3, with its power-of-two tensor scale t.
+
+    Args:
+        x: [M, K] the layer input; lo, hi: its clamp bounds.
+        x_values: [M, K] grid values of x_q = Q(clamp(x)) (any float dtype, e.g. E4M3 bytes).
+        x_scale: x_q's scale, [M, 1] (row) or [1, 1] (tensor).
+    Returns:
+        (values float8_e4m3fn [M, K], t float32 [1, 1]) with values · t ≈ z, so that
+        values · t · s_x ≈ x_q s_x + Δx = x_c + (x - x_c) up to x_q's and this rounding.
+        t = the least power of two >= 1 with |z| / t <= 448: where z = x_values (no clipping)
+        the E2M1 values stay exact in E4M3 while t <= 2^8.
+    """
+    z = x_values.float() + div_rn(remainder(x, lo, hi), x_scale.float())
+    amax = z.abs().amax()
+    bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
+    # A product of exact factors of 2 (a comparison per exponent): the same bits in every
+    # compiled form, where log2/exp2 may be approximate.
+    t = torch.where(amax > bounds, 2.0, 1.0).prod().reshape(1, 1)
+    return round_to_storage(div_rn(z, t), "e4m3"), t
 
 
 def occ_activation(
@@ -82,10 +139,9 @@ def occ_activation(
     if cfg is None:
         return quantize(x2, fmt, granularity).dequantize().reshape(x.shape)
     lo, hi = thresholds(x2, cfg)
-    x_c = clamp(x2, lo, hi)
-    out = quantize(x_c, fmt, granularity).dequantize()
+    out = quantize(clamp(x2, lo, hi), fmt, granularity).dequantize()
     if cfg.compensate:
-        out = out + (x2.float() - x_c)
+        out = out + remainder(x2, lo, hi)
     return out.reshape(x.shape)
 
 

@@ -26,9 +26,17 @@ from dataclasses import dataclass
 
 import torch
 
-from minifloat import formats, microblock_variants
-from minifloat.hadamard import check_size
-from minifloat.quantize import Granularity, normalize_granularity
+from minifloat import microblock_variants
+from minifloat.quantize import Granularity
+from minifloat.recipe_specs import (
+    OCC_COMPENSATION_FORMATS,
+    OCC_THRESHOLDS,
+    DelayedScaling,
+    DGEConfig,
+    GemmSpec,
+    OCCConfig,
+    OperandSpec,
+)
 
 __all__ = [
     "Recipe",
@@ -68,141 +76,6 @@ class Recipe:
 # ---------------------------------------------------------------------------------------------
 # Quantized recipes
 # ---------------------------------------------------------------------------------------------
-
-
-def _granularity_words(g: Granularity) -> str:
-    return f"{g[0]}x{g[1]}" if isinstance(g, tuple) else g
-
-
-@dataclass(frozen=True, kw_only=True)
-class OperandSpec:
-    """How one operand of one GEMM is quantized.
-
-    `granularity` is relative to the operand's [rows, contraction] layout in that GEMM.
-    `reuse=True` (backward GEMMs' rhs only) takes the fprop's quantized values of the same tensor,
-    transposed, instead of quantizing again: a tensor or block scale is transposed with them; a
-    row scale, which cannot be applied along the backward contraction dim, is folded into the
-    gradient operand (DESIGN.md "FP4 on Hopper") and the reused values get a unit scale. A reused
-    spec must name the fprop's format; its granularity is ignored.
-    `hadamard` (wgrad operands only, 0 = off): the size n of a random Hadamard transform applied
-    along the contraction dim before quantizing (minifloat/hadamard.py). "stochastic" rounding
-    and the transform draw from the layer's counter-based random state (minifloat/counter_rng.py).
-    """
-
-    fmt: str
-    granularity: Granularity = "tensor"
-    scale_format: str = "fp32"
-    rounding: str = "nearest"
-    reuse: bool = False
-    hadamard: int = 0
-
-    def __post_init__(self) -> None:
-        formats.get(self.fmt)  # validates the name
-        formats.get_scale_format(self.scale_format)
-        object.__setattr__(self, "granularity", normalize_granularity(self.granularity))
-        if self.granularity == "column":
-            raise ValueError("operand granularity 'column' cannot scale a GEMM operand; use 'row'")
-        if self.rounding not in formats.ROUNDING_MODES:
-            raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}")
-        if self.hadamard:
-            check_size(self.hadamard)
-
-    def words(self) -> str:
-        """E.g. "E2M1 (row)"; reused operands read "E2M1 (fprop values)"."""
-        if self.reuse:
-            return f"{self.fmt.upper()} (fprop values)"
-        extra = [] if self.scale_format == "fp32" else [f"{self.scale_format} scale"]
-        extra += [] if self.rounding == "nearest" else [self.rounding]
-        extra += [f"RHT {self.hadamard}"] if self.hadamard else []
-        return f"{self.fmt.upper()} ({', '.join([_granularity_words(self.granularity), *extra])})"
-
-
-@dataclass(frozen=True, kw_only=True)
-class GemmSpec:
-    """The two operands of one GEMM `a @ bᵀ`: lhs = a, rhs = b.
-
-    fprop: lhs input, rhs weight. dgrad: lhs grad_output, rhs weight. wgrad: lhs grad_output,
-    rhs input.
-    """
-
-    lhs: OperandSpec
-    rhs: OperandSpec
-
-    def words(self) -> str:
-        return f"{self.lhs.words()} x {self.rhs.words()}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DGEConfig:
-    """Differentiable Gradient Estimator on the weights (2501.17116): wgrad *= f'(w / w_scale)."""
-
-    k: float = 5.0
-    cap: float = 3.0
-
-    def __post_init__(self) -> None:
-        if not (self.k > 0 and self.cap > 0):
-            raise ValueError("DGE needs k > 0 and cap > 0")
-
-
-OCC_THRESHOLDS = ("exact", "sampled")
-OCC_COMPENSATION_FORMATS = ("fp32", "e4m3")
-
-
-@dataclass(frozen=True, kw_only=True)
-class OCCConfig:
-    """Outlier Clamping and Compensation on the inputs (2501.17116).
-
-    The input is clamped to its per-tensor [1-alpha, alpha] quantiles before quantization; with
-    `compensate` the clipped remainder Δx is multiplied by the weight in high precision and added.
-    `threshold`: "exact" quantiles, or "sampled": quantiles of `sample_size()` entries drawn with
-    replacement (seeded by `seed`). By the DKW inequality the sampled estimate's rank error is at
-    most `sample_eps` with probability at least 1 - `sample_delta`, i.e. the clipped fraction of
-    each tail lies in [1-alpha-eps, 1-alpha+eps].
-    `compensation_format`: "fp32" (the paper's high-precision GEMM) or "e4m3": Δx and the weight
-    (and, in wgrad, dy) quantized to E4M3 with per-row scales and multiplied on FP8 tensor cores.
-    When the clipped entries spread over every input channel the fp32 compensation is a dense
-    fp32 GEMM; in E4M3 it costs one FP8 GEMM. On a heavy-tailed 1024x1024 layer (CPU,
-    benchmarks/recipe_sqnr.py) y's SQNR goes from 21.4 dB (fp32) to 21.2 dB (none: 2.4 dB), and
-    fp4-occ's dw from 23.7 to 23.1 dB. Not yet trained with or timed.
-    """
-
-    alpha: float = 0.99
-    compensate: bool = True
-    compensation_format: str = "fp32"
-    threshold: str = "exact"
-    sample_eps: float = 0.002
-    sample_delta: float = 0.01
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not 0.5 < self.alpha < 1.0:
-            raise ValueError(f"OCC alpha must lie in (0.5, 1), got {self.alpha}")
-        if self.threshold not in OCC_THRESHOLDS:
-            raise ValueError(f"OCC threshold must be one of {OCC_THRESHOLDS}")
-        if self.compensation_format not in OCC_COMPENSATION_FORMATS:
-            raise ValueError(f"OCC compensation_format must be one of {OCC_COMPENSATION_FORMATS}")
-        if not (0 < self.sample_eps < 1 and 0 < self.sample_delta < 1):
-            raise ValueError("OCC sample_eps and sample_delta must lie in (0, 1)")
-
-    def sample_size(self) -> int:
-        """n = ceil(ln(2/delta) / (2 eps²)), the DKW sample size."""
-        return math.ceil(math.log(2.0 / self.sample_delta) / (2.0 * self.sample_eps**2))
-
-
-@dataclass(frozen=True, kw_only=True)
-class DelayedScaling:
-    """Tensorwise scales from an amax history (Transformer Engine / MS-AMP style).
-
-    The scale of step t is `max(amax of the previous history_len steps) * 2**margin / fmt.max`;
-    while the history is still empty (first step) the current amax is used.
-    """
-
-    history_len: int = 16
-    margin: int = 0
-
-    def __post_init__(self) -> None:
-        if self.history_len < 1 or self.margin < 0:
-            raise ValueError("delayed scaling needs history_len >= 1 and margin >= 0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -410,9 +283,7 @@ def _fp4_like(name: str, description: str, w_fmt: str, x_fmt: str, **kw) -> Quan
     )
 
 
-# The named fp4 recipes estimate OCC thresholds from a DKW-sized sample (exact for tensors of up
-# to ~662k entries): exact selection over a whole activation costs seconds per step on an H200.
-_DGE, _OCC = DGEConfig(), OCCConfig(threshold="sampled")
+_DGE, _OCC = DGEConfig(), OCCConfig()
 for _r in (
     _fp4_like("fp4", "2501.17116: W4A4 E2M1 + DGE + OCC", "e2m1", "e2m1", dge=_DGE, occ=_OCC),
     _fp4_like("fp4-direct", "W4A4 E2M1 direct cast (no DGE, no OCC)", "e2m1", "e2m1"),
@@ -483,12 +354,12 @@ VARIANT_KEYS: dict[str, str] = {
     "dge": "on|off: the DGE weight-gradient correction (on: k=5, cap=3)",
     "dge.k": "DGE sharpness k > 0 (turns DGE on)",
     "dge.cap": "DGE derivative cap > 0 (turns DGE on)",
-    "occ": "on|off: outlier clamping + compensation (on: alpha=0.99, sampled thresholds)",
+    "occ": "on|off: outlier clamping + compensation (on: alpha=0.99, sampled, e4m3)",
     "occ.alpha": "OCC clamp quantile alpha in (0.5, 1) (turns OCC on)",
-    "occ.compensate": "on|off: add the clipped remainder back through a high-precision GEMM",
+    "occ.compensate": "on|off: add the clipped remainder back through a second GEMM",
     "occ.threshold": "exact|sampled quantiles",
-    "occ.compensation_format": "fp32|e4m3: precision of the compensation GEMM",
-    "occ.sample_eps": "rank error bound of sampled thresholds, in (0, 1)",
+    "occ.compensation_format": "e4m3|fp32: precision of the compensation (fp32: reference)",
+    "occ.sample_size": "entries of the strided threshold sample, an integer >= 1024",
     "scaling": "row|tensor: scale granularity of both input and weight, in every GEMM",
     "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
@@ -510,6 +381,15 @@ def _number(key: str, value: str) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{key} must be a finite number, got {value!r}")
     return number
+
+
+def _integer(key: str, value: str, *, power_of_two: bool = False) -> int:
+    """`value` as a decimal integer >= 0 (`power_of_two`: a power of two >= 2)."""
+    n = int(value) if value.isdigit() else -1
+    if n < 0 or (power_of_two and (n < 2 or n & (n - 1))):
+        kind = "a power of two >= 2" if power_of_two else "a non-negative integer"
+        raise ValueError(f"{key} must be {kind}, got {value!r}")
+    return n
 
 
 def _switch(key: str, value: str) -> bool:
@@ -553,7 +433,7 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
         return rep(r, fprop_fast_accum=_switch(key, value))
     if key == "occ":
         on = _switch(key, value)
-        return rep(r, occ=(r.occ or OCCConfig(threshold="sampled")) if on else None)
+        return rep(r, occ=(r.occ or OCCConfig()) if on else None)
     if key in ("sr", "rht"):
         return microblock_variants.apply(r, key, _switch(key, value))
     if key in ("rht.size", "block", "keep_last"):
@@ -569,22 +449,15 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
             parsed = _choice(key, value, OCC_THRESHOLDS)
         elif field == "compensation_format":
             parsed = _choice(key, value, OCC_COMPENSATION_FORMATS)
+        elif field == "sample_size":
+            parsed = _integer(key, value)
         else:
             parsed = _number(key, value)
-        return rep(r, occ=rep(r.occ or OCCConfig(threshold="sampled"), **{field: parsed}))
+        return rep(r, occ=rep(r.occ or OCCConfig(), **{field: parsed}))
     g = _choice(key, value, _SCALINGS)
     for operand in ("input", "weight") if key == "scaling" else (field,):
         r = _set_granularity(r, operand, g)
     return r
-
-
-def _integer(key: str, value: str, *, power_of_two: bool = False) -> int:
-    number = _number(key, value)
-    n = int(number)
-    if number != n or n < 0 or (power_of_two and (n < 2 or n & (n - 1))):
-        kind = "a power of two >= 2" if power_of_two else "an integer >= 0"
-        raise ValueError(f"{key} must be {kind}, got {value!r}")
-    return n
 
 
 def _parse_overrides(name: str, items: list[str]) -> dict[str, str]:

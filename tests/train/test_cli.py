@@ -85,6 +85,9 @@ def test_bad_input_is_one_line_exit_2(workdir: Path, args: list[str], fragment: 
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+SWITCH = ["--switch-recipe", "bf16"]
+
+
 # The same checks in-process (a subprocess per case would cost seconds of torch import each).
 @pytest.mark.parametrize(
     ("args", "fragment"),
@@ -124,6 +127,14 @@ def test_bad_input_is_one_line_exit_2(workdir: Path, args: list[str], fragment: 
         (["export", "garbage_run", "--out", "hf"], "is not a valid minifloat checkpoint ("),
         (["export", "no_such_run", "--out", "hf"], "run directory no_such_run does not exist"),
         (["export", "empty_run", "--out", "hf"], "empty_run holds no checkpoint.pt"),
+        (["train", "--recipe", "fp4", "--switch-recipe", "bf16"], "bf16 needs switch-at"),
+        (["train", "--switch-at", "0.9"], "switch-at needs switch-recipe"),
+        (["train", "--recipe", "fp4", *SWITCH, "--switch-at", "0"], "must be a fraction in (0, 1)"),
+        (["train", "--recipe", "fp4", *SWITCH, "--switch-at", "x"], "invalid float value: 'x'"),
+        (["train", "--recipe", "fp4", *SWITCH, "--switch-at", "9", "--steps", "9"], "step 9 is"),
+        (["train", "--switch-recipe", "fp5", "--switch-at", "0.9"], "unknown recipe 'fp5'"),
+        (["train", "--recipe", "fp4+switch=bf16+at=0.9"], "--recipe fp4 --switch-recipe bf16"),
+        (["compare", "--recipes", "bf16,fp4+switch=bf16"], "expected RECIPE+switch="),
     ],
 )
 def test_bad_input_in_process(
@@ -162,6 +173,14 @@ def test_counts_reject_fractions_and_non_positive(text: str) -> None:
 def test_tokens_in_scientific_notation_reach_the_config() -> None:
     config = _train_config(build_parser().parse_args(["train", "--tokens", "2e9"]))
     assert config.tokens == 2_000_000_000 and config.steps is None
+
+
+def test_switch_flags_reach_the_config() -> None:
+    flags = ["train", "--recipe", "fp4", "--switch-recipe", "bf16", "--switch-at", "0.9"]
+    config = _train_config(build_parser().parse_args(flags))
+    assert (config.recipe, config.switch_recipe, config.switch_at) == ("fp4", "bf16", 0.9)
+    step = _train_config(build_parser().parse_args([*flags[:-1], "8240", "--steps", "9156"]))
+    assert step.switch_at == 8240.0
 
 
 def test_grad_norm_spike_k_reaches_the_config() -> None:

@@ -122,3 +122,19 @@ def test_export_falls_back_when_the_newest_checkpoint_is_damaged(
     assert "step 2)" in out  # checkpoint.1.pt holds step 2
     (line,) = err.strip().splitlines()
     assert line.startswith(f"minifloat: warning: exporting {tmp_path / 'run' / 'checkpoint.1.pt'}")
+
+
+def test_export_of_a_run_switched_to_fp8_delayed(tmp_path: Path, dataset) -> None:
+    """A run that ends in fp8-delayed (here after a final-phase switch) holds amax histories in
+    its checkpoint; the exported model is the weights alone."""
+    from minifloat.train import TrainConfig, train
+
+    config = TrainConfig(recipe="fp8-tensorwise", switch_recipe="fp8-delayed", switch_at=0.5,
+                         model="tiny", model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2,
+                         "ffn_dim": 64}, steps=2, batch_size=2, seq_len=32, eval_batches=0,
+                         out_dir=str(tmp_path / "run"), device="cpu")  # fmt: skip
+    train(config, dataset=dataset, progress=False)
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["model"]
+    assert any(k.endswith(".amax_history") for k in state)
+    exported = export_run(tmp_path / "run", tmp_path / "hf")
+    assert exported.step == 2 and exported.recipe == "fp8-tensorwise"

@@ -38,6 +38,10 @@ EXACT_CASES = [
     ("fp4", "fp32"),
     ("fp8-delayed", "fp32"),
 ]
+# A final-phase switch to fp8-delayed (switch.py) after step 2, where the run stops: that
+# checkpoint was saved before the switch, without amax histories, and DCP loads exactly the keys
+# the model holds, so the model must take the recipe it was saved with before loading.
+SWITCH = {"recipe": "fp8-tensorwise", "switch_recipe": "fp8-delayed", "switch_at": 0.5}
 
 
 def _config(root: str, name: str, rank: int, **changes) -> TrainConfig:
@@ -64,13 +68,12 @@ def _train(config: TrainConfig, dataset, **changes):  # noqa: ANN001, ANN202
 
 def _exact_worker(rank: int, root: str) -> None:
     dataset = None
-    for recipe, states in EXACT_CASES:
-        name = f"{recipe}_{states}"
-        full_cfg = _config(root, f"{name}_full", rank, recipe=recipe, optim_states=states,
-                           save_checkpoints=False)  # fmt: skip
+    cases = [(f"{r}_{s}", {"recipe": r, "optim_states": s}) for r, s in EXACT_CASES]
+    for name, changes in [*cases, ("switch", SWITCH)]:
+        full_cfg = _config(root, f"{name}_full", rank, **changes, save_checkpoints=False)
         dataset = dataset or _dataset(full_cfg)
         full = _train(full_cfg, dataset)
-        config = _config(root, name, rank, recipe=recipe, optim_states=states)
+        config = _config(root, name, rank, **changes)
         half = _train(config, dataset, stop_after=2)
         assert half.losses == full.losses[:2], name
         assert half.checkpoint_path is not None and half.checkpoint_path.is_dir()

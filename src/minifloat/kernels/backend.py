@@ -18,7 +18,7 @@ import torch
 from minifloat.quantize import Granularity, expand_scale
 
 if TYPE_CHECKING:
-    from minifloat.recipes import DGEConfig, OCCConfig, OperandSpec
+    from minifloat.recipes import DGEConfig, OperandSpec
 
 __all__ = ["Backend", "QOperand"]
 
@@ -68,8 +68,8 @@ class Backend(Protocol):
     name: str
 
     def kernel(self, fn: Callable, like: torch.Tensor) -> Callable:
-        """`fn`, a PyTorch function of kernels/operand.py or dge.py, as this backend runs it for
-        tensors on `like`'s device (as is, or a compiled twin with the same results)."""
+        """`fn`, a plain PyTorch function (kernels/operand.py, dge.py, occ.py), as this backend
+        runs it for tensors on `like`'s device (as is, or a compiled twin with the same results)."""
         ...
 
     def quantize(
@@ -124,18 +124,4 @@ class Backend(Protocol):
         self, dw: torch.Tensor, w_hp: torch.Tensor, w_q: QOperand, cfg: DGEConfig
     ) -> torch.Tensor:
         """dw * f'(w_hp / w_scale), float32."""
-        ...
-
-    def occ_thresholds(self, x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        """Clamp bounds (lo, hi), 0-dim float32."""
-        ...
-
-    def occ_outliers(
-        self, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cols int64 [n], delta float32 [M, n]) of the entries outside [lo, hi]."""
-        ...
-
-    def hp_matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """High-precision a @ bᵀ as float32 (OCC compensation terms)."""
         ...

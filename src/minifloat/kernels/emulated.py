@@ -20,9 +20,8 @@ from minifloat.dge import dge_scale
 from minifloat.exact import div_rn
 from minifloat.kernels import microscale, operand
 from minifloat.kernels.backend import QOperand
-from minifloat.occ import outliers, thresholds
 from minifloat.quantize import quantize
-from minifloat.recipes import DGEConfig, OCCConfig, OperandSpec
+from minifloat.recipes import DGEConfig, OperandSpec
 
 __all__ = ["EmulatedBackend"]
 
@@ -35,8 +34,9 @@ class EmulatedBackend:
     name = "emulated"
 
     def kernel(self, fn: Callable, like: torch.Tensor) -> Callable:
-        """`fn` (a PyTorch function of kernels/ or dge.py) as this backend runs it on `like`'s
-        device: here as is; the Hopper backend runs a compiled twin for eager CUDA calls."""
+        """`fn` (a plain PyTorch function of kernels/, dge.py or occ.py) as this backend runs it
+        on `like`'s device: here as is; the Hopper backend runs a compiled twin for eager CUDA
+        calls."""
         return fn
 
     def quantize(
@@ -118,17 +118,6 @@ class EmulatedBackend:
     ) -> torch.Tensor:
         scale = w_q.scale if w_q.granularity in _ROWISH else w_q.expanded_scale()
         return self.kernel(dge_scale, dw)(dw, w_hp, scale, fmt=w_q.fmt, k=cfg.k, cap=cfg.cap)
-
-    def occ_thresholds(self, x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        return thresholds(x, cfg)
-
-    def occ_outliers(
-        self, x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return outliers(x, lo, hi)
-
-    def hp_matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a.float() @ b.float().t()
 
 
 def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:

@@ -2,12 +2,13 @@
 
 `HopperBackend` implements the `Backend` protocol (kernels/backend.py) for CUDA tensors on GPUs
 with FP8 tensor cores (sm_89+; built and measured for H100/H200). It is `EmulatedBackend` with
-two differences, so results never depend on which one ran:
+these differences, so results never depend on which one ran:
 
-- Quantizers and DGE are the same PyTorch functions (kernels/operand.py, dge.py). Under the
-  caller's torch.compile they are traced into its graph, where inductor fuses them with their
-  neighbours; called eagerly, they run through a `torch.compile`d copy (fused kernels without
-  the caller compiling anything). Both are bit-identical to the eager emulation (GPU tests).
+- Quantizers, DGE and OCC's folded operand are the same PyTorch functions (kernels/operand.py,
+  kernels/microscale.py, dge.py, occ.py). Under the caller's torch.compile they are traced into
+  its graph, where inductor fuses them with their neighbours; called eagerly, they run through a
+  `torch.compile`d copy (fused kernels without the caller compiling anything). Both are
+  bit-identical to the eager emulation (GPU tests).
 - scaled_mm: `torch._scaled_mm` (kernels/scaled_mm.py), tensor-wise / row-wise / (1x128,
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
@@ -19,13 +20,13 @@ two differences, so results never depend on which one ran:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 
 import torch
 
-from minifloat.dge import dge_scale
-from minifloat.kernels import microscale, operand
+from minifloat.kernels import microscale
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.emulated import EmulatedBackend
@@ -33,21 +34,16 @@ from minifloat.kernels.emulated import EmulatedBackend
 __all__ = ["HopperBackend", "FallbackWarning"]
 
 _ROWISH = ("tensor", "row")
-# Eager callers get fused kernels through these compiled twins; under the caller's
-# torch.compile the original functions are traced into its graph instead.
-_COMPILED: dict[Callable, Callable] = {
-    fn: torch.compile(fn)
-    for fn in (
-        operand.quantize_operand,
-        operand.pack_e2m1,
-        operand.unpack_e2m1,
-        dge_scale,
-        microscale.quantize_microscaled,
-    )
-}
 # torch.mm(a, b, out_dtype=torch.float32) on bf16 operands: one bf16 tensor-core GEMM with fp32
 # output (torch >= 2.8, CUDA). Without it, an fp32 GEMM of the same (bf16-exact) values.
 _MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    """The compiled twin of a plain PyTorch function, made once per function: eager callers get
+    fused kernels through it; under the caller's torch.compile `fn` itself is traced instead."""
+    return torch.compile(fn)
 
 
 class FallbackWarning(UserWarning):
@@ -62,7 +58,7 @@ class HopperBackend(EmulatedBackend):
     def kernel(self, fn: Callable, like: torch.Tensor) -> Callable:
         """The compiled twin of `fn` for eager CUDA calls; `fn` itself while tracing."""
         if like.is_cuda and not torch.compiler.is_compiling():
-            return _COMPILED.get(fn, fn)
+            return _compiled(fn)
         return fn
 
     def scaled_mm(

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minifloat.exact import div_rn, sqrt_eager
+
 __all__ = [
     "STATE_FORMATS",
     "StateFormat",
+    "draw_bf16_noise",
     "get_state_format",
     "stochastic_round_bf16",
     "stochastic_round_e4m3",
@@ -57,24 +60,41 @@ class StateFormat:
         *,
         block_size: int = 128,
         generator: torch.Generator | None = None,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encode fp32 `x` -> (payload, scale or None). Non-finite values stay non-finite."""
+        """Encode fp32 `x` -> (payload, scale or None). Non-finite values stay non-finite.
+
+        Stochastic formats draw their uniforms from `generator`, or take them pre-drawn as
+        `noise` (what :meth:`draw_noise` returns from the same generator: identical results).
+        """
         if not self.scaled:
             return x.to(self.storage_dtype), None
         hp = x.float()
         if self.sqrt_domain:
-            hp = hp.sqrt()
+            hp = sqrt_eager(hp)  # torch.sqrt, with eager's bits when compiled (exact.py)
         blocks = _to_blocks(hp, block_size)
         amax = blocks.abs().amax(dim=1, keepdim=True)
         # All-zero blocks get scale 1 (DESIGN.md); a non-finite amax makes the scale
         # non-finite, so the whole block decodes to nan/inf and the step guard can see it.
         scale = torch.where(amax > 0, amax / self.element_max, torch.ones_like(amax))
-        scaled = (blocks / scale).clamp(-self.element_max, self.element_max)
+        # div_rn: blocks / scale correctly rounded in compiled code too (optim/fused.py); it
+        # differs from `/` only for subnormal quotients, which round to a zero payload anyway.
+        scaled = div_rn(blocks, scale).clamp(-self.element_max, self.element_max)
         if self.stochastic:
-            payload = stochastic_round_e4m3(scaled, generator=generator)
+            payload = stochastic_round_e4m3(scaled, generator=generator, noise=noise)
         else:
             payload = scaled.to(self.storage_dtype)
         return payload, scale.squeeze(1)
+
+    def draw_noise(
+        self, numel: int, device: torch.device, generator: torch.Generator, *, block_size: int = 128
+    ) -> torch.Tensor | None:
+        """The uniforms :meth:`encode` would draw from `generator` for `numel` elements (one per
+        padded payload element), or None for a format that rounds to nearest."""
+        if not self.stochastic:
+            return None
+        shape = (-(-numel // block_size), block_size)
+        return torch.rand(shape, device=device, generator=generator)
 
     @property
     def smallest(self) -> float:
@@ -158,10 +178,15 @@ def _to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def stochastic_round_e4m3(
-    x: torch.Tensor, *, generator: torch.Generator | None = None
+    x: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round fp32 `x` (|x| <= 448) to e4m3 stochastically: up with probability equal to the
     fractional distance to the next grid point, so the rounding is unbiased.
+
+    noise: pre-drawn uniforms in [0, 1) shaped like `x` (else drawn from `generator`).
 
     Positive e4m3 bit patterns are consecutive grid points (subnormals included), so the two
     neighbours of a value are its round-to-nearest result and the pattern one step away.
@@ -175,19 +200,31 @@ def stochastic_round_e4m3(
     hi = hi_bits.to(torch.uint8).view(torch.float8_e4m3fn).float()
     gap = hi - lo
     frac = torch.where(gap > 0, (mag - lo) / gap, torch.zeros_like(mag))
-    u = torch.rand(x.shape, device=x.device, generator=generator)
+    u = torch.rand(x.shape, device=x.device, generator=generator) if noise is None else noise
     rounded = torch.where(u < frac, hi, lo).copysign(x)
     return torch.where(torch.isnan(x), x, rounded).to(torch.float8_e4m3fn)
 
 
 def stochastic_round_bf16(
-    x: torch.Tensor, *, generator: torch.Generator | None = None
+    x: torch.Tensor,
+    *,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round fp32 `x` to bf16 stochastically (unbiased): add uniform noise below the 16 bits
-    bf16 keeps, then truncate. Non-finite values pass through unchanged."""
+    bf16 keeps, then truncate. Non-finite values pass through unchanged.
+
+    noise: pre-drawn int32 values in [0, 2^16) shaped like `x` (else drawn from `generator`,
+    as :func:`draw_bf16_noise` draws them)."""
     bits = x.float().view(torch.int32)
-    noise = torch.randint(
-        0, 1 << 16, x.shape, device=x.device, dtype=torch.int32, generator=generator
-    )
+    if noise is None:
+        noise = draw_bf16_noise(x.shape, x.device, generator)
     truncated = ((bits + noise) & -65536).view(torch.float32)
     return torch.where(torch.isfinite(x), truncated, x).to(torch.bfloat16)
+
+
+def draw_bf16_noise(
+    shape: torch.Size | tuple[int, ...], device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The int32 noise :func:`stochastic_round_bf16` adds below bf16's 16 kept bits."""
+    return torch.randint(0, 1 << 16, shape, device=device, dtype=torch.int32, generator=generator)

@@ -16,15 +16,17 @@ from minifloat import recipes
 from minifloat.train.config import TrainConfig, check_model_overrides
 from minifloat.train.errors import ConfigError
 from minifloat.train.runtime import Runtime
+from minifloat.train.switch import check_switch_names
 
 __all__ = ["build_iterator", "build_optimizer", "check_names", "load_dataset", "param_groups"]
 
 
 def check_names(config: TrainConfig) -> None:
-    """Fail fast (before any data work) on an unknown recipe, model, model override or
-    optimizer-state name."""
+    """Fail fast (before any data work) on an unknown recipe, switch recipe, model, model
+    override or optimizer-state name."""
     from minifloat.models.llama import PRESETS
 
+    check_switch_names(config)
     recipes.get(config.recipe)
     if config.model not in PRESETS:
         raise ConfigError(f"unknown model {config.model!r}; choose one of {', '.join(PRESETS)}")

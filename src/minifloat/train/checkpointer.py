@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -141,18 +141,25 @@ class Checkpointer:
         rotate(self.path, self.keep)
         return save_checkpoint(self.path, state, fields=self.fields)
 
-    def load(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    def load(
+        self, *, before_model: Callable[[int], None] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(global state, this rank's state) of the newest intact checkpoint; model and
         optimizer loaded. Raises :class:`CheckpointError` when there is none, or the newest
         one's error when every one is damaged; a checkpoint of a different run raises
-        :class:`CheckpointMismatchError` at once."""
+        :class:`CheckpointMismatchError` at once.
+
+        ``before_model(step)`` is called with a checkpoint's step once it is verified, before
+        its model state is loaded: to give the model the structure it had at that step (a
+        precision switch changes the fp8-delayed amax buffers, switch.py).
+        """
         candidates = checkpoint_candidates(self.out_dir, self.fmt)
         if not candidates:
             raise CheckpointError(f"no checkpoint at {self.path}")
         damaged: list[tuple[Path, CheckpointError]] = []
         for path in candidates:
             try:
-                loaded = self._load(path)
+                loaded = self._load(path, before_model)
             except CheckpointMismatchError:
                 raise
             except CheckpointError as exc:
@@ -163,11 +170,15 @@ class Checkpointer:
             return loaded
         raise damaged[0][1]
 
-    def _load(self, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _load(
+        self, path: Path, before_model: Callable[[int], None] | None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         if self.sharded:
             return load_sharded(path, model=self.model, optimizer=self.optimizer,
-                                fields=self.fields)  # fmt: skip
+                                fields=self.fields, before_model=before_model)  # fmt: skip
         state = load_checkpoint(path, fields=self.fields)
+        if before_model is not None:
+            before_model(int(state["step"]))
         load_full_state(self.model, self.optimizer, state.pop("model"), state.pop("optimizer"),
                         fsdp=self.fsdp)  # fmt: skip
         return state, state["ranks"][self.runtime.rank]

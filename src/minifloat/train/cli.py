@@ -135,6 +135,9 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, dest=dest, default=None, **kwargs)
     parser.add_argument("--compile", dest="compile", action="store_true", default=None)
     parser.add_argument(
+        "--quantized-all-gather", dest="quantized_all_gather", action="store_true", default=None
+    )
+    parser.add_argument(
         "--no-weight-guard",
         dest="weight_guard",
         action="store_false",
@@ -160,14 +163,26 @@ def _add_shared(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``minifloat`` command."""
-    parser = _Parser(prog="minifloat", description="Train LLMs in FP4, FP8 and mixed precision.")
-    parser.add_argument("--traceback", action="store_true", help="show tracebacks on errors")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p_train = sub.add_parser("train", help="train a model under one recipe")
+def _add_train_flags(p_train: argparse.ArgumentParser) -> None:
+    """The flags of ``train``: the shared ones plus the recipe switch, checkpoints and resume."""
     p_train.add_argument("--recipe", dest="recipe", default=None, help="precision recipe")
+    p_train.add_argument(
+        "--switch-recipe",
+        dest="switch_recipe",
+        default=None,
+        metavar="NAME",
+        help="final-phase switch: the quantized layers change to this recipe in place after "
+        "--switch-at (e.g. bf16 for the last 10 %% of an fp4 run)",
+    )
+    p_train.add_argument(
+        "--switch-at",
+        dest="switch_at",
+        type=float,
+        default=None,
+        metavar="F",
+        help="when --switch-recipe takes over: a fraction in (0, 1) of the steps (0.9: the last "
+        "10 %%), or a whole step number (the switch comes after that step)",
+    )
     _add_shared(p_train)
     p_train.add_argument("--out", dest="out_dir", default=None, help="run directory")
     p_train.add_argument("--resume", dest="resume", action="store_true", default=None)
@@ -189,10 +204,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_train.add_argument("--stop-after", dest="stop_after", type=int, default=None,
                          help="stop (with a checkpoint) after this step")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``minifloat`` command."""
+    parser = _Parser(prog="minifloat", description="Train LLMs in FP4, FP8 and mixed precision.")
+    parser.add_argument("--traceback", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p_train = sub.add_parser("train", help="train a model under one recipe")
+    _add_train_flags(p_train)
     p_train.set_defaults(func=_cmd_train)
 
     p_cmp = sub.add_parser("compare", help="train the same run under several recipes")
-    p_cmp.add_argument("--recipes", required=True, help="comma-separated recipes or variants")
+    p_cmp.add_argument(
+        "--recipes",
+        required=True,
+        help="comma-separated recipes or variants, the first the reference; "
+        "RECIPE+switch=SWITCH+at=F is a run with a final-phase switch (fp4+switch=bf16+at=0.9)",
+    )
     _add_shared(p_cmp)
     p_cmp.add_argument("--out", dest="out_dir", default="runs/compare", help="output directory")
     p_cmp.set_defaults(func=_cmd_compare)
@@ -266,6 +296,8 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
     flags = [dest for _, dest, _ in _SHARED_FLAGS]
     flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
     flags += ["checkpoint_format", "keep_checkpoints", "overwrite", "weight_guard"]
+    flags += ["quantized_all_gather"]
+    flags += ["switch_recipe", "switch_at"]
     for dest in flags:
         value = getattr(args, dest, None)
         if value is not None:

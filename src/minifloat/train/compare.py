@@ -1,7 +1,9 @@
 """Train one model under several recipes and compare them: loss curves, a table, JSON.
 
 Every recipe sees the same model preset, data, seed and batches, so the curves differ only by
-numerics. The first recipe is the reference the gaps are measured against (e.g. bf16).
+numerics. The first recipe is the reference the gaps are measured against (e.g. bf16). A run with
+a final-phase precision switch is named ``RECIPE+switch=SWITCH+at=F`` (switch.py), e.g.
+``fp4+switch=bf16+at=0.9`` next to ``fp4`` and ``bf16``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from minifloat.train.build import check_names, load_dataset
 from minifloat.train.config import TrainConfig
 from minifloat.train.errors import ConfigError, RunFailed
 from minifloat.train.result import TrainResult
+from minifloat.train.switch import parse_run_name, run_name
 from minifloat.train.trainer import train
 
 __all__ = ["CompareResult", "compare", "markdown_table", "plot_losses"]
@@ -56,6 +59,8 @@ def _rows(results: Sequence[TrainResult]) -> list[dict[str, Any]]:
                 "steps": r.steps,
             }
         )
+        if r.switch_recipe is not None:
+            rows[-1].update(switch_recipe=r.switch_recipe, switch_at=r.switch_at)
     return rows
 
 
@@ -121,6 +126,34 @@ def plot_losses(results: Sequence[TrainResult], path: Path, *, title: str = "") 
     return path
 
 
+def _run_configs(recipe_names: Sequence[str], base: TrainConfig) -> dict[str, TrainConfig]:
+    """{run name: its config} of ``recipe_names`` (switch.py's names); a bad, unknown or
+    repeated name raises :class:`ConfigError` before any data or training work."""
+    if not recipe_names:
+        raise ConfigError("compare needs at least one recipe")
+    if base.switch_recipe is not None or base.switch_at is not None:
+        raise ConfigError(
+            "compare takes a switch per run, in its name (e.g. --recipes "
+            "bf16,fp4,fp4+switch=bf16+at=0.9), not switch-recipe/switch-at for every run"
+        )
+    configs: dict[str, TrainConfig] = {}
+    for name in recipe_names:
+        fields = parse_run_name(name)
+        try:
+            config = dataclasses.replace(base, **fields)
+        except ConfigError as exc:
+            raise ConfigError(f"run {name}: {exc}") from None
+        check_names(config)
+        label = run_name(config.recipe, config.switch_recipe, config.switch_at)
+        if label in configs:
+            raise ConfigError(
+                f"recipe {label} is named more than once; each recipe trains once, in its own "
+                "directory"
+            )
+        configs[label] = config
+    return configs
+
+
 def compare(
     recipe_names: Sequence[str],
     base: TrainConfig,
@@ -130,26 +163,18 @@ def compare(
 ) -> CompareResult:
     """Train ``base`` under each recipe (same data, seed, batches); write plot, table, JSON.
 
-    Each recipe trains in ``out_dir/<recipe>``, so a recipe may be named once only. A recipe
-    whose run fails (RunFailed: most steps skipped) still gets its row; the others train on,
-    and RunFailed naming the failed recipes is raised after everything is written.
+    A name is a recipe (or variant), or ``RECIPE+switch=SWITCH+at=F`` for a run with a
+    final-phase switch (switch.py). Each run trains in ``out_dir/<name>``, so a run may be named
+    once only. A run that fails (RunFailed: most steps skipped) still gets its row; the others
+    train on, and RunFailed naming the failed runs is raised after everything is written.
     """
-    if not recipe_names:
-        raise ConfigError("compare needs at least one recipe")
-    repeated = sorted({n for n in recipe_names if list(recipe_names).count(n) > 1})
-    if repeated:
-        raise ConfigError(
-            f"recipe {', '.join(repeated)} is named more than once; each recipe trains once, "
-            "in its own directory"
-        )
     base = dataclasses.replace(base, save_checkpoints=False, resume=False).resolved()
-    for name in recipe_names:  # unknown names fail before any data or training work
-        check_names(dataclasses.replace(base, recipe=name))
+    configs = _run_configs(recipe_names, base)
     out = Path(out_dir)
     dataset = load_dataset(base, progress=progress is not False and progress != "off")
     results, failed = [], []
-    for name in recipe_names:
-        config = dataclasses.replace(base, recipe=name, out_dir=str(out / name))
+    for name, config in configs.items():
+        config = dataclasses.replace(config, out_dir=str(out / name))
         try:
             results.append(train(config, dataset=dataset, progress=progress))
         except RunFailed as exc:

@@ -65,6 +65,10 @@ class TrainConfig:
 
     # What to train.
     recipe: str = "bf16"
+    # Final-phase precision switch (switch.py): after switch_at (a fraction in (0, 1) of the
+    # steps, or a whole step number) the quantized layers change to switch_recipe in place.
+    switch_recipe: str | None = None
+    switch_at: float | None = None
     model: str = "tiny"
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
     data: str = "stdlib"
@@ -99,6 +103,7 @@ class TrainConfig:
     compile: bool = False
     parallel: str = "none"
     grad_comm: str = "fp32"
+    quantized_all_gather: bool = False  # FSDP: all-gather QuantLinear weights quantized
     # Evaluation, logging, checkpoints.
     eval_every: int = 50
     eval_batches: int = 4  # 0: no validation at all (not even at the end)
@@ -125,6 +130,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
+        if isinstance(self.switch_at, int) and not isinstance(self.switch_at, bool):
+            object.__setattr__(self, "switch_at", float(self.switch_at))  # one fingerprint
         overrides = normalize_model_overrides(self.model_overrides)
         object.__setattr__(self, "model_overrides", overrides)
         self.validate()
@@ -190,12 +197,14 @@ class TrainConfig:
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
-            "weight_guard",
+            "weight_guard", "quantized_all_gather",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.
         if not cfg.grad_norm_spike_k:
             skip.add("grad_norm_spike_k")
+        if cfg.switch_recipe is None and cfg.switch_at is None:
+            skip.update(("switch_recipe", "switch_at"))
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}
         fields["total_steps"] = cfg.total_steps(world_size)
         fields["world_size"] = world_size

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from minifloat.errors import first_line
 from minifloat.train.config_types import check_setting_type
 from minifloat.train.errors import ConfigError
+from minifloat.train.switch import check_switch_at, switch_step
 
 if TYPE_CHECKING:
     from minifloat.train.config import TrainConfig
@@ -110,11 +111,32 @@ def _check_choices(cfg: TrainConfig) -> None:
             )
     if cfg.sqnr_every and cfg.parallel == "fsdp":
         raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
+    if cfg.quantized_all_gather and cfg.parallel != "fsdp":
+        raise ConfigError("quantized-all-gather needs parallel=fsdp")
     if cfg.checkpoint_format == "sharded" and cfg.parallel != "fsdp":
         raise ConfigError(
             "checkpoint-format sharded needs parallel=fsdp (other runs hold the whole "
             "model on every rank: use the full format)"
         )
+
+
+def _check_switch(cfg: TrainConfig) -> None:
+    """The final-phase switch: both settings or neither, another recipe, a switch-at that
+    leaves steps on both sides (switch.py; recipe names are checked with the other names)."""
+    if cfg.switch_recipe is None and cfg.switch_at is None:
+        return
+    if cfg.switch_recipe is None:
+        raise ConfigError("switch-at needs switch-recipe (the recipe the run switches to)")
+    if cfg.switch_at is None:
+        raise ConfigError(
+            f"switch-recipe {cfg.switch_recipe} needs switch-at (a fraction in (0, 1) of the "
+            "steps, or the step after which it takes over)"
+        )
+    if cfg.switch_recipe == cfg.recipe:
+        raise ConfigError(f"switch-recipe {cfg.switch_recipe} is the run's recipe already")
+    check_switch_at(cfg.switch_at)
+    if cfg.steps is not None:  # else the steps come from tokens and the world size (trainer)
+        switch_step(cfg.switch_at, cfg.steps)
 
 
 def check_config(cfg: TrainConfig) -> None:
@@ -124,6 +146,7 @@ def check_config(cfg: TrainConfig) -> None:
     _check_stability(cfg)
     _check_checkpoints(cfg)
     _check_choices(cfg)
+    _check_switch(cfg)
 
 
 def normalize_model_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,9 @@ def export_run(
         # The saved embedding's rows are the run's vocabulary (the tokenizer is not reopened).
         vocab_size = int(state["model"]["tok_embeddings.weight"].shape[0])
         model = Llama(model_config(config, vocab_size=vocab_size))
-        model.load_state_dict(state["model"])
+        # fp8-delayed amax histories are the quantized layers' training state, not weights.
+        weights = {k: v for k, v in state["model"].items() if not k.endswith(".amax_history")}
+        model.load_state_dict(weights)
     except (KeyError, RuntimeError, ValueError, ConfigError) as exc:
         reason = first_line(exc)
         raise CheckpointError(f"checkpoint {path} does not describe a model ({reason})") from exc

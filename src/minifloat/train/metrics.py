@@ -1,8 +1,10 @@
 """Training metrics: JSONL log, optional TensorBoard, progress display, MFU.
 
 Only rank 0 writes; other ranks get a disabled logger. The JSONL file (``metrics.jsonl`` in the
-run directory) has one JSON object per log step with the keys ``step``, ``loss``, ``lr``,
-``grad_norm``, ``tokens_per_s``, ``skipped`` and, on evaluation steps, ``val_loss``. With
+run directory) has one JSON object per log step with the keys ``step``, ``recipe`` (the recipe
+that took the step: a final-phase switch changes it), ``loss``, ``lr``, ``grad_norm``,
+``tokens_per_s``, ``skipped``, on CUDA ``peak_mem_gib`` (the peak allocated memory since the run,
+or its resumed part, started) and, on evaluation steps, ``val_loss``. With
 ``sqnr_every`` the diagnostic records ``{"step": ..., "layer_sqnr": {layer: {operand: dB}}}``
 (see diagnostics.py) are interleaved; readers select records by their keys.
 """

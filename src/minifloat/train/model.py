@@ -1,9 +1,10 @@
 """The trainer's model: a LLaMA preset in the run's dtype and recipe, wrapped for parallelism.
 
-Order matters and is the same for every run: build → (bf16 cast) → convert to the recipe →
-user transform → embedding-gradient shrink → FSDP / torch.compile / DDP. Under FSDP with fp32
-parameters the model is built on the meta device and each rank initializes only its own shard
-after sharding (torchtitan's pattern); the values equal the eager init's.
+Order matters and is the same for every run: build → (bf16 cast) → convert to the recipe (a
+run with a precision switch: switch.py) → user transform → embedding-gradient shrink → FSDP /
+torch.compile / DDP. Under FSDP with fp32 parameters the model is built on the meta device and
+each rank initializes only its own shard after sharding (torchtitan's pattern); the values equal
+the eager init's.
 """
 
 from __future__ import annotations
@@ -68,9 +69,14 @@ def build_model(
     *,
     vocab_size: int,
     model_transform: Callable[[nn.Module], Any] | None = None,
+    convert_recipe: Recipe | None = None,
 ) -> tuple[LlamaConfig, nn.Module, nn.Module]:
     """(model config, the model, the module to call): the last is the model wrapped by FSDP,
-    torch.compile and/or DDP as `config` asks; the model itself holds the parameters."""
+    torch.compile and/or DDP as `config` asks; the model itself holds the parameters.
+
+    ``convert_recipe``: convert with this recipe instead of ``recipe``, then set the quantized
+    layers to ``recipe`` (a run that switches from bf16 to a quantized recipe later, switch.py).
+    """
     llama_config = model_config(config, vocab_size=vocab_size)
     deferred = deferred_init(config, runtime)
     with torch.device("meta") if deferred else contextlib.nullcontext():
@@ -80,10 +86,13 @@ def build_model(
         model.init_weights(config.seed)
     if param_dtype(config) == torch.bfloat16:
         model.to(torch.bfloat16)
-    if recipe.quantized:
-        from minifloat.convert import convert
+    convert_as = recipe if convert_recipe is None else convert_recipe
+    if convert_as.quantized:
+        from minifloat.convert import convert, set_recipe
 
-        convert(model, recipe)
+        convert(model, convert_as)
+        if convert_as is not recipe:
+            set_recipe(model, recipe)
     if model_transform is not None:
         model_transform(model)
     if config.embed_grad_shrink < 1.0:
@@ -113,7 +122,9 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
             reduce_dtype = fsdp_reduce_dtype(config.grad_comm)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        model = apply_fsdp(model, reduce_dtype=reduce_dtype)
+        model = apply_fsdp(
+            model, reduce_dtype=reduce_dtype, quantized_all_gather=config.quantized_all_gather
+        )
         if deferred:
             _materialize(model, runtime.device, config.seed)
     forward_module = torch.compile(model) if config.compile else model

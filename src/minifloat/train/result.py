@@ -19,7 +19,9 @@ class TrainResult:
     """Summary of a finished (or stopped) run; ``losses`` has one entry per optimizer step.
 
     ``tokens_per_s`` is the steady-state speed (tokens per step over the median step time);
-    ``rank`` is this process's rank (every rank returns a result under torchrun).
+    ``rank`` is this process's rank (every rank returns a result under torchrun). ``recipe`` is
+    the run's name: its recipe, or ``RECIPE+switch=SWITCH+at=F`` for a run with a final-phase
+    switch (switch.py), whose settings are ``switch_recipe`` and ``switch_at``.
     """
 
     recipe: str
@@ -38,6 +40,8 @@ class TrainResult:
     metrics_path: Path
     checkpoint_path: Path | None
     rank: int = 0
+    switch_recipe: str | None = None
+    switch_at: float | None = None
 
 
 def final_loss(losses: Sequence[float]) -> float:

@@ -37,7 +37,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -383,9 +383,11 @@ def load_sharded(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     fields: Mapping[str, Any],
+    before_model: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Verify the checkpoint at ``path``, load this rank's shards into ``model`` and
-    ``optimizer``, and return (global state, this rank's state); every rank must call it."""
+    ``optimizer``, and return (global state, this rank's state); every rank must call it.
+    ``before_model(step)`` runs before the model state is loaded (see Checkpointer.load)."""
     import torch.distributed.checkpoint as dcp
 
     rank, world = _world()
@@ -397,6 +399,8 @@ def load_sharded(
     directory = Path(manifest["path"])
     check_manifest(manifest, fields=fields, world_size=world)
     verify_files(directory, manifest["files"], rank, world)
+    if before_model is not None:
+        before_model(int(manifest["step"]))
     state = _dcp_state(model, optimizer)
     dcp.load(state, checkpoint_id=str(directory))
     _set_dcp_state(model, optimizer, state)

@@ -11,6 +11,9 @@ clipping. Each step:
 4. the update itself is refused (skipped, counted) when it makes any weight non-finite;
 5. log, evaluate, measure per-layer quantization SQNR and checkpoint on schedule (rank 0 only).
 
+With ``switch_recipe``/``switch_at`` the quantized layers change recipe in place after the switch
+step (switch.py); checkpoints from either side of it resume into the right recipe.
+
 A run holds its directory exclusively (run_dir.py) and never replaces an earlier run there
 unless told to (``overwrite``); SIGINT/SIGTERM stop it after the current step with a checkpoint
 (signals.py); a run that skipped more than ``max_skip_fraction`` of its steps, or ran out of
@@ -36,6 +39,7 @@ from torch import nn
 
 from minifloat import recipes
 from minifloat.amp import autocast_context, full_precision
+from minifloat.convert import set_recipe
 from minifloat.errors import first_line
 from minifloat.train.build import (
     build_iterator,
@@ -72,6 +76,7 @@ from minifloat.train.schedule import lr_at
 from minifloat.train.signals import StopSignals
 from minifloat.train.stability import StepGuard, StepGuardConfig, z_loss
 from minifloat.train.state import extra_buffers, restore_buffers
+from minifloat.train.switch import RecipeSwitch, recipe_switch, run_name
 from minifloat.train.weight_guard import WeightGuard
 
 __all__ = ["TrainResult", "Trainer", "train"]
@@ -154,13 +159,20 @@ class Trainer:
         self.progress_mode = _progress_mode(progress) if runtime.is_main else "off"
         self.out_dir = Path(cfg.out_dir)
         self.total_steps = cfg.total_steps(runtime.world_size)
+        self.run_name = run_name(cfg.recipe, cfg.switch_recipe, cfg.switch_at)
+        self.switch: RecipeSwitch | None = recipe_switch(cfg, self.total_steps)
+        if self.switch is not None:
+            self.recipe = self.switch.before  # the very objects the switch compares with
         seed_everything(cfg.seed)
         self.dataset = dataset if dataset is not None else self._build_dataset()
         vocab_size = self.dataset.tokenizer.vocab_size
         with self._out_of_memory("building the model"):
             self.model_config, self.raw_model, self.model = build_model(
-                cfg, self.recipe, runtime, vocab_size=vocab_size, model_transform=model_transform
-            )
+                cfg, self.recipe, runtime, vocab_size=vocab_size, model_transform=model_transform,
+                convert_recipe=None if self.switch is None else self.switch.convert_recipe,
+            )  # fmt: skip
+        if self.switch is not None:
+            self.switch.check_model(self.raw_model)
         self.num_params = sum(p.numel() for p in self.raw_model.parameters())
         self.optimizer = build_optimizer(cfg, self.raw_model, runtime, lr=self._lr(0))
         self.weight_guard = WeightGuard(self.raw_model, self.optimizer, enabled=cfg.weight_guard,
@@ -234,6 +246,31 @@ class Trainer:
         fields["corpus_sha256"] = getattr(self.dataset, "corpus_sha256", None)
         fields["num_params"] = self.num_params
         return fields
+
+    def _use_recipe_for(self, steps_done: int) -> None:
+        """Give the quantized layers the recipe of the step after ``steps_done`` steps: the
+        switch recipe from the switch step on (a no-op without a switch, or when it is set).
+
+        Called before every step and, on resume, before a checkpoint's model state is loaded
+        (`_recipe_as_saved`).
+        Parameters and optimizer state are untouched (set_recipe changes layers in place).
+        Under torch.compile the next call recompiles: each layer's forward reads its ``recipe``
+        attribute, which dynamo guards on, so the graph traced for the old recipe no longer
+        matches (one recompile at the switch; tests/train/test_switch.py checks that the
+        compiled model follows). The compiled wrapper itself needs no rebuilding.
+        """
+        if self.switch is None:
+            return
+        recipe = self.switch.recipe_after(steps_done)
+        if recipe is not self.recipe:
+            set_recipe(self.raw_model, recipe)
+            self.recipe = recipe
+
+    def _recipe_as_saved(self, step: int) -> None:
+        """Before the state of a checkpoint of ``step`` is loaded: the recipe the model had
+        when it was saved, the one of step ``step`` itself (a checkpoint at the switch step is
+        from before the switch), so that the fp8-delayed amax buffers match the saved ones."""
+        self._use_recipe_for(step - 1)
 
     # ---- one optimizer step -------------------------------------------------------------------
 
@@ -315,7 +352,7 @@ class Trainer:
     def resume(self) -> None:
         """Restore the state saved in ``out_dir``; raises CheckpointError on any mismatch."""
         try:
-            state, local = self.checkpointer.load()
+            state, local = self.checkpointer.load(before_model=self._recipe_as_saved)
             self.scaler.load_state_dict(state["scaler"])
             self.guard.load_state_dict(state["guard"])
             self.iterator.load_state_dict(local["data"])
@@ -374,7 +411,7 @@ class Trainer:
         )
         stop = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
         display = ProgressDisplay(self.total_steps, mode=self.progress_mode,
-                                  label=self.recipe.name, print_every=cfg.log_every)  # fmt: skip
+                                  label=self.run_name, print_every=cfg.log_every)  # fmt: skip
         try:
             with StopSignals() as signals:
                 step_times = self._loop(stop, display, signals)
@@ -407,6 +444,7 @@ class Trainer:
         )
         step_times: list[float] = []
         while self.step < stop:
+            self._use_recipe_for(self.step)
             started = time.perf_counter()
             with self._out_of_memory(f"in step {self.step + 1}"):
                 metrics = self.train_step()
@@ -438,8 +476,10 @@ class Trainer:
         record = self._record(metrics, elapsed)
         if cfg.eval_batches and (self._due(cfg.eval_every) or self.step == self.total_steps):
             record["val_loss"] = self._evaluate()
-        # A record at every checkpoint: a resume from it then loses no logged step.
-        must_log = "val_loss" in record or "skip_reason" in record or self.step == stop
+        # A record at every checkpoint: a resume from it then loses no logged step. And one at
+        # the switch: no log window mixes the steps of two recipes.
+        switched = self.switch is not None and self.step == self.switch.step
+        must_log = "val_loss" in record or "skip_reason" in record or self.step == stop or switched
         if must_log or save or stopping or self._due(cfg.log_every):
             record.update(window.flush())
             self.logger.log({k: v for k, v in record.items() if v is not None})
@@ -454,6 +494,7 @@ class Trainer:
         """The metrics record of the step just taken (before evaluation and averaging)."""
         record = {
             "step": self.step,
+            "recipe": self.recipe.name,  # the recipe that took this step (a switch changes it)
             "loss": metrics["loss"],
             "lr": metrics["lr"],
             "grad_norm": metrics["grad_norm"],
@@ -464,6 +505,8 @@ class Trainer:
             record["skip_reason"] = metrics["skip_reason"]
         if self.scaler.enabled:
             record["loss_scale"] = self.scaler.scale_value
+        if self.runtime.device.type == "cuda":  # since the run (or this chunk of it) started
+            record["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.runtime.device) / 2**30
         return record
 
     def _finish(self, step_times: list[float]) -> TrainResult:
@@ -473,7 +516,9 @@ class Trainer:
         device = self.runtime.device
         peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         return TrainResult(
-            recipe=self.recipe.name,
+            recipe=self.run_name,
+            switch_recipe=cfg.switch_recipe,
+            switch_at=cfg.switch_at,
             model=cfg.model,
             num_params=self.num_params,
             steps=self.step,

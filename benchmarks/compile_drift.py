@@ -1,0 +1,167 @@
+"""Where compiled-vs-eager gradient differences of a converted `transformers` Llama come from.
+
+Issue 13 saw, on CPU under bf16 autocast, fp8-tensorwise gradients of a compiled LlamaForCausalLM
+differ ~8 % (relative L2) from eager, where the unconverted model differs 0.5 %. This measures,
+for a tiny LlamaForCausalLM (random weights, no downloads), the relative L2 difference of all
+parameter gradients against eager:
+
+- `linears`: only the linear layers compiled (each its own `torch.compile`), everything else
+  eager. If minifloat's layers were not exact under compilation, this would differ.
+- `whole`: the whole model compiled (norms, rotary embeddings, attention, SiLU too).
+- `perturbed`: no compilation; eager with the token embeddings multiplied by (1 + 2^-8 u),
+  u uniform in [-1, 1]: a bf16-rounding-sized change of the first layer's input. It shows how much
+  the recipe amplifies a perturbation of that size, whatever its origin.
+- `quantization error`: the eager gradients against the unconverted model's in fp32: the noise
+  the recipe adds on purpose, the scale any difference between two runs of it saturates at.
+
+    PYTHONPATH=src python benchmarks/compile_drift.py [--recipes none,fp8-tensorwise,fp4]
+
+Writes benchmarks/results/compile_drift_cpu_<date>.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import time
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+from torch._dynamo.utils import counters
+
+import minifloat
+
+VOCAB = 512
+
+
+def build(layers: int) -> nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return transformers.LlamaForCausalLM(cfg).float()
+
+
+def grads(model: nn.Module, ids: torch.Tensor, amp: bool) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return {
+        name.replace("_orig_mod.", ""): p.grad.detach().clone()
+        for name, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def rel_diff(got: dict, want: dict) -> float:
+    num = sum(((got[k].double() - want[k].double()) ** 2).sum() for k in want)
+    den = sum((want[k].double() ** 2).sum() for k in want)
+    return float((num / den).sqrt())
+
+
+def variant(model: nn.Module, mode: str) -> nn.Module:
+    """A copy of `model` compiled as `mode` says, or perturbed ("perturbed")."""
+    m = copy.deepcopy(model)
+    if mode == "whole":
+        return torch.compile(m)
+    if mode == "linears":
+        for parent in list(m.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, torch.compile(child))
+        return m
+    gen = torch.Generator().manual_seed(1)
+    emb = m.get_input_embeddings().weight
+    with torch.no_grad():
+        emb.mul_(1 + 2.0**-8 * (2 * torch.rand(emb.shape, generator=gen) - 1))
+    return m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--recipes", default="none,fp8-tensorwise,fp4")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
+    args = ap.parse_args()
+    # Compiled linears may recompile per shape and module: room for all of them, so that no
+    # layer silently falls back to eager at dynamo's recompile limit (8 by default).
+    torch._dynamo.config.cache_size_limit = 64
+    ids = torch.randint(0, VOCAB, (4, 64), generator=torch.Generator().manual_seed(2))
+    base = build(args.layers)
+    exact = grads(base, ids, amp=False)
+    rows = []
+    for recipe in args.recipes.split(","):
+        model = copy.deepcopy(base)
+        if recipe != "none":
+            model = minifloat.convert(model, recipe)
+        for amp in (True, False):
+            eager = grads(model, ids, amp)
+            rows.append(
+                {
+                    "recipe": recipe,
+                    "precision": "bf16 autocast" if amp else "fp32",
+                    "mode": "quantization error",
+                    "grad_rel_diff": rel_diff(eager, exact),
+                }
+            )
+            for mode in ("linears", "whole", "perturbed"):
+                torch._dynamo.reset()
+                counters.clear()
+                start = time.time()
+                diff = rel_diff(grads(variant(model, mode), ids, amp), eager)
+                rows.append(
+                    {
+                        "recipe": recipe,
+                        "precision": "bf16 autocast" if amp else "fp32",
+                        "mode": mode,
+                        "grad_rel_diff": diff,
+                        "graphs": counters["stats"].get("unique_graphs", 0),
+                        "seconds": round(time.time() - start, 1),
+                    }
+                )
+                print(rows[-1], flush=True)
+    write(rows, args)
+
+
+def write(rows: list[dict], args: argparse.Namespace) -> None:
+    date = datetime.date.today().isoformat()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"# Compiled vs eager gradients of a converted LlamaForCausalLM, CPU, {date}",
+        "",
+        f"`PYTHONPATH=src python benchmarks/compile_drift.py --recipes {args.recipes} "
+        f"--layers {args.layers}`; torch {torch.__version__}, transformers "
+        f"{transformers.__version__}. Relative L2 difference of all parameter gradients against "
+        "eager (module docstring: linears = only the linear layers compiled; whole = the whole "
+        "model; perturbed = eager, token embeddings x (1 + 2^-8 u)).",
+        "",
+        "| recipe | precision | linears | whole | perturbed | quantization error |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_key: dict[tuple, dict] = {}
+    for r in rows:
+        by_key.setdefault((r["recipe"], r["precision"]), {})[r["mode"]] = r["grad_rel_diff"]
+    for (recipe, precision), d in by_key.items():
+        lines.append(
+            f"| {recipe} | {precision} | {d['linears']:.2e} | {d['whole']:.2e} | "
+            f"{d['perturbed']:.2e} | {d['quantization error']:.2e} |"
+        )
+    (out / f"compile_drift_cpu_{date}.md").write_text("\n".join(lines) + "\n")
+    (out / f"compile_drift_cpu_{date}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""What a quantized FSDP2 weight all-gather sends, and how a shard is quantized for it.
+
+Under FSDP2 (`fully_shard`, dim-0 sharding) rank r holds rows [r·N/W, (r+1)·N/W) of every
+[N, K] weight (N output channels, K input features). A `QuantLinear` whose weight all-gather
+is quantized (fsdp_weight.py) sends, per rank, its rows already quantized the way the recipe's
+GEMMs take the weight, so that the all-gathered operand equals `backend.quantize(full weight)`
+bit for bit:
+
+- values: the FP8 byte (E4M3 / E5M2), or E2M1 packed two a byte (`pack_e2m1`): 1 or 0.5
+  byte per parameter;
+- scales, by where their groups lie (in the weight's own [N, K] layout):
+  - "tensor": one scale from the max of the ranks' amaxes (one MAX all-reduce of 4 bytes); every
+    rank then holds the same scale, so it is not all-gathered;
+  - "row" (one scale per output channel, reduced along K): a row is whole on one rank, so its
+    scale is the rank's own; the [rows, 1] fp32 scales are all-gathered with the values;
+  - "column" (a transposed row-scaled operand: one scale per input channel, reduced along N,
+    across all ranks): a MAX all-reduce of the [1, K] amaxes, then local, not all-gathered;
+  - blocks (br, bc): local when every rank's rows are a multiple of br (block rows never cross
+    a shard boundary); the block scales are all-gathered. Else refused (`check_layout`).
+
+Operands: the fprop weight (`recipe.fprop.rhs`) always; the dgrad weight (`recipe.dgrad.rhs`,
+wᵀ quantized along N) as well when the recipe quantizes it anew instead of reusing the fprop
+values (fp8-rowwise: 2 bytes per parameter then). Non-finite weights stay non-finite: the
+all-reduced amax is NaN (or inf) where any rank's is, as the amax of the whole weight would be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from minifloat import delayed
+from minifloat.exact import div_rn
+from minifloat.formats import get as get_format
+from minifloat.kernels import Backend, QOperand
+from minifloat.kernels import operand as op
+from minifloat.quantize import Granularity
+from minifloat.recipes import DelayedScaling, DGEConfig, OperandSpec, QuantRecipe
+
+__all__ = [
+    "GatheredSpec",
+    "GatherPlan",
+    "plan_for",
+    "check_layout",
+    "quantize_shard",
+    "gathered_operand",
+    "payload_bytes",
+    "global_amax",
+    "delayed_weight_scale",
+]
+
+
+@dataclass(frozen=True)
+class GatheredSpec:
+    """One weight operand the all-gather carries: `spec` as the recipe names it, `transpose`
+    when its GEMM takes wᵀ [K, N] (dgrad quantizing the weight anew)."""
+
+    spec: OperandSpec
+    transpose: bool = False
+
+    @property
+    def groups(self) -> Granularity | str:
+        """Scale groups in the weight's [N, K] layout: "tensor", "row", "column" or a block."""
+        g = self.spec.granularity
+        if isinstance(g, tuple):
+            return g[::-1] if self.transpose else g
+        if g == "row" and self.transpose:
+            return "column"
+        return g
+
+    @property
+    def gathers_scale(self) -> bool:
+        """Whether the scales travel with the values (else every rank computes the same)."""
+        return self.groups not in ("tensor", "column")
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """The operands a recipe's quantized weight all-gather sends, fprop's first."""
+
+    recipe_name: str
+    operands: tuple[GatheredSpec, ...]
+    delayed: DelayedScaling | None = None
+    dge: DGEConfig | None = None
+
+    def find(self, spec: OperandSpec, transpose: bool) -> int:
+        """Index of the gathered operand for (spec, transpose); KeyError if not carried."""
+        for i, g in enumerate(self.operands):
+            if g.spec == spec and g.transpose == transpose:
+                return i
+        raise KeyError(f"the quantized all-gather of recipe {self.recipe_name} carries no {spec}")
+
+
+def _refuse(recipe: QuantRecipe, why: str) -> ValueError:
+    return ValueError(f"quantized all-gather cannot run recipe {recipe.name!r}: {why}")
+
+
+def plan_for(recipe: object) -> GatherPlan:
+    """The operands `recipe`'s weight all-gather sends; ValueError (one line) where the
+    quantized all-gather cannot reproduce the recipe exactly.
+
+    Refused: OCC (its fprop compensation GEMM multiplies by the weight quantized once more, to
+    E4M3 or fp32, which the gathered operand does not carry), operand specs without the fast
+    quantizer (non-fp32 scale formats, stochastic rounding), and DGE on block-scaled weights.
+    """
+    if not isinstance(recipe, QuantRecipe):
+        raise ValueError(f"quantized all-gather needs a quantized recipe, not {recipe!r}")
+    if recipe.occ is not None:
+        raise _refuse(
+            recipe,
+            "OCC's compensation GEMM needs the weight quantized a second time (E4M3 rows or "
+            "fp32), which is not all-gathered; use fp4-dge or fp4-direct, or the plain all-gather",
+        )
+    operands = [GatheredSpec(recipe.fprop.rhs)]
+    if not recipe.dgrad.rhs.reuse:
+        operands.append(GatheredSpec(recipe.dgrad.rhs, transpose=True))
+    for g in operands:
+        s = g.spec
+        if not op.supports(s.fmt, s.granularity, s.scale_format, s.rounding):
+            raise _refuse(recipe, f"weight operand {s.words()} has no fast quantizer")
+    if recipe.dge is not None and operands[0].groups not in ("tensor", "row"):
+        raise _refuse(recipe, "DGE is applied to the gradient shard only for tensor or row scales")
+    return GatherPlan(recipe.name, tuple(operands), recipe.delayed, recipe.dge)
+
+
+def check_layout(plan: GatherPlan, rows: int, cols: int, world: int) -> None:
+    """ValueError (one line) unless a [rows, cols] weight sharded over `world` ranks along dim 0
+    keeps every scale group of `plan` whole on one rank (or all-reducible, tensor/column)."""
+    if rows % world:
+        raise ValueError(
+            f"quantized all-gather needs out_features divisible by the {world} ranks (got "
+            f"{rows}): FSDP2 pads uneven shards, and the padded rows would change the scales"
+        )
+    for g in plan.operands:
+        if isinstance(g.groups, tuple) and (rows // world) % g.groups[0]:
+            raise ValueError(
+                f"quantized all-gather of {g.spec.words()} needs {rows // world} rows per rank "
+                f"to be a multiple of the {g.groups[0]}-row blocks (weight [{rows}, {cols}], "
+                f"{world} ranks): a block would be split across ranks"
+            )
+
+
+def global_amax(amax: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The elementwise max of every rank's `amax` (one MAX all-reduce), NaN if any rank's is NaN
+    and else +inf if any is: what `amax()` of the whole weight gives, whatever the order."""
+    finite = torch.where(torch.isfinite(amax), amax, torch.zeros_like(amax))
+    flags = torch.stack([finite, torch.isnan(amax).float(), torch.isinf(amax).float()])
+    if group is not None:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    nan, inf = torch.full_like(amax, float("nan")), torch.full_like(amax, float("inf"))
+    return torch.where(flags[1] > 0, nan, torch.where(flags[2] > 0, inf, flags[0]))
+
+
+def _with_scale(w: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Grid values of w / scale (scale broadcast against w), as `quantize_operand` rounds."""
+    return op.round_to_storage(div_rn(w.float(), scale), fmt)
+
+
+def _column_amax(w: torch.Tensor) -> torch.Tensor:
+    return w.detach().float().abs().amax(dim=0, keepdim=True)
+
+
+def quantize_shard(
+    backend: Backend,
+    w: torch.Tensor,
+    g: GatheredSpec,
+    group: dist.ProcessGroup | None,
+    *,
+    delayed_scale: torch.Tensor | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor]:
+    """Quantize this rank's rows `w` [rows, K] for the all-gather.
+
+    Returns (payload, replicated scale, scale in the weight's layout): payload is the values
+    as uint8 ([rows, K], or [rows, ceil(K/2)] packed E2M1) plus the [rows, 1] or block scales
+    where they travel; the replicated scale (tensor [1, 1] or column [1, K], the same on every
+    rank) is None where scales travel. `delayed_scale` replaces a tensor scale (fp8-delayed).
+    Collective for tensor and column scales: every rank calls it in the same order.
+    """
+    fmt, groups = g.spec.fmt, g.groups
+    quantize = backend.kernel(op.quantize_operand, w)
+    w = w.detach()
+    replicated = None
+    if groups == "tensor":
+        if delayed_scale is None:
+            amax = global_amax(w.float().abs().amax().reshape(1, 1), group)
+            delayed_scale = op.scale_from_amax(amax, get_format(fmt).max)
+        values, scale = quantize(w, fmt, "tensor", scale=delayed_scale)
+        replicated = scale
+    elif groups == "column":
+        amax = global_amax(backend.kernel(_column_amax, w)(w), group)
+        scale = op.scale_from_amax(amax, get_format(fmt).max)
+        values = backend.kernel(_with_scale, w)(w, scale, fmt)
+        replicated = scale
+    else:
+        values, scale = quantize(w, fmt, groups)
+    if fmt == "e2m1":
+        payload = [backend.kernel(op.pack_e2m1, values)(values)]
+    else:
+        payload = [values.view(torch.uint8)]
+    if replicated is None:
+        payload.append(scale)
+    return payload, replicated, scale
+
+
+def gathered_operand(
+    backend: Backend,
+    g: GatheredSpec,
+    payload: tuple[torch.Tensor, ...],
+    replicated: torch.Tensor | None,
+    cols: int,
+) -> QOperand:
+    """The GEMM operand from the all-gathered payload: equal, values and scales, to
+    `backend.quantize(full weight, g.spec, transpose=g.transpose)`."""
+    fmt = g.spec.fmt
+    data = payload[0]
+    if fmt == "e2m1":
+        values = backend.kernel(op.unpack_e2m1, data)(data, cols)
+    else:
+        values = data.view(op.FP8_STORAGE[fmt])
+    scale = replicated if replicated is not None else payload[1]
+    if g.transpose:
+        values, scale = values.t(), scale.t().contiguous()
+    return QOperand(values, scale, fmt, g.spec.granularity)
+
+
+def payload_bytes(plan: GatherPlan, rows: int, cols: int) -> int:
+    """Bytes one rank's all-gather input holds for a [rows, cols] shard (values + travelling
+    scales; the 4-byte-per-scale all-reduces of tensor and column scales are not counted)."""
+    total = 0
+    for g in plan.operands:
+        total += rows * ((cols + 1) // 2 if g.spec.fmt == "e2m1" else cols)
+        if isinstance(g.groups, tuple):
+            br, bc = g.groups
+            total += 4 * (rows // br) * -(-cols // bc)
+        elif g.groups == "row":
+            total += 4 * rows
+    return total
+
+
+def delayed_weight_scale(
+    history: torch.Tensor, amax: torch.Tensor, fmt: str, cfg: DelayedScaling
+) -> torch.Tensor:
+    """The fp8-delayed weight scale the forward computes from `history` and the weight's amax."""
+    return delayed.history_scale(history, delayed.WEIGHT, amax, fmt, cfg)

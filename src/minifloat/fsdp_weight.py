@@ -1,0 +1,269 @@
+"""Tensor subclasses that make FSDP2 all-gather `QuantLinear` weights already quantized.
+
+FSDP2 calls two methods of a sharded parameter's local tensor when it has them (the extension
+torchao's float8 training uses):
+
+    fsdp_pre_all_gather(mesh, outer_size, outer_stride, module, mp_policy)
+        -> (tensors to all-gather, metadata)
+    fsdp_post_all_gather(gathered tensors, metadata, param_dtype, *, out=None)
+        -> (unsharded tensor, tensors whose storage FSDP frees after use)
+
+`ShardedWeight` wraps the fp32 shard (the master weight the optimizer updates): every op on it
+runs on the plain shard, and FSDP's own ops (padding, views, copies, `to_empty`) keep the
+wrapper. Its pre-all-gather quantizes the shard per `fsdp_plan` (values 1 or 0.5 byte a
+parameter, plus scales); its post-all-gather returns a `GatheredWeight`: an [N, K] tensor
+without data of its own that holds the gathered payload, from which `QuantLinearFunction` takes
+its weight operands (`GatheredWeight.operand`) instead of quantizing. Gradients are plain [N, K]
+tensors that FSDP2 reduce-scatters onto the fp32 shard, as for any parameter.
+
+DGE (fp4, fp4-dge) multiplies the weight gradient by f'(w / s_w), which needs the
+high-precision weight. The gathered weight does not carry it, so the factor is applied where
+the weight is: to the gradient shard after the reduce-scatter (`sharded_dge_hook`, a post-
+accumulate-grad hook, which FSDP2 calls on the sharded parameter), with the fp32 shard and the
+scales this rank computed for it. The factor is elementwise, so sum-then-multiply equals
+multiply-then-sum up to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from minifloat import delayed, fsdp_plan
+from minifloat.dge import dge_scale
+from minifloat.kernels import Backend, QOperand, get_backend
+from minifloat.recipes import OperandSpec
+
+__all__ = ["ShardedWeight", "GatheredWeight", "GatherMeta", "sharded_dge_hook"]
+
+_aten = torch.ops.aten
+# Ops whose results stay a ShardedWeight: FSDP2's padding, views and copies of the shard and
+# `to_empty`. Everything else (arithmetic, zeros_like for optimizer states) gives plain tensors.
+_KEEPS_WRAPPER = {
+    _aten.alias.default,
+    _aten.as_strided.default,
+    _aten.clone.default,
+    _aten.detach.default,
+    _aten.empty_like.default,
+    _aten.new_empty.default,
+    _aten.new_zeros.default,
+    _aten.slice.Tensor,
+    _aten.split.Tensor,
+    _aten.view.default,
+    _aten._to_copy.default,
+    _aten._pin_memory.default,
+}
+
+
+@dataclass
+class GatherMeta:
+    """What travels beside the gathered tensors (metadata): the plan, the replicated scales
+    (tensor / column, one per operand, None where scales are gathered), the weight's global
+    amax (fp8-delayed records it), the number of input features, and the compute backend."""
+
+    plan: fsdp_plan.GatherPlan
+    replicated: list[torch.Tensor | None]
+    amax: torch.Tensor | None
+    cols: int
+    backend: str
+
+
+class ShardedWeight(torch.Tensor):
+    """A QuantLinear weight's fp32 shard whose FSDP2 all-gather sends it quantized."""
+
+    _hp: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, hp: torch.Tensor) -> ShardedWeight:
+        return torch.Tensor._make_wrapper_subclass(
+            cls, hp.size(), strides=hp.stride(), storage_offset=hp.storage_offset(),
+            dtype=hp.dtype, device=hp.device, layout=hp.layout, requires_grad=hp.requires_grad,
+        )  # fmt: skip
+
+    def __init__(self, hp: torch.Tensor) -> None:
+        self._hp = hp
+        self._dge_scale: torch.Tensor | None = None  # the fprop scale of this shard (DGE)
+        self._dge_grad: weakref.ref | None = None  # the gradient DGE last scaled
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        """Run `func` on the plain shard(s); keep the wrapper for FSDP's own ops, return the
+        wrapper itself from in-place ops on it, plain tensors from everything else."""
+        plain_args, plain_kwargs = pytree.tree_map_only(
+            ShardedWeight, lambda t: t._hp, (args, kwargs or {})
+        )
+        out = func(*plain_args, **plain_kwargs)
+        if func in _KEEPS_WRAPPER:
+            return pytree.tree_map_only(torch.Tensor, ShardedWeight, out)
+        if func._schema.is_mutable and args and isinstance(args[0], ShardedWeight):
+            return args[0]
+        return out
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["_hp"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride) -> ShardedWeight:  # noqa: ANN001
+        return ShardedWeight(inner["_hp"])
+
+    def __repr__(self) -> str:
+        return f"ShardedWeight({self._hp!r})"
+
+    def fsdp_pre_all_gather(
+        self,
+        mesh,  # noqa: ANN001 - the shard DeviceMesh
+        outer_size: torch.Size,
+        outer_stride: tuple[int, ...],
+        module: nn.Module,
+        mp_policy,  # noqa: ANN001 - quantized weights come from the fp32 shard whatever it says
+    ) -> tuple[tuple[torch.Tensor, ...], GatherMeta]:
+        """Quantize this shard per the module's recipe: the tensors to all-gather + metadata."""
+        plan = fsdp_plan.plan_for(module.recipe)
+        if mesh.ndim != 1 or len(outer_size) != 2 or self.shape[1] != outer_size[1]:
+            raise ValueError(
+                f"quantized all-gather needs a [N, K] weight sharded along dim 0 on a 1-D mesh; "
+                f"got shard {tuple(self.shape)} of {tuple(outer_size)} on a {mesh.ndim}-D mesh"
+            )
+        world = mesh.size()
+        fsdp_plan.check_layout(plan, outer_size[0], outer_size[1], world)
+        group = mesh.get_group() if world > 1 else None
+        backend = get_backend(module.backend, self.device)
+        w, amax, delayed_scale = self._hp, None, None
+        if plan.delayed is not None:
+            amax = fsdp_plan.global_amax(delayed.amax(w), group)
+            delayed_scale = fsdp_plan.delayed_weight_scale(
+                module.amax_history, amax, plan.operands[0].spec.fmt, plan.delayed
+            )
+        tensors: list[torch.Tensor] = []
+        replicated: list[torch.Tensor | None] = []
+        for i, g in enumerate(plan.operands):
+            payload, rep, scale = fsdp_plan.quantize_shard(
+                backend, w, g, group, delayed_scale=delayed_scale if i == 0 else None
+            )
+            tensors += payload
+            replicated.append(rep)
+            if i == 0 and plan.dge is not None:
+                self._dge_scale = scale
+                _attach_dge_hook(module, self, plan, module.backend)
+        meta = GatherMeta(plan, replicated, amax, outer_size[1], module.backend)
+        return tuple(tensors), meta
+
+    def fsdp_post_all_gather(
+        self,
+        outputs: tuple[torch.Tensor, ...],
+        meta: GatherMeta,
+        param_dtype: torch.dtype,
+        *,
+        out: torch.Tensor | None = None,
+    ) -> tuple[GatheredWeight, tuple[torch.Tensor, ...]] | None:
+        """The unsharded weight over the gathered tensors (which FSDP frees after use); with
+        `out` (later steps: the same buffers were filled again) update its metadata only."""
+        if out is not None:
+            target = out
+            if not isinstance(target, GatheredWeight):
+                raise TypeError(f"expected a GatheredWeight to update, got {type(out).__name__}")
+            target._meta = meta
+            return None
+        rows = outputs[0].shape[0]
+        weight = GatheredWeight(tuple(outputs), meta, (rows, meta.cols), param_dtype)
+        return weight, tuple(outputs)
+
+
+class GatheredWeight(torch.Tensor):
+    """The unsharded [N, K] weight as FSDP2 all-gathered it: quantized payload and scales, no
+    high-precision values. `QuantLinearFunction` takes its operands through `operand`; other
+    ops on it raise (a plain layer cannot use a quantized weight)."""
+
+    _payload: tuple[torch.Tensor, ...]
+    _meta: GatherMeta
+
+    @staticmethod
+    def __new__(cls, payload, meta, shape, dtype, requires_grad=False) -> GatheredWeight:  # noqa: ANN001
+        return torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device=payload[0].device, requires_grad=requires_grad
+        )
+
+    def __init__(self, payload, meta, shape, dtype, requires_grad=False) -> None:  # noqa: ANN001
+        self._payload = payload
+        self._meta = meta
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        """Aliases (FSDP's as_strided, nn.Parameter's detach) share the payload; *_like give
+        plain tensors; anything else is an error."""
+        this = args[0]
+        if func in (_aten.detach.default, _aten.alias.default, _aten.as_strided.default):
+            if func is _aten.as_strided.default and tuple(args[1]) != tuple(this.shape):
+                raise RuntimeError("a GatheredWeight can only be viewed whole")
+            return GatheredWeight(this._payload, this._meta, this.shape, this.dtype)
+        if func in (_aten.zeros_like.default, _aten.empty_like.default):
+            kwargs = dict(kwargs or {})
+            return func(torch.empty(this.shape, dtype=this.dtype, device=this.device), **kwargs)
+        raise RuntimeError(
+            f"{func} on a quantized all-gathered weight (recipe {this._meta.plan.recipe_name}): "
+            "only QuantLinear's GEMMs can use it"
+        )
+
+    def __repr__(self) -> str:
+        return f"GatheredWeight(shape={tuple(self.shape)}, recipe={self._meta.plan.recipe_name})"
+
+    @property
+    def amax(self) -> torch.Tensor | None:
+        """The weight's amax over all ranks (gathered with fp8-delayed recipes, else None)."""
+        return self._meta.amax
+
+    def operand(self, backend: Backend, spec: OperandSpec, *, transpose: bool = False) -> QOperand:
+        """The weight quantized per `spec` (of wᵀ if `transpose`), as the all-gather brought it:
+        equal to `backend.quantize(full weight, spec, transpose=transpose)` bit for bit."""
+        meta = self._meta
+        index = meta.plan.find(spec, transpose)
+        start = sum(1 + g.gathers_scale for g in meta.plan.operands[:index])
+        g = meta.plan.operands[index]
+        payload = self._payload[start : start + 1 + g.gathers_scale]
+        return fsdp_plan.gathered_operand(backend, g, payload, meta.replicated[index], meta.cols)
+
+
+def _attach_dge_hook(
+    module: nn.Module, shard: ShardedWeight, plan: fsdp_plan.GatherPlan, backend: str
+) -> None:
+    """Register `sharded_dge_hook` once on the sharded parameter whose local tensor is `shard`
+    (FSDP2 calls post-accumulate-grad hooks on it after each reduce-scatter)."""
+    param = module.weight
+    if getattr(param, "_local_tensor", None) is not shard or getattr(param, "_dge_hooked", False):
+        return
+    param.register_post_accumulate_grad_hook(
+        lambda p: sharded_dge_hook(p, plan.dge, plan.operands[0].spec.fmt, backend)
+    )
+    param._dge_hooked = True
+
+
+def sharded_dge_hook(param: torch.Tensor, cfg, fmt: str, backend: str) -> None:  # noqa: ANN001
+    """grad_shard *= f'(w_shard / s_w) in place, on the reduce-scattered gradient shard.
+
+    Refuses a gradient accumulated onto one it already scaled (reduce-scatters on every
+    micro-batch): the earlier part would be scaled twice. Use FSDP's
+    `set_requires_gradient_sync(False)` on all but the last micro-batch (the trainer does), and
+    `zero_grad(set_to_none=True)` (the default).
+    """
+    shard = param._local_tensor
+    grad = param.grad._local_tensor
+    if shard._dge_grad is not None and shard._dge_grad() is grad:
+        raise RuntimeError(
+            "DGE with quantized all-gather needs one reduce-scatter per optimizer step: use "
+            "set_requires_gradient_sync(False) on all but the last micro-batch and "
+            "zero_grad(set_to_none=True)"
+        )
+    kernels = get_backend(backend, grad.device)
+    scaled = kernels.kernel(dge_scale, grad)(
+        grad, shard._hp, shard._dge_scale, fmt=fmt, k=cfg.k, cap=cfg.cap
+    )
+    grad.copy_(scaled)
+    shard._dge_grad = weakref.ref(grad)

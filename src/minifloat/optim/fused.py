@@ -1,0 +1,196 @@
+"""The whole AdamW update of one parameter as one plain-PyTorch function (fused when compiled).
+
+`adamw_update` decodes the stored moments, applies the AdamW update (the operation sequence of
+torch.optim.AdamW, as `AdamW._update_bucket` runs it) and re-encodes the moments with fresh
+per-block scales, then writes the weight. Written as elementwise ops and per-block reductions
+only, so `torch.compile` fuses it into a few kernels: on CUDA, eager callers go through the
+compiled twin (`update_kernel`), and the eager function is the reference. The unfused path
+(decode, foreach update over a bucket, encode per tensor) stays as `AdamW(fused=False)`.
+
+Bit-exactness with the unfused path and between eager and compiled:
+- Hyperparameters arrive as 0-d fp32 tensors on the parameter's device (`adamw_scalars`), each
+  the float32 rounding of the same Python double the unfused path passes as a scalar, which the
+  kernels round to float32 too. As tensors they are graph inputs, never constants: no recompile
+  when lr or the step changes, and no `a / const` -> `a * (1 / const)` rewrite by inductor.
+- Stochastic rounding draws nothing inside: `draw_step_noise` draws the uniforms (and the bf16
+  weight noise) from the optimizer's generator before the call, in the order and shapes the
+  unfused path draws them, so both consume the same random stream.
+- Each AdamW op is written in the form its eager CPU kernel evaluates it: `lerp` is one FMA
+  from the nearer end, `addcmul(v, g, g, c)` is fma(c * g, g, v), `addcdiv(w, m, d, c)` is
+  w + c * m / d; the FMAs go through `exact.fma_rn` (inductor's C++ code never contracts, and
+  on CUDA the compiled twin runs with Triton's contraction off: `emulate_precision_casts`).
+  Divisions are plain on CPU and `exact.div_rn` elsewhere (Triton may divide approximately).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from minifloat.exact import div_rn, fma_rn, sqrt_eager
+from minifloat.optim.codecs import StateFormat, draw_bf16_noise, stochastic_round_bf16
+
+__all__ = [
+    "AdamWScalars",
+    "StepNoise",
+    "adamw_scalars",
+    "adamw_update",
+    "draw_step_noise",
+    "update_kernel",
+]
+
+
+class AdamWScalars(NamedTuple):
+    """The step's hyperparameters as 0-d fp32 tensors (see `adamw_scalars`)."""
+
+    decay: torch.Tensor  # 1 - lr * weight_decay
+    one_minus_beta1: torch.Tensor
+    beta2: torch.Tensor
+    one_minus_beta2: torch.Tensor
+    bias_correction2_sqrt: torch.Tensor  # sqrt(1 - beta2^step)
+    eps: torch.Tensor
+    step_size: torch.Tensor  # -lr / (1 - beta1^step)
+
+
+class StepNoise(NamedTuple):
+    """Pre-drawn stochastic-rounding noise of one parameter's step (None where not used)."""
+
+    exp_avg: torch.Tensor | None
+    exp_avg_sq: torch.Tensor | None
+    weight: torch.Tensor | None
+
+
+def adamw_scalars(
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+    step: float,
+    device: torch.device,
+) -> AdamWScalars:
+    """The hyperparameters of one step, computed in Python doubles exactly as the unfused path
+    computes its scalars, as 0-d fp32 tensors on `device` (one host-to-device copy)."""
+    beta1, beta2 = betas
+    values = (
+        1.0 - lr * weight_decay,
+        1.0 - beta1,
+        beta2,
+        1.0 - beta2,
+        math.sqrt(1.0 - beta2**step),
+        eps,
+        -lr / (1.0 - beta1**step),
+    )
+    return AdamWScalars(*torch.tensor(values, dtype=torch.float32).to(device).unbind())
+
+
+def draw_step_noise(
+    numel: int,
+    shape: torch.Size,
+    device: torch.device,
+    generator: torch.Generator | None,
+    *,
+    formats: tuple[StateFormat, StateFormat],
+    weight_noise: bool,
+    block_size: int,
+) -> StepNoise:
+    """Draw one parameter's stochastic-rounding noise from `generator` in the unfused path's
+    order: exp_avg's uniforms, exp_avg_sq's, then the bf16 weight noise (`weight_noise`)."""
+    m_fmt, v_fmt = formats
+    return StepNoise(
+        m_fmt.draw_noise(numel, device, generator, block_size=block_size),
+        v_fmt.draw_noise(numel, device, generator, block_size=block_size),
+        draw_bf16_noise(shape, device, generator) if weight_noise else None,
+    )
+
+
+def _lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """torch.lerp as its eager kernels compute it: one FMA from the nearer end."""
+    small = weight.abs() < 0.5
+    return fma_rn(
+        torch.where(small, weight, weight - 1), end - start, torch.where(small, start, end)
+    )
+
+
+def _div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a / b correctly rounded: plain division on CPU (inductor's C++ divides exactly, as eager
+    does); `div_rn` elsewhere, where compiled code may divide approximately."""
+    return a / b if a.device.type == "cpu" else div_rn(a, b)
+
+
+def _decode(
+    fmt: StateFormat, payload: torch.Tensor, scale: torch.Tensor | None, shape: torch.Size, *,
+    floor_underflow: bool,
+) -> torch.Tensor:  # fmt: skip
+    if fmt.name == "fp32":
+        return payload
+    return fmt.decode(payload, scale, shape, floor_underflow=floor_underflow)
+
+
+def adamw_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    master: torch.Tensor | None,
+    exp_avg: tuple[torch.Tensor, torch.Tensor | None],
+    exp_avg_sq: tuple[torch.Tensor, torch.Tensor | None],
+    scalars: AdamWScalars,
+    noise: StepNoise,
+    *,
+    formats: tuple[StateFormat, StateFormat],
+    block_size: int,
+) -> tuple[tuple[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, torch.Tensor | None]]:
+    """One AdamW step of one parameter (a plain tensor: the local shard of a DTensor).
+
+    param: updated in place (from `master` when given, by stochastic rounding when it is bf16
+    without a master, else it is its own fp32 weight). exp_avg, exp_avg_sq: (payload, scale or
+    None) in `formats`; fp32 moments are updated in place, the others are returned re-encoded
+    (new tensors, as the unfused path stores them). Returns the two (payload, scale) pairs.
+    """
+    m_fmt, v_fmt = formats
+    s = scalars
+    g = grad.float()
+    weight = master if master is not None else param
+    m = _decode(m_fmt, *exp_avg, param.shape, floor_underflow=False)
+    v = _decode(v_fmt, *exp_avg_sq, param.shape, floor_underflow=True)
+
+    # The unfused path's foreach ops, one by one, in the forms their eager kernels evaluate.
+    w = weight.float() * s.decay
+    m = _lerp(m, g, s.one_minus_beta1)
+    v = fma_rn(s.one_minus_beta2 * g, g, v * s.beta2)  # addcmul(v * beta2, g, g, 1 - beta2)
+    denom = _div(sqrt_eager(v), s.bias_correction2_sqrt) + s.eps
+    w = w + _div(s.step_size * m, denom)  # addcdiv(w, m, denom, step_size)
+
+    if weight.dtype == torch.float32:
+        weight.copy_(w)
+    if master is not None:
+        param.copy_(w)
+    elif param.dtype != torch.float32:  # bf16 (AdamW refuses other master-less dtypes)
+        param.copy_(stochastic_round_bf16(w, noise=noise.weight))
+    outs = []
+    moments = ((m_fmt, exp_avg, m, noise.exp_avg), (v_fmt, exp_avg_sq, v, noise.exp_avg_sq))
+    for fmt, stored, value, u in moments:
+        if fmt.name == "fp32":
+            stored[0].copy_(value)
+            outs.append(stored)
+        else:
+            outs.append(fmt.encode(value, block_size=block_size, noise=u))
+    return outs[0], outs[1]
+
+
+# Eager CUDA callers get fused kernels through this compiled twin; under the caller's
+# torch.compile (or on CPU) the function itself runs.
+_COMPILED: dict[Callable, Callable] = {
+    fn: torch.compile(fn, fullgraph=True, options={"emulate_precision_casts": True})
+    for fn in (adamw_update,)
+}
+
+
+def update_kernel(like: torch.Tensor) -> Callable:
+    """The compiled twin of `adamw_update` for eager CUDA calls; the function itself while
+    tracing or on other devices (the CPU emulation is the eager reference)."""
+    if like.is_cuda and not torch.compiler.is_compiling():
+        return _COMPILED[adamw_update]
+    return adamw_update

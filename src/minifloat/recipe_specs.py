@@ -1,0 +1,148 @@
+"""The parts a `QuantRecipe` is built from: operand and GEMM specs, and the DGE, OCC and
+delayed-scaling configs. Frozen, keyword-only dataclasses that validate themselves; recipes.py
+assembles them into named recipes and re-exports every public name here (import them from
+`minifloat.recipes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minifloat import formats
+from minifloat.hadamard import check_size
+from minifloat.quantize import Granularity, normalize_granularity
+
+__all__ = [
+    "OperandSpec",
+    "GemmSpec",
+    "DGEConfig",
+    "OCC_THRESHOLDS",
+    "OCC_COMPENSATION_FORMATS",
+    "OCCConfig",
+    "DelayedScaling",
+]
+
+
+def _granularity_words(g: Granularity) -> str:
+    return f"{g[0]}x{g[1]}" if isinstance(g, tuple) else g
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperandSpec:
+    """How one operand of one GEMM is quantized.
+
+    `granularity` is relative to the operand's [rows, contraction] layout in that GEMM.
+    `reuse=True` (backward GEMMs' rhs only) takes the fprop's quantized values of the same tensor,
+    transposed, instead of quantizing again: a tensor or block scale is transposed with them; a
+    row scale, which cannot be applied along the backward contraction dim, is folded into the
+    gradient operand (DESIGN.md "FP4 on Hopper") and the reused values get a unit scale. A reused
+    spec must name the fprop's format; its granularity is ignored.
+    `hadamard` (wgrad operands only, 0 = off): the size n of a random Hadamard transform applied
+    along the contraction dim before quantizing (minifloat/hadamard.py). "stochastic" rounding
+    and the transform draw from the layer's counter-based random state (minifloat/counter_rng.py).
+    """
+
+    fmt: str
+    granularity: Granularity = "tensor"
+    scale_format: str = "fp32"
+    rounding: str = "nearest"
+    reuse: bool = False
+    hadamard: int = 0
+
+    def __post_init__(self) -> None:
+        formats.get(self.fmt)  # validates the name
+        formats.get_scale_format(self.scale_format)
+        object.__setattr__(self, "granularity", normalize_granularity(self.granularity))
+        if self.granularity == "column":
+            raise ValueError("operand granularity 'column' cannot scale a GEMM operand; use 'row'")
+        if self.rounding not in formats.ROUNDING_MODES:
+            raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}")
+        if self.hadamard:
+            check_size(self.hadamard)
+
+    def words(self) -> str:
+        """E.g. "E2M1 (row)"; reused operands read "E2M1 (fprop values)"."""
+        if self.reuse:
+            return f"{self.fmt.upper()} (fprop values)"
+        extra = [] if self.scale_format == "fp32" else [f"{self.scale_format} scale"]
+        extra += [] if self.rounding == "nearest" else [self.rounding]
+        extra += [f"RHT {self.hadamard}"] if self.hadamard else []
+        return f"{self.fmt.upper()} ({', '.join([_granularity_words(self.granularity), *extra])})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmSpec:
+    """The two operands of one GEMM `a @ bᵀ`: lhs = a, rhs = b.
+
+    fprop: lhs input, rhs weight. dgrad: lhs grad_output, rhs weight. wgrad: lhs grad_output,
+    rhs input.
+    """
+
+    lhs: OperandSpec
+    rhs: OperandSpec
+
+    def words(self) -> str:
+        return f"{self.lhs.words()} x {self.rhs.words()}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DGEConfig:
+    """Differentiable Gradient Estimator on the weights (2501.17116): wgrad *= f'(w / w_scale)."""
+
+    k: float = 5.0
+    cap: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not (self.k > 0 and self.cap > 0):
+            raise ValueError("DGE needs k > 0 and cap > 0")
+
+
+OCC_THRESHOLDS = ("exact", "sampled")
+OCC_COMPENSATION_FORMATS = ("fp32", "e4m3")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OCCConfig:
+    """Outlier Clamping and Compensation on the inputs (2501.17116); the math is in occ.py.
+
+    The input is clamped to its per-tensor [1-alpha, alpha] quantiles before quantization; with
+    `compensate` the clipped remainder Δx = x - x_c is multiplied by the weight and added.
+    `threshold`: "exact" quantiles of the whole tensor (one sort of it: a reference), or
+    "sampled": the quantiles of a strided sample of about `sample_size` entries (every s-th
+    entry, s a prime that does not divide the row length, so the sample visits every column).
+    `compensation_format`: "e4m3": Δx quantized row-wise to E4M3 in a second FP8 GEMM of fprop,
+    and in wgrad folded into the saved input (occ.fold_remainder); or "fp32": dense fp32 GEMMs,
+    the paper's high-precision compensation, kept as the reference it is measured against.
+    """
+
+    alpha: float = 0.99
+    compensate: bool = True
+    compensation_format: str = "e4m3"
+    threshold: str = "sampled"
+    sample_size: int = 65536
+
+    def __post_init__(self) -> None:
+        if not 0.5 < self.alpha < 1.0:
+            raise ValueError(f"OCC alpha must lie in (0.5, 1), got {self.alpha}")
+        if self.threshold not in OCC_THRESHOLDS:
+            raise ValueError(f"OCC threshold must be one of {OCC_THRESHOLDS}")
+        if self.compensation_format not in OCC_COMPENSATION_FORMATS:
+            raise ValueError(f"OCC compensation_format must be one of {OCC_COMPENSATION_FORMATS}")
+        if not (isinstance(self.sample_size, int) and self.sample_size >= 1024):
+            raise ValueError(f"OCC sample_size must be an integer >= 1024, got {self.sample_size}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelayedScaling:
+    """Tensorwise scales from an amax history (Transformer Engine / MS-AMP style).
+
+    The scale of step t is `max(amax of the previous history_len steps) * 2**margin / fmt.max`;
+    while the history is still empty (first step) the current amax is used.
+    """
+
+    history_len: int = 16
+    margin: int = 0
+
+    def __post_init__(self) -> None:
+        if self.history_len < 1 or self.margin < 0:
+            raise ValueError("delayed scaling needs history_len >= 1 and margin >= 0")

@@ -1,0 +1,65 @@
+"""benchmarks/convergence_report.py on real runs: a tiny model trained a few steps on the CPU
+under bf16, fp4 and fp4 with a final-phase switch to bf16 (issue 15's report fields)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from minifloat.train.compare import compare
+from minifloat.train.config import TrainConfig
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "convergence_report.py"
+REQUIRED = ("recipe", "model", "tokens", "train_loss", "val_loss", "gap_pct", "tokens_per_s",
+            "peak_mem_gib", "skipped_steps")  # fmt: skip
+RUNS = ["bf16", "fp4", "fp4+switch=bf16+at=0.5"]
+
+
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("convergence_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_of_real_runs_with_a_switch(tmp_path: Path, report: ModuleType) -> None:
+    base = TrainConfig(model="tiny", model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2,
+                       "ffn_dim": 64}, data="stdlib", tokenizer="byte", data_max_bytes=300_000,
+                       cache_dir=str(tmp_path / "cache"), device="cpu", steps=6, batch_size=4,
+                       seq_len=32, eval_every=3, eval_batches=1, log_every=2)  # fmt: skip
+    runs = tmp_path / "runs"
+    results = {r.recipe: r for r in compare(RUNS, base, out_dir=runs, progress=False).results}
+    out = tmp_path / "report"
+    report.main([str(runs), "--model", "tiny", "--tokens-per-step", str(4 * 32), "--order",
+                 ",".join(RUNS), "--name", "convergence_cpu", "--out-dir", str(out)])  # fmt: skip
+    records = {r["recipe"]: r for r in json.loads((out / "convergence_cpu.json").read_text())}
+    assert list(records) == RUNS
+    ref = results["bf16"].final_val_loss
+    for name, rec in records.items():
+        assert all(key in rec for key in REQUIRED), name
+        result = results[name]
+        assert rec["model"] == "tiny" and rec["tokens"] == result.tokens == 6 * 4 * 32
+        assert rec["val_loss"] == result.final_val_loss and rec["val_step"] == 6
+        assert rec["gap_pct"] == pytest.approx(100 * (result.final_val_loss - ref) / ref)
+        assert rec["gap_step"] == 6 and rec["skipped_steps"] == result.skipped_steps
+        assert rec["train_loss"] == pytest.approx(sum(result.losses[4:]) / 2)  # last window
+        assert rec["tokens_per_s"] > 0 and rec["peak_mem_gib"] is None  # CPU: no peak
+    assert records["bf16"]["gap_pct"] == 0.0 and records["fp4"]["gap_pct"] != 0.0
+    assert "switch_recipe" not in records["fp4"]
+    switched = records[RUNS[2]]
+    assert (switched["switch_recipe"], switched["switch_at"], switched["switch_step"]) == (
+        "bf16",
+        0.5,
+        3,
+    )
+    assert (out / "convergence_cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| fp4+switch=bf16+at=0.5 |" in (out / "convergence_cpu_table.md").read_text()
+    titles = report.plot(report.load(runs), RUNS, tmp_path / "p.png", model="tiny",
+                         tokens_per_step=128)  # fmt: skip
+    assert all(str(tmp_path) not in t and "/" not in t for t in titles)
+    assert "gap to bf16" in titles[1]

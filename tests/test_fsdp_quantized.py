@@ -1,0 +1,330 @@
+"""Quantized FSDP2 weight all-gather (minifloat.fsdp_quantized) on 2 gloo CPU ranks.
+
+Against the unsharded model in one process (each rank's batch shard run through it, gradients
+summed as FSDP averages them): the all-gathered weight operands equal `backend.quantize(full
+weight)` (values and scales), the forward outputs are equal bit for bit, the gradients too
+(tolerance below for DGE), and each all-gather input holds 1 byte a parameter (FP8) or 0.5
+(E2M1) plus the scales that travel.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from gloo_ranks import WORLD, spawn
+from minifloat import delayed, fsdp_plan, recipes
+from minifloat.distributed import apply_fsdp
+from minifloat.fsdp_quantized import all_gather_bytes, enable_quantized_all_gather
+from minifloat.fsdp_weight import GatheredWeight, ShardedWeight
+from minifloat.kernels import EmulatedBackend
+from minifloat.linear import QuantLinear
+
+# Recipes under test; the gradients of all but DGE recipes are bit-exact (2 ranks: the average
+# (a + b) / 2 equals a / 2 + b / 2 in fp32, and every operand is the same as unsharded).
+RECIPES = ["fp8-tensorwise", "fp8-rowwise", "fp4-direct", "fp4-dge", "fp8-blockwise", "fp8-delayed"]
+# DGE recipes: max |g - g_ref| / max |g_ref| per tensor. The factor f'(w/s) is applied after the
+# reduce-scatter, (a + b)·f, against a·f + b·f unsharded: fp32 rounding only (measured <= 7e-7).
+DGE_GRAD_REL_TOL = 1e-5
+# Bytes of values per parameter in the all-gather input, by weight format.
+VALUE_BYTES = {"e4m3": 1.0, "e5m2": 1.0, "e2m1": 0.5}
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int, hidden: int, recipe: str) -> None:
+        super().__init__()
+        self.up = QuantLinear(dim, hidden, bias=False, recipe=recipe)
+        self.down = QuantLinear(hidden, dim, recipe=recipe)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class _Net(nn.Module):
+    """Two residual MLP blocks of QuantLinear layers (`layers`, as apply_fsdp shards) + a head."""
+
+    def __init__(self, recipe: str, dim: int = 64, hidden: int = 128) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(dim, hidden, recipe) for _ in range(2)])
+        self.head = nn.Linear(dim, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _net(recipe: str) -> _Net:
+    torch.manual_seed(0)
+    # 128x128 weight blocks must not cross the shard boundary: 256 rows, 128 a rank.
+    return _Net(recipe, 256, 256) if recipe == "fp8-blockwise" else _Net(recipe)
+
+
+def _data(dim: int, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(10 + step)
+    x = torch.randn(WORLD * 8, dim, generator=gen)
+    t = torch.randint(0, 8, (WORLD * 8,), generator=gen)
+    return list(x.chunk(WORLD)), list(t.chunk(WORLD))
+
+
+def _counting(record: list):  # noqa: ANN202
+    """fsdp_pre_all_gather that records (module, bytes of each all-gather input)."""
+    original = ShardedWeight.fsdp_pre_all_gather
+
+    def pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):  # noqa: ANN001, ANN202
+        tensors, meta = original(self, mesh, outer_size, outer_stride, module, mp_policy)
+        record.append((module, [t.numel() * t.element_size() for t in tensors]))
+        return tensors, meta
+
+    return pre_all_gather
+
+
+def _check_operands(model: nn.Module, ref: nn.Module) -> None:
+    """The gathered operands equal the operands quantized from the full weight, bit for bit."""
+    backend = EmulatedBackend()
+    for block, ref_block in zip(model.layers, ref.layers, strict=True):
+        block.unshard()
+        for name in ("up", "down"):
+            layer, ref_layer = getattr(block, name), getattr(ref_block, name)
+            assert isinstance(layer.weight, GatheredWeight)
+            plan = fsdp_plan.plan_for(layer.recipe)
+            for g in plan.operands:
+                got = layer.weight.operand(backend, g.spec, transpose=g.transpose)
+                scale = None  # fp8-delayed: the scale of the weight's amax history
+                if layer.recipe.delayed is not None:
+                    scale = delayed.history_scale(
+                        ref_layer.amax_history, delayed.WEIGHT, delayed.amax(ref_layer.weight),
+                        g.spec.fmt, layer.recipe.delayed,
+                    )  # fmt: skip
+                want = backend.quantize(
+                    ref_layer.weight, g.spec, transpose=g.transpose, scale=scale
+                )
+                assert torch.equal(got.values(), want.values()), (layer.recipe.name, name)
+                assert torch.equal(got.scale, want.scale), (layer.recipe.name, name)
+                assert got.granularity == want.granularity and got.data.dtype == want.data.dtype
+        block.reshard()
+
+
+def _check_bytes(record: list, model: nn.Module, recipe: str) -> None:
+    """Each all-gather input: values at 1 or 0.5 byte a parameter, plus travelling scales."""
+    plan = fsdp_plan.plan_for(recipes.get(recipe))
+    per_gather = 0
+    for module, sizes in record:
+        rows, cols = module.out_features // WORLD, module.in_features
+        sent = sum(sizes)
+        assert sent == fsdp_plan.payload_bytes(plan, rows, cols)
+        values = sum(VALUE_BYTES[g.spec.fmt] for g in plan.operands) * rows * cols
+        scales = sent - values  # [rows, 1] or block fp32 scales; none for tensor scales
+        assert scales in (0, 4 * rows, 4 * (rows // 128) * -(-cols // 128)), (recipe, scales)
+        assert values == sizes[0] + (sizes[2] if len(plan.operands) == 2 else 0)
+        per_gather += sent
+    # Forward and backward all-gather every block (reshard_after_forward), on each rank.
+    assert per_gather * WORLD == 2 * all_gather_bytes(model, WORLD)["quantized"], recipe
+
+
+def _reference_grads(ref: nn.Module, xs: list, ts: list, rank: int, recipe: str) -> None:
+    """Gradients FSDP should produce: the mean over ranks of each batch shard's gradient."""
+    if recipe == "fp8-delayed":  # the amax history is per rank state: a replica per rank
+        F.cross_entropy(ref(xs[rank]), ts[rank]).backward()
+        for p in ref.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= WORLD
+        return
+    for x, t in zip(xs, ts, strict=True):
+        (F.cross_entropy(ref(x), t) / WORLD).backward()
+
+
+def _matches_unsharded_worker(rank: int) -> None:
+    for recipe in RECIPES:
+        ref = _net(recipe)
+        model = apply_fsdp(copy.deepcopy(ref), quantized_all_gather=True)
+        assert isinstance(model.layers[0].up.weight._local_tensor, ShardedWeight)
+        dge = recipes.get(recipe).dge is not None
+        for step in range(2):
+            _check_operands(model, ref)
+            xs, ts = _data(model.head.in_features, step)
+            record: list = []
+            with mock.patch.object(ShardedWeight, "fsdp_pre_all_gather", _counting(record)):
+                y = model(xs[rank])
+                F.cross_entropy(y, ts[rank]).backward()
+            _check_bytes(record, model, recipe)
+            assert torch.equal(y, ref(xs[rank])), (recipe, step)  # before ref's history moves
+            _reference_grads(ref, xs, ts, rank, recipe)
+            for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
+                grad = p.grad.full_tensor()
+                if dge and name.endswith("weight") and "head" not in name:
+                    err = (grad - p_ref.grad).abs().max() / p_ref.grad.abs().max()
+                    assert err <= DGE_GRAD_REL_TOL, (recipe, name, err.item())
+                else:
+                    assert torch.equal(grad, p_ref.grad), (recipe, step, name)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.5 * p.grad
+            model.zero_grad()
+            ref.zero_grad()
+            # Same point for the next step (DGE grads differ by rounding): the state_dict is
+            # plain fp32, gathered here into the unsharded reference.
+            state = model.state_dict()
+            params = {k: v for k, v in state.items() if "amax_history" not in k}
+            assert all(type(v._local_tensor) is torch.Tensor for v in params.values())
+            ref.load_state_dict({k: v.full_tensor() for k, v in params.items()}, strict=False)
+        pairs = zip(model.modules(), ref.modules(), strict=True)
+        histories = [(m.amax_history, r.amax_history) for m, r in pairs
+                     if getattr(m, "amax_history", None) is not None]  # fmt: skip
+        assert len(histories) == (4 if recipe == "fp8-delayed" else 0)
+        assert all(torch.equal(a, b) for a, b in histories)
+    _dge_refuses_accumulation(rank)
+
+
+def _dge_refuses_accumulation(rank: int) -> None:
+    """Reduce-scatter on every micro-batch (no no_sync) would scale the accumulated part twice."""
+    model = apply_fsdp(_net("fp4-dge"), quantized_all_gather=True)
+    xs, ts = _data(64, 0)
+    F.cross_entropy(model(xs[rank]), ts[rank]).backward()
+    with pytest.raises(RuntimeError, match="one reduce-scatter per optimizer step"):
+        F.cross_entropy(model(xs[rank]), ts[rank]).backward()
+
+
+def _checkpoint_worker(rank: int) -> None:
+    # A full state dict through torch.distributed.checkpoint, as the trainer saves it: plain
+    # fp32 tensors; loaded into a fresh quantized-all-gather model and into a plain FSDP one,
+    # both then compute the same outputs as the model it came from.
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model = apply_fsdp(_net("fp4-dge"), quantized_all_gather=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    xs, ts = _data(64, 0)
+    for _ in range(2):
+        F.cross_entropy(model(xs[rank]), ts[rank]).backward()
+        opt.step()
+        opt.zero_grad()
+    full = get_model_state_dict(model, options=options)
+    if rank == 0:
+        assert all(type(v) is torch.Tensor for v in full.values())
+        assert full["layers.0.up.weight"].shape == (128, 64)
+    shared = [full]
+    dist.broadcast_object_list(shared, src=0)
+    for quantized in (True, False):
+        fresh = _net("fp4-dge")
+        for layer in fresh.modules():  # other values, so that the load must set them
+            if isinstance(layer, QuantLinear):
+                nn.init.zeros_(layer.weight)
+        fresh = apply_fsdp(fresh, quantized_all_gather=quantized)
+        set_model_state_dict(fresh, shared[0], options=options)
+        assert isinstance(fresh.layers[0].up.weight._local_tensor, ShardedWeight) == quantized
+        assert torch.equal(fresh(xs[rank]), model(xs[rank])), quantized
+
+
+def _trainer_resume_worker(rank: int, root: str) -> None:
+    # The trainer with --quantized-all-gather (meta-device init, sharded checkpoints): stopping
+    # after 2 steps and resuming gives the losses of an uninterrupted run bit for bit.
+    from minifloat.train.build import load_dataset
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer, train
+
+    config = TrainConfig(
+        recipe="fp4-dge", model="tiny", data="stdlib", tokenizer="byte", device="cpu",
+        model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
+        data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/run",
+        parallel="fsdp", quantized_all_gather=True, checkpoint_format="sharded", steps=4,
+        batch_size=2, seq_len=16, lr=3e-3, eval_every=0, eval_batches=1, log_every=1,
+    )  # fmt: skip
+    dataset = load_dataset(config, progress=False)
+    trainer = Trainer(
+        dataclasses.replace(config, out_dir=f"{root}/full", save_checkpoints=False),
+        dataset=dataset, progress=False,
+    )  # fmt: skip
+    assert isinstance(trainer.raw_model.layers[0].attention.wq.weight._local_tensor, ShardedWeight)
+    full = trainer.run()
+    half = train(dataclasses.replace(config, stop_after=2), dataset=dataset, progress=False)
+    rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+    assert half.losses == full.losses[:2] and rest.losses == full.losses, (rest, full)
+
+
+def _worker(rank: int, root: str) -> None:
+    _matches_unsharded_worker(rank)
+    _checkpoint_worker(rank)
+    _trainer_resume_worker(rank, root)
+
+
+def test_quantized_all_gather_matches_unsharded_model_and_checkpoints(tmp_path):
+    # One spawn for all: starting the two ranks costs ~20 s on a 2-core CI machine.
+    spawn(_worker, str(tmp_path))
+
+
+def test_trainer_flag_needs_fsdp():
+    from minifloat.train.config import ConfigError, TrainConfig
+    from minifloat.train.config_checks import check_config
+
+    with pytest.raises(ConfigError, match="quantized-all-gather needs parallel=fsdp"):
+        check_config(TrainConfig(recipe="fp8-tensorwise", quantized_all_gather=True))
+
+
+# ---- refusals (one process) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["fp4", "fp4-occ"])
+def test_occ_recipes_are_refused(recipe):
+    with pytest.raises(ValueError, match="OCC"):
+        enable_quantized_all_gather(_net(recipe))
+
+
+def test_split_weight_blocks_are_refused():
+    model = _Net("fp8-blockwise", 128, 128)  # 64 rows a rank: a 128-row block would be split
+    with pytest.raises(ValueError, match="multiple of the 128-row blocks"):
+        enable_quantized_all_gather(model, world_size=2)
+    assert enable_quantized_all_gather(model, world_size=1) == 4
+
+
+def test_uneven_shards_are_refused():
+    with pytest.raises(ValueError, match="divisible by the 3 ranks"):
+        enable_quantized_all_gather(_net("fp8-rowwise"), world_size=3)
+
+
+def test_enabled_unsharded_model_is_unchanged():
+    # Wrapped but not sharded: the same outputs and gradients as the plain model (the wrapper
+    # only changes what FSDP2 all-gathers); its state_dict holds plain tensors.
+    ref, model = _net("fp4-dge"), _net("fp4-dge")
+    assert enable_quantized_all_gather(model) == 4
+    x = torch.randn(8, 64)
+    y, y_ref = model(x), ref(x)
+    assert torch.equal(y, y_ref)
+    y.sum().backward()
+    y_ref.sum().backward()
+    for p, p_ref in zip(model.parameters(), ref.parameters(), strict=True):
+        assert type(p.grad) is torch.Tensor and torch.equal(p.grad, p_ref.grad)
+    assert all(type(v) is torch.Tensor for v in model.state_dict().values())
+
+
+def test_gathered_weight_serves_only_quantlinear():
+    model = _net("fp8-rowwise")
+    enable_quantized_all_gather(model)
+    shard = model.layers[0].up.weight.data
+    payload, meta = shard.fsdp_pre_all_gather(_OneRankMesh(), shard.shape, shard.stride(),
+                                              model.layers[0].up, None)  # fmt: skip
+    gathered, _ = shard.fsdp_post_all_gather(payload, meta, torch.float32)
+    assert gathered.shape == shard.shape and gathered.dtype == torch.float32
+    for misuse in (lambda: gathered + 1, lambda: F.linear(torch.ones(2, 64), gathered)):
+        with pytest.raises(RuntimeError, match="only QuantLinear"):
+            misuse()
+
+
+class _OneRankMesh:
+    """The two DeviceMesh methods fsdp_pre_all_gather uses, for one rank without a group."""
+
+    ndim = 1
+
+    def size(self) -> int:
+        return 1
