@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_all.sh tests kernels linear e2e-1.3B e2e-125M e2e-hf
 #
 # Stages: tests (pytest -m gpu), kernels (benchmarks/kernels.py), linear (one layer, compiled,
-# 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py). Extra arguments for a
+# 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py), optim (optimizer step
+# time, benchmarks/optim_states.py --step-time). Extra arguments for a
 # stage's script follow it after "--" up to the next stage name, e.g.
 #   bash benchmarks/gpu_all.sh e2e-1.3B -- --rows bf16,fp8-tensorwise --profile fp8-tensorwise
 set -uo pipefail
@@ -32,6 +33,8 @@ run_stage() {
     e2e-125M) python3 benchmarks/train_e2e.py --model 125M --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
     e2e-hf) python3 benchmarks/train_e2e.py --model 1.3B --impl hf --out-dir "$OUT" "$@" \
               2>&1 | tail -60 ;;
+    optim) python3 benchmarks/optim_states.py --step-time --device cuda --fused --unfused \
+             --out "$OUT" "$@" 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
   local rc=${PIPESTATUS[0]}
@@ -41,7 +44,7 @@ while [ $# -gt 0 ]; do
   stage=$1; shift; args=()
   if [ "${1:-}" = "--" ]; then
     shift
-    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|kernels|linear|e2e-.*)$ ]]; do args+=("$1"); shift; done
+    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|kernels|linear|optim|e2e-.*)$ ]]; do args+=("$1"); shift; done
   fi
   echo "=== $stage ${args[*]:-}"
   run_stage "$stage" "${args[@]}"

@@ -2,8 +2,10 @@
 
     PYTHONPATH=src python benchmarks/linear.py [--shapes 7b] [--recipes fp4,fp8-rowwise] [--compile]
 
-M = 16384 tokens; (K, N) in (4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632),
-(2048, 2048). Every layer runs under bf16 autocast with fp32 master weights (as in training).
+M = 16384 tokens (--tokens); (K, N) in (4096, 4096), (4096, 11008), (11008, 4096),
+(2048, 5632), (2048, 2048); `--shapes grid` times the small and mid-size layers of 125M-1.3B
+models, the measurement behind `minifloat.size_filter` (`--no-breakdown --no-torchao` keep it
+short). Every layer runs under bf16 autocast with fp32 master weights (as in training).
 The end-to-end time of one forward + backward is the median of CUDA-event timings with the L2
 flushed; the breakdown times the backend calls linear.py makes (quantization, the three GEMMs,
 DGE, OCC) one group at a time. Saved bytes count every tensor autograd saves for the backward
@@ -34,6 +36,9 @@ from minifloat.linear import QuantLinear  # noqa: E402
 M = 16384
 SHAPES = [(4096, 4096), (4096, 11008), (11008, 4096), (2048, 5632), (2048, 2048)]
 SHAPES_7B = SHAPES[:3]
+# 125M (dim 768, ffn 2048), 350M-ish (1024, 4096) and 1.3B (2048, 5504) projections.
+SHAPES_GRID = [(768, 768), (768, 2048), (2048, 768), (1024, 1024), (1024, 4096), (4096, 1024),
+               (2048, 2048), (2048, 5504), (5504, 2048)]  # fmt: skip
 RECIPES = [
     "fp8-tensorwise",
     "fp8-rowwise",
@@ -50,15 +55,15 @@ TARGETS = {  # geometric-mean speed-up over the 7B shapes (issue 13, compiled)
 }
 
 
-def make_inputs(k: int, n: int, seed: int = 0):
+def make_inputs(k: int, n: int, m: int = M, seed: int = 0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(M, k, device="cuda", generator=gen)
+    x = torch.randn(m, k, device="cuda", generator=gen)
     # 128 outlier channels 50x larger: the activation structure OCC is designed for.
     idx = torch.randperm(k, device="cuda", generator=gen)[:128]
     x[:, idx] *= 50.0
     x = x.bfloat16().requires_grad_(True)
     w = torch.randn(n, k, device="cuda", generator=gen) * 0.02
-    dy = torch.randn(M, n, device="cuda", generator=gen).bfloat16()
+    dy = torch.randn(m, n, device="cuda", generator=gen).bfloat16()
     return x, w, dy
 
 
@@ -188,25 +193,29 @@ def maybe_compile(module: nn.Module, compile_it: bool) -> nn.Module:
     return torch.compile(module) if compile_it else module
 
 
-def bench_shape(k: int, n: int, names: list[str], compile_all: bool, torchao_compile: bool):
-    x, w, dy = make_inputs(k, n)
+def bench_shape(
+    k: int, n: int, names: list[str], args: argparse.Namespace
+) -> list[dict]:  # fmt: skip
+    """Records of one (K, N): bf16, torchao (unless --no-torchao) and every recipe of `names`."""
+    compile_all, torchao_compile, m = args.compile, args.torchao_compile, args.tokens
+    x, w, dy = make_inputs(k, n, m)
     records = []
     base = nn.Linear(k, n, bias=False, device="cuda")
     base.weight.data.copy_(w)
     base_step = step_fn(maybe_compile(base, compile_all), x, dy)
     bf16_ms = time_ms(base_step)
     bf16_saved = saved_bytes(base, x)
-    records.append(dict(recipe="bf16", K=k, N=n, M=M, ms=bf16_ms, speedup_vs_bf16=1.0,
+    records.append(dict(recipe="bf16", K=k, N=n, M=m, ms=bf16_ms, speedup_vs_bf16=1.0,
                         peak_saved_bytes=bf16_saved, kernel_ms=gpu_time(base_step)))  # fmt: skip
-    for ao in ("tensorwise", "rowwise"):
+    for ao in () if args.no_torchao else ("tensorwise", "rowwise"):
         name = f"torchao-{ao}" + ("-compiled" if torchao_compile else "")
         try:
             mod = torchao_module(k, n, w, ao, torchao_compile or compile_all)
             ms = time_ms(step_fn(mod, x, dy))
-            rec = dict(recipe=name, K=k, N=n, M=M, ms=ms, speedup_vs_bf16=bf16_ms / ms,
+            rec = dict(recipe=name, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
                        peak_saved_bytes=saved_bytes(mod, x))  # fmt: skip
         except Exception as exc:  # torchao missing or failing must not stop the benchmark
-            rec = dict(recipe=name, K=k, N=n, M=M, error=f"{type(exc).__name__}: {exc}"[:300])
+            rec = dict(recipe=name, K=k, N=n, M=m, error=f"{type(exc).__name__}: {exc}"[:300])
         records.append(rec)
         torch._dynamo.reset()
     for rname in names:
@@ -215,11 +224,12 @@ def bench_shape(k: int, n: int, names: list[str], compile_all: bool, torchao_com
         layer.weight.data.copy_(w)
         step = step_fn(maybe_compile(layer, compile_all), x, dy)
         ms = time_ms(step)
-        rec = dict(recipe=rname, K=k, N=n, M=M, ms=ms, speedup_vs_bf16=bf16_ms / ms,
+        rec = dict(recipe=rname, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
                    peak_saved_bytes=saved_bytes(layer, x), kernel_ms=gpu_time(step))  # fmt: skip
         torch._dynamo.reset()
         rec["saved_vs_bf16"] = rec["peak_saved_bytes"] / bf16_saved
-        rec.update(breakdown(recipe, x, w, dy))
+        if not args.no_breakdown:
+            rec.update(breakdown(recipe, x, w, dy))
         records.append(rec)
         print(f"K={k} N={n} {rname:18s} {ms:7.3f} ms  x{bf16_ms / ms:.2f}", flush=True)
     print(f"K={k} N={n} {'bf16':18s} {bf16_ms:7.3f} ms", flush=True)
@@ -228,8 +238,10 @@ def bench_shape(k: int, n: int, names: list[str], compile_all: bool, torchao_com
 
 def markdown(records: list[dict], compiled: bool = False) -> str:
     mode = "every layer under torch.compile" if compiled else "eager"
+    tokens = sorted({r["M"] for r in records})
     lines = [
-        f"M = {M} tokens; one forward + backward (fprop, dgrad, wgrad) under bf16 autocast, "
+        f"M = {', '.join(map(str, tokens))} tokens; one forward + backward (fprop, dgrad, wgrad) "
+        "under bf16 autocast, "
         f"{mode}; the breakdown is eager in both modes; "
         "median ms, L2 flushed. Breakdown columns time the backend's calls group by group "
         "(their sum differs from the end-to-end time by autograd and PyTorch glue). "
@@ -275,7 +287,11 @@ def targets_table(records: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="all", help="'all', '7b', or K:N,K:N")
+    ap.add_argument("--shapes", default="all", help="'all', '7b', 'grid', or K:N,K:N")
+    ap.add_argument("--tokens", type=int, default=M, help="M, the rows of x")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the eager breakdown")
+    ap.add_argument("--no-torchao", action="store_true", help="skip the torchao rows")
+    ap.add_argument("--tag", default="", help="suffix of the results files")
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--compile", action="store_true", help="torch.compile every layer")
     ap.add_argument("--torchao-compile", action="store_true", help="torch.compile torchao layers")
@@ -286,15 +302,17 @@ def main() -> None:
         shapes = SHAPES
     elif args.shapes == "7b":
         shapes = SHAPES_7B
+    elif args.shapes == "grid":
+        shapes = SHAPES_GRID
     else:
         shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
     print(environment(), flush=True)
     records = []
     for k, n in shapes:
-        records += bench_shape(k, n, args.recipes.split(","), args.compile, args.torchao_compile)
+        records += bench_shape(k, n, args.recipes.split(","), args)
         torch.cuda.empty_cache()
     kw = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
-    name = "linear_compiled" if args.compile else "linear"
+    name = ("linear_compiled" if args.compile else "linear") + (f"_{args.tag}" if args.tag else "")
     md, js = write_results(name, records, markdown(records, args.compile), **kw)
     print(md.read_text())
     print(f"wrote {md} and {js}")

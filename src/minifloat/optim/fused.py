@@ -181,9 +181,13 @@ def adamw_update(
 
 
 # Eager CUDA callers get fused kernels through this compiled twin; under the caller's
-# torch.compile (or on CPU) the function itself runs.
+# torch.compile (or on CPU) the function itself runs. dynamic=True: one graph serves every
+# parameter shape (static shapes would compile twice per configuration), so the graphs are
+# one per state format, parameter dtype, master and padding case. No fullgraph: should a process
+# build more configurations than dynamo's recompile limit, the rest run this function eagerly
+# (the same bits, slower) instead of failing; tests/test_optim_fused.py checks it traces whole.
 _COMPILED: dict[Callable, Callable] = {
-    fn: torch.compile(fn, fullgraph=True, options={"emulate_precision_casts": True})
+    fn: torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
     for fn in (adamw_update,)
 }
 
