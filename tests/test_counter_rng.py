@@ -57,6 +57,16 @@ def test_signs_and_seeds():
     assert ((seeds >= 0) & (seeds < 2**32)).all()
 
 
+def test_rank_is_mixed_into_the_seeds():
+    state = torch.tensor([123, 4])
+    single = counter_rng.layer_seeds(state)
+    assert counter_rng.process_rank() == 0  # no process group here
+    assert torch.equal(counter_rng.layer_seeds(state, 0), single)  # rank 0: a single process's
+    by_rank = [counter_rng.layer_seeds(state, r) for r in range(64)]
+    assert len({tuple(s.tolist()) for s in by_rank}) == 64  # every rank its own draws
+    assert all(((s >= 0) & (s < 2**32)).all() for s in by_rank)
+
+
 def _mean_error(x: torch.Tensor, draws: int) -> torch.Tensor:
     """Mean over `draws` seeds of E2M1 stochastic rounding of x, minus x."""
     e2m1 = formats.get("e2m1")

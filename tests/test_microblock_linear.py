@@ -1,7 +1,8 @@
 """QuantLinear under nvfp4 / mxfp4: every GEMM against a float64 reference of the same math
 (stochastic rounding and Hadamard transforms included, with the layer's own draws), stochastic
 rounding unbiased through the layer, draws reproducible across a state_dict round trip, the
-random state advanced once per trained backward, and `convert`'s last blocks in bf16."""
+random state advanced once per trained backward, different draws on data-parallel ranks, and
+`convert`'s last blocks in bf16."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 from torch import nn
 
+from bits import bits_equal
+from gloo_ranks import spawn
 from minifloat import convert, counter_rng, hadamard, recipes
 from minifloat.diagnostics import measure_layer_sqnr
 from minifloat.linear import QuantLinear
@@ -164,6 +167,27 @@ def test_set_recipe_keeps_starts_or_drops_the_random_state():
     assert layer.rng_state.tolist() == [9, 0] and "rng_state" in layer.state_dict()
     _step(layer, x, dy)
     assert layer.rng_state.tolist() == [9, 1]
+
+
+def _rank_worker(rank: int, x, w, dy, single) -> None:
+    """Same layer, data and step on both ranks: rank 0 draws what one process draws, rank 1
+    other numbers (its rank is mixed into the seeds), the same compiled as eager."""
+    layer = _layer("nvfp4", w, salt=5)
+    compiled_layer = copy.deepcopy(layer)
+    dx, dw = _step(layer, x, dy)
+    if rank == 0:
+        assert torch.equal(dx, single[0]) and torch.equal(dw, single[1])
+    else:
+        assert not torch.equal(dx, single[0]) and not torch.equal(dw, single[1])
+        got = _step(torch.compile(compiled_layer, fullgraph=True), x, dy)
+        assert bits_equal(got[0], dx) and bits_equal(got[1], dw)
+    assert layer.rng_state.tolist() == [5, 1]  # the buffer is the same on every rank
+
+
+def test_data_parallel_ranks_draw_different_numbers():
+    x, w, _, dy = _data(32, 64, 64, seed=6)
+    single = _step(_layer("nvfp4", w, salt=5), x, dy)
+    spawn(_rank_worker, x, w, dy, single)
 
 
 def test_convert_keeps_the_last_blocks_and_salts_layers():

@@ -17,14 +17,27 @@ element keeps compiled kernels small (inductor inlines every scalar step into ea
 more rounds one CPU quantizer took ~35 s of CPU time to compile). The seed is a 0-dim int64
 tensor, so a new step's seed never makes torch.compile recompile. A layer derives its seeds
 from its `rng_state` buffer (layer salt, step count), advanced once per trained backward (see
-`QuantizedGemmMixin`).
+`QuantizedGemmMixin`), and from the process's rank under torch.distributed (`process_rank`):
+data-parallel ranks round their different gradients with different draws, while the buffer, the
+same on every rank, stays what checkpoints save. Rank 0, and a process outside any process group,
+draws what a single process draws.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-__all__ = ["STREAMS", "mix", "derive", "layer_seeds", "uniform", "random_signs", "advance"]
+__all__ = [
+    "STREAMS",
+    "mix",
+    "derive",
+    "process_rank",
+    "layer_seeds",
+    "uniform",
+    "random_signs",
+    "advance",
+]
 
 _MASK = 0xFFFFFFFF
 _MUL = 0x45D9F3B
@@ -34,8 +47,9 @@ _MUL = 0x45D9F3B
 STREAMS = {"dgrad": 0x1B873593, "wgrad": 0x2C1B3C6D, "noise": 0x297A2D39, "signs": 0x68E31DA4}
 
 
-def mix(x: torch.Tensor) -> torch.Tensor:
-    """A bijection of 32-bit values (int64 tensors holding [0, 2^32)), well mixed."""
+def mix(x: torch.Tensor | int) -> torch.Tensor | int:
+    """A bijection of 32-bit values (int64 tensors, or Python ints, holding [0, 2^32)), well
+    mixed; mix(0) = 0."""
     x = (((x >> 16) ^ x) * _MUL) & _MASK
     x = (((x >> 16) ^ x) * _MUL) & _MASK
     return (x >> 16) ^ x
@@ -46,10 +60,18 @@ def derive(seed: torch.Tensor, stream: str) -> torch.Tensor:
     return seed ^ STREAMS[stream]
 
 
-def layer_seeds(rng_state: torch.Tensor) -> torch.Tensor:
+def process_rank() -> int:
+    """This process's rank in the default torch.distributed group; 0 when none is initialized
+    (torch.compile folds it into a constant)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def layer_seeds(rng_state: torch.Tensor, rank: int = 0) -> torch.Tensor:
     """[2] int64: the dgrad and wgrad seeds of the current step of a layer whose `rng_state` is
-    (salt, step). Computed in forward and saved, so backward uses the forward's step."""
-    base = (((rng_state[0] & _MASK) * _MUL) & _MASK) ^ (rng_state[1] & _MASK)
+    (salt, step), on the process of `rank` (`process_rank()`; 0 leaves the seeds as without
+    one, as `mix(0) = 0`). Computed in forward and saved, so backward uses the forward's step."""
+    rank_key = mix(rank & _MASK)  # a Python int: the same operators, no tensor in the graph
+    base = (((rng_state[0] & _MASK) * _MUL) & _MASK) ^ (rng_state[1] & _MASK) ^ rank_key
     return torch.stack([mix(base ^ STREAMS["dgrad"]), mix(base ^ STREAMS["wgrad"])])
 
 

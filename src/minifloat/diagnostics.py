@@ -106,7 +106,8 @@ class _LayerProbe:
             }
             self.x_scale, self.w_scale = x_q.scale, w_q.scale
             if module.rng_state is not None:
-                self.seeds = counter_rng.layer_seeds(module.rng_state)
+                rank = counter_rng.process_rank()  # the layer's own draws on this rank
+                self.seeds = counter_rng.layer_seeds(module.rng_state, rank)
         if output.requires_grad:
             output.register_hook(self.grad_hook)
 

@@ -70,7 +70,9 @@ class QuantLinearFunction(torch.autograd.Function):
                     for row, spec in ((delayed.INPUT, recipe.fprop.lhs),
                                       (delayed.WEIGHT, recipe.fprop.rhs))
                 )  # fmt: skip
-            seeds = None if rng_state is None else counter_rng.layer_seeds(rng_state)
+            seeds = None  # this step's draws, different on every data-parallel rank
+            if rng_state is not None:
+                seeds = counter_rng.layer_seeds(rng_state, counter_rng.process_rank())
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
@@ -284,8 +286,10 @@ class QuantizedGemmMixin:
 
     Recipes that draw random numbers (`recipe.randomized`: stochastic rounding, Hadamard signs)
     keep `rng_state`, int64 [2] = (salt, step), alike: a persistent buffer advanced once per
-    trained backward; its seeds are `counter_rng.layer_seeds(rng_state)`. `convert` gives each
-    layer a salt from its name (`seed_rng`), so layers draw different numbers.
+    trained backward; its seeds are `counter_rng.layer_seeds(rng_state, rank)`. `convert` gives
+    each layer a salt from its name (`seed_rng`), so layers draw different numbers; the rank
+    under torch.distributed is mixed in where the seeds are made (the buffer is the same on
+    every rank), so data-parallel ranks draw different numbers too.
 
     `set_recipe` changes the recipe in place (e.g. a final training phase in bf16); after a switch
     to a recipe that quantizes nothing the layer computes as the plain layer does.
