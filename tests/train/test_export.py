@@ -138,3 +138,18 @@ def test_export_of_a_run_switched_to_fp8_delayed(tmp_path: Path, dataset) -> Non
     assert any(k.endswith(".amax_history") for k in state)
     exported = export_run(tmp_path / "run", tmp_path / "hf")
     assert exported.step == 2 and exported.recipe == "fp8-tensorwise"
+
+
+def test_export_of_a_run_whose_recipe_draws_random_numbers(tmp_path: Path, dataset) -> None:
+    """mxfp4's layers keep a counter-based random state (`rng_state`) in the checkpoint: training
+    state, which the exported model leaves out as it does amax histories."""
+    from minifloat.train import TrainConfig, train
+
+    config = TrainConfig(recipe="mxfp4", model="tiny", model_overrides={"dim": 32, "n_layers": 1,
+                         "n_heads": 2, "ffn_dim": 64}, steps=2, batch_size=2, seq_len=32,
+                         eval_batches=0, out_dir=str(tmp_path / "run"), device="cpu")  # fmt: skip
+    train(config, dataset=dataset, progress=False)
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["model"]
+    assert any(k.endswith(".rng_state") for k in state)
+    exported = export_run(tmp_path / "run", tmp_path / "hf")
+    assert exported.step == 2 and exported.recipe == "mxfp4"

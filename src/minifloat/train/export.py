@@ -93,8 +93,10 @@ def export_run(
         # The saved embedding's rows are the run's vocabulary (the tokenizer is not reopened).
         vocab_size = int(state["model"]["tok_embeddings.weight"].shape[0])
         model = Llama(model_config(config, vocab_size=vocab_size))
-        # fp8-delayed amax histories are the quantized layers' training state, not weights.
-        weights = {k: v for k, v in state["model"].items() if not k.endswith(".amax_history")}
+        # fp8-delayed amax histories and the random states of recipes that draw (nvfp4, mxfp4)
+        # are the quantized layers' training state, not weights.
+        training_state = (".amax_history", ".rng_state")
+        weights = {k: v for k, v in state["model"].items() if not k.endswith(training_state)}
         model.load_state_dict(weights)
     except (KeyError, RuntimeError, ValueError, ConfigError) as exc:
         reason = first_line(exc)
