@@ -101,6 +101,7 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     compile: bool = False
+    compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" = CUDA graphs
     parallel: str = "none"
     grad_comm: str = "fp32"
     quantized_all_gather: bool = False  # FSDP: all-gather QuantLinear weights quantized
@@ -197,7 +198,7 @@ class TrainConfig:
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
-            "weight_guard", "quantized_all_gather",
+            "weight_guard", "quantized_all_gather", "compile_mode",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.

@@ -127,7 +127,7 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
         )
         if deferred:
             _materialize(model, runtime.device, config.seed)
-    forward_module = torch.compile(model) if config.compile else model
+    forward_module = torch.compile(model, mode=config.compile_mode) if config.compile else model
     if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
         from torch.nn.parallel import DistributedDataParallel
 
