@@ -78,6 +78,9 @@ def build_model(
         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, vocab_size=vocab,
         max_position_embeddings=seq, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
         tie_word_embeddings=False, attn_implementation="sdpa",
+        # Training needs no KV cache; with one, each block's compiled graph guards on its own
+        # cache layer's state and every block recompiles (8-14 graphs instead of 1).
+        use_cache=False,
     )  # fmt: skip
     return LlamaForCausalLM(hf_cfg).to(device)
 
