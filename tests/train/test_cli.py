@@ -110,6 +110,7 @@ SWITCH = ["--switch-recipe", "bf16"]
         (["train", "--ckpt-format", "sharded"], "checkpoint-format sharded needs parallel=fsdp"),
         (["train", "--ckpt-format", "zip"], "invalid choice"),
         (["train", "--compile", "--compile-mode", "fast"], "compile-mode must be one of default"),
+        (["train", "--size-rule", "1024"], "size rule must be IN:OUT"),
         (["train", "--compile-mode", "max-autotune"], "compile-mode max-autotune needs compile"),
         (["train", "--model-override", "dim=abc"], "model override dim must be an integer"),
         (["train", "--model-override", "dim=30"], "dim=30 is not divisible by n_heads=4"),

@@ -106,6 +106,14 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--parallel", "parallel", {"choices": ["none", "ddp", "fsdp"]}),
     ("--grad-comm", "grad_comm", {"choices": ["fp32", "bf16", "fp8"]}),
     (
+        "--size-rule",
+        "size_rule",
+        {
+            "help": "IN:OUT[,IN:OUT...]: keep linear layers with in <= IN and out <= OUT in bf16 "
+            "('*': no bound), e.g. 1024:4096 (torchao's tensorwise rule)"
+        },
+    ),
+    (
         "--compile-mode",
         "compile_mode",
         {

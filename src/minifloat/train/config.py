@@ -102,6 +102,7 @@ class TrainConfig:
     device: str = "auto"
     compile: bool = False
     compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" = CUDA graphs
+    size_rule: str = ""  # "IN:OUT[,...]": layers this small stay in bf16 (size_rule.py); "": none
     parallel: str = "none"
     grad_comm: str = "fp32"
     quantized_all_gather: bool = False  # FSDP: all-gather QuantLinear weights quantized
@@ -204,6 +205,8 @@ class TrainConfig:
         # written before it existed stay valid.
         if not cfg.grad_norm_spike_k:
             skip.add("grad_norm_spike_k")
+        if not cfg.size_rule:
+            skip.add("size_rule")
         if cfg.switch_recipe is None and cfg.switch_at is None:
             skip.update(("switch_recipe", "switch_at"))
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}
