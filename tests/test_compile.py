@@ -67,3 +67,31 @@ def test_compiled_equals_eager_without_breaks_or_recompiles(name, autocast):
             )
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp4"])
+def test_transformers_blocks_share_one_graph(name):
+    """A converted `transformers` Llama compiled block by block (as benchmarks/train_e2e.py
+    does): the identical blocks share one graph over steps with new data, without graph
+    breaks, when the model runs without a KV cache (with one, every block recompiles)."""
+    transformers = pytest.importorskip("transformers")
+    import minifloat
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=256, use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    net = minifloat.convert(transformers.LlamaForCausalLM(cfg), name, backend="emulated")
+    blocks = net.model.layers
+    for i, block in enumerate(blocks):
+        blocks[i] = torch.compile(block, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        ids = torch.randint(0, 256, (2, 32), generator=gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(ids, labels=ids).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])

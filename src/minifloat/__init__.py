@@ -22,6 +22,7 @@ from minifloat.convert import (
 from minifloat.dge import dge_derivative
 from minifloat.linear import QuantLinear
 from minifloat.quantize import PackedQTensor, QTensor, fake_quantize, quantize
+from minifloat.size_rule import TORCHAO_ROWWISE, TORCHAO_TENSORWISE, SizeRule
 from minifloat.sqnr import sqnr_db
 
 __all__ = [
@@ -36,6 +37,9 @@ __all__ = [
     "AlreadyConvertedError",
     "is_output_head",
     "set_recipe",
+    "SizeRule",
+    "TORCHAO_TENSORWISE",
+    "TORCHAO_ROWWISE",
     "REPORT_ATTR",
     "QuantLinear",
     "QuantConv1D",

@@ -31,8 +31,9 @@ Rules:
   router's weight, which their modules multiply in their own forward. convert cannot swap
   those without rewriting that forward.
 - User rules, applied after the built-in ones (so they can only keep more layers): `skip`,
-  fnmatch patterns on the fully qualified name of layers to keep; `module_filter_fn(module, fqn)
-  -> bool`, torchao's contract: True = convert.
+  fnmatch patterns on the fully qualified name of layers to keep; `size_rule`, a `SizeRule`
+  keeping the layers too small for quantization to pay (size_rule.py; none by default);
+  `module_filter_fn(module, fqn) -> bool`, torchao's contract: True = convert.
 - The root module itself is never swapped: convert() replaces submodules of `model` in place and
   has no parent to put a replacement into, so a bare `nn.Linear` is refused with a ValueError
   (use `QuantLinear.from_linear(linear, recipe)` for that).
@@ -64,6 +65,7 @@ from minifloat.conv1d import QuantConv1D
 from minifloat.kernels.select import BACKEND_NAMES
 from minifloat.linear import QuantLinear
 from minifloat.recipes import QuantRecipe, Recipe
+from minifloat.size_rule import SizeRule
 
 __all__ = [
     "convert",
@@ -287,6 +289,7 @@ def convert(
     *,
     skip: str | Iterable[str] | None = None,
     module_filter_fn: ModuleFilter | None = None,
+    size_rule: SizeRule | None = None,
     keep_head: bool = True,
     backend: str = "auto",
     return_report: Literal[False] = False,
@@ -300,6 +303,7 @@ def convert(
     *,
     skip: str | Iterable[str] | None = None,
     module_filter_fn: ModuleFilter | None = None,
+    size_rule: SizeRule | None = None,
     keep_head: bool = True,
     backend: str = "auto",
     return_report: Literal[True],
@@ -312,6 +316,7 @@ def convert(
     *,
     skip: str | Iterable[str] | None = None,
     module_filter_fn: ModuleFilter | None = None,
+    size_rule: SizeRule | None = None,
     keep_head: bool = True,
     backend: str = "auto",
     return_report: bool = False,
@@ -329,6 +334,8 @@ def convert(
         module_filter_fn: `(module, fqn) -> bool`, torchao's contract: True = convert, False =
             keep. Called for each linear layer the built-in rules and `skip` would convert; it
             must return a bool.
+        size_rule: keep the layers whose (in_features, out_features) the `SizeRule` names too
+            small for quantization to pay (e.g. `minifloat.TORCHAO_TENSORWISE`); None: no rule.
         keep_head: keep the output head (tied to an embedding, or named lm_head / output / head
             outside repeated blocks, see `is_output_head`) in high precision (the default, as
             all the recipes prescribe). Embeddings are never quantized.
@@ -343,7 +350,8 @@ def convert(
         AlreadyConvertedError: convert() already ran on the model (or on one of its submodules),
             whatever it swapped, or the model holds quantized layers.
         ValueError: unknown recipe or backend, or `model` is itself a linear layer.
-        TypeError: `skip` is not patterns, or `module_filter_fn` is not a callable returning bool.
+        TypeError: `skip` is not patterns, `module_filter_fn` is not a callable returning bool,
+            or `size_rule` is not a SizeRule.
     """
     recipe = recipes.get(recipe)
     if backend not in BACKEND_NAMES:
@@ -353,6 +361,8 @@ def convert(
         raise TypeError(
             f"module_filter_fn must be a callable (module, fqn) -> bool, got {module_filter_fn!r}"
         )
+    if size_rule is not None and not isinstance(size_rule, SizeRule):
+        raise TypeError(f"size_rule must be a minifloat.SizeRule or None, got {size_rule!r}")
     conv1d = _conv1d_class()
     _check_convertible(model, conv1d)
     layer_types = (nn.Linear,) if conv1d is None else (nn.Linear, conv1d)
@@ -379,6 +389,8 @@ def convert(
             reason = None if matched is None else f"matched skip pattern {matched!r}"
         reason = reason or _recipe_reason(recipe, module, conv1d)
         reason = reason or _last_block_reason(fqn, recipe, last)
+        if reason is None and size_rule is not None:
+            reason = size_rule.reason(*_features(module))
         reason = reason or _filter_reason(module_filter_fn, module, fqn)
         if reason is None:
             targets.append((fqn, module))

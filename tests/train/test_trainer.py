@@ -375,3 +375,23 @@ def test_fp8_delayed_losses_do_not_depend_on_the_eval_schedule(tmp_path: Path, d
     rarely = train(_config(tmp_path / "b", recipe="fp8-delayed", eval_every=8), dataset=dataset,
                    progress=False)  # fmt: skip
     assert often.losses == rarely.losses
+
+
+def test_size_rule_keeps_small_layers_and_enters_the_fingerprint(tmp_path: Path, dataset) -> None:
+    """--size-rule 32:32 keeps the 32 -> 32 attention projections of the one block in bf16 and
+    converts the 32 -> 64 / 64 -> 32 FFN layers; a checkpoint of that run does not resume
+    without the rule (it changes which layers are quantized: a different trajectory)."""
+    from minifloat.linear import QuantLinear
+
+    converted: list[str] = []
+
+    def record(model: torch.nn.Module) -> None:
+        converted.extend(n for n, m in model.named_modules() if isinstance(m, QuantLinear))
+
+    config = _config(tmp_path, recipe="fp8-tensorwise", steps=4, size_rule="32:32")
+    result = train(config, dataset=dataset, progress=False, model_transform=record)
+    assert sorted(converted) == [f"layers.0.feed_forward.w{i}" for i in (1, 2, 3)]
+    assert all(math.isfinite(v) for v in result.losses)
+    plain = dataclasses.replace(config, size_rule="", steps=6, resume=True)
+    with pytest.raises(CheckpointError, match="size_rule"):
+        train(plain, dataset=dataset, progress=False)

@@ -105,6 +105,22 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--seed", "seed", {"type": int}),
     ("--parallel", "parallel", {"choices": ["none", "ddp", "fsdp"]}),
     ("--grad-comm", "grad_comm", {"choices": ["fp32", "bf16", "fp8"]}),
+    (
+        "--size-rule",
+        "size_rule",
+        {
+            "help": "IN:OUT[,IN:OUT...]: keep linear layers with in <= IN and out <= OUT in bf16 "
+            "('*': no bound), e.g. 1024:4096 (torchao's tensorwise rule)"
+        },
+    ),
+    (
+        "--compile-mode",
+        "compile_mode",
+        {
+            "help": "torch.compile mode with --compile: default, reduce-overhead (CUDA graphs), "
+            "max-autotune, max-autotune-no-cudagraphs"
+        },
+    ),
     ("--optim-states", "optim_states", {"help": "optimizer-state preset (fp32, bf16, ...)"}),
     ("--eval-every", "eval_every", {"type": int, "help": "steps between validations (0: end)"}),
     ("--eval-batches", "eval_batches", {"type": int}),

@@ -101,6 +101,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     compile: bool = False
+    compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" = CUDA graphs
+    size_rule: str = ""  # "IN:OUT[,...]": layers this small stay in bf16 (size_rule.py); "": none
     parallel: str = "none"
     grad_comm: str = "fp32"
     quantized_all_gather: bool = False  # FSDP: all-gather QuantLinear weights quantized
@@ -197,12 +199,14 @@ class TrainConfig:
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
-            "weight_guard", "quantized_all_gather",
+            "weight_guard", "quantized_all_gather", "compile_mode",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.
         if not cfg.grad_norm_spike_k:
             skip.add("grad_norm_spike_k")
+        if not cfg.size_rule:
+            skip.add("size_rule")
         if cfg.switch_recipe is None and cfg.switch_at is None:
             skip.update(("switch_recipe", "switch_at"))
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}

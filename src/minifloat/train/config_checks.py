@@ -28,6 +28,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grad_comm": ("fp32", "bf16", "fp8"),
     "tokenizer": ("bpe", "byte"),
     "checkpoint_format": ("full", "sharded"),
+    "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
 }
 
 
@@ -111,6 +112,15 @@ def _check_choices(cfg: TrainConfig) -> None:
             )
     if cfg.sqnr_every and cfg.parallel == "fsdp":
         raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
+    if cfg.size_rule:
+        from minifloat.size_rule import SizeRule
+
+        try:
+            SizeRule.parse(cfg.size_rule)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    if cfg.compile_mode != "default" and not cfg.compile:
+        raise ConfigError(f"compile-mode {cfg.compile_mode} needs compile (--compile)")
     if cfg.quantized_all_gather and cfg.parallel != "fsdp":
         raise ConfigError("quantized-all-gather needs parallel=fsdp")
     if cfg.checkpoint_format == "sharded" and cfg.parallel != "fsdp":

@@ -89,8 +89,10 @@ def build_model(
     convert_as = recipe if convert_recipe is None else convert_recipe
     if convert_as.quantized:
         from minifloat.convert import convert, set_recipe
+        from minifloat.size_rule import SizeRule
 
-        convert(model, convert_as)
+        size_rule = SizeRule.parse(config.size_rule) if config.size_rule else None
+        convert(model, convert_as, size_rule=size_rule)
         if convert_as is not recipe:
             set_recipe(model, recipe)
     if model_transform is not None:
@@ -127,7 +129,7 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
         )
         if deferred:
             _materialize(model, runtime.device, config.seed)
-    forward_module = torch.compile(model) if config.compile else model
+    forward_module = torch.compile(model, mode=config.compile_mode) if config.compile else model
     if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
         from torch.nn.parallel import DistributedDataParallel
 

@@ -1,0 +1,91 @@
+"""SizeRule: keep the linear layers too small for quantization to pay in high precision.
+
+A quantized layer pays for its quantization passes (reading the input, weight and gradient and
+writing their low-precision copies) with faster GEMMs. The passes scale with M·(K + N) and the
+GEMM saving with M·K·N, so below some K and N the layer is slower quantized than in bf16: at
+125M (every projection 768 x 768 to 768 x 2048) every quantized recipe trains slower than bf16
+(docs/hopper.md). torchao float8 keeps such layers in bf16 by fixed rules measured on an H100;
+`SizeRule` has the same form, a union of boxes in (in_features, out_features), with the bounds
+as data, so a bound measured here (`benchmarks/linear.py --shapes grid`) can replace them.
+
+`convert(model, recipe, size_rule=...)` applies a rule and reports each kept layer with the
+reason; the trainer takes `--size-rule IN:OUT[,IN:OUT...]`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["SizeRule", "TORCHAO_ROWWISE", "TORCHAO_TENSORWISE"]
+
+Box = tuple[float, float]  # (max in_features, max out_features); math.inf: no bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class SizeRule:
+    """Keep a linear layer in high precision when its (in_features, out_features) lies in one
+    of `boxes`, i.e. in_features <= max_in and out_features <= max_out for some box.
+
+    Attributes:
+        boxes: (max_in, max_out) pairs; math.inf leaves a dimension unbounded.
+        source: where the bounds come from (a results file, a peer's rule), for the report.
+    """
+
+    boxes: tuple[Box, ...]
+    source: str = "user"
+
+    def __post_init__(self) -> None:
+        if not self.boxes:
+            raise ValueError("SizeRule needs at least one (max_in, max_out) box")
+        for box in self.boxes:
+            if len(box) != 2 or any(_bad_bound(v) for v in box):
+                raise ValueError(
+                    f"SizeRule box must be (max_in, max_out) of integers >= 0 or math.inf, "
+                    f"got {box!r}"
+                )
+
+    def reason(self, in_features: int, out_features: int) -> str | None:
+        """Why a layer of these dims stays in high precision, or None to convert it."""
+        for max_in, max_out in self.boxes:
+            if in_features <= max_in and out_features <= max_out:
+                return (
+                    f"too small for quantization to pay: in {in_features} <= {_fmt(max_in)} "
+                    f"and out {out_features} <= {_fmt(max_out)} (size rule: {self.source})"
+                )
+        return None
+
+    @classmethod
+    def parse(cls, text: str) -> SizeRule:
+        """'IN:OUT[,IN:OUT...]', '*' for no bound (e.g. '1024:4096' or '2048:*,*:1024')."""
+        boxes = []
+        for part in text.split(","):
+            bounds = part.strip().split(":")
+            if len(bounds) != 2 or not all(b == "*" or b.isdigit() for b in bounds):
+                raise ValueError(
+                    f"size rule must be IN:OUT[,IN:OUT...] with integers or '*', e.g. "
+                    f"1024:4096, got {text!r}"
+                )
+            boxes.append(tuple(math.inf if b == "*" else int(b) for b in bounds))
+        return cls(boxes=tuple(boxes), source=f"--size-rule {text}")
+
+
+def _bad_bound(value: object) -> bool:
+    if value == math.inf:
+        return False
+    return isinstance(value, bool) or not isinstance(value, int) or value < 0
+
+
+def _fmt(bound: float) -> str:
+    return "inf" if bound == math.inf else str(bound)
+
+
+# torchao float8's rules (torchao/float8, `_auto_filter_for_recipe`, benchmarked on an H100):
+# they read (K, N) = weight.shape = (out_features, in_features).
+# tensorwise: keep when out <= 4096 and in <= 1024.
+TORCHAO_TENSORWISE = SizeRule(boxes=((1024, 4096),), source="torchao float8 tensorwise (H100)")
+# rowwise: keep when in <= 2048, or out <= 1024, or (in <= 4096 and out <= 2048).
+TORCHAO_ROWWISE = SizeRule(
+    boxes=((2048, math.inf), (math.inf, 1024), (4096, 2048)),
+    source="torchao float8 rowwise (H100)",
+)
