@@ -24,6 +24,15 @@
 # bounds what a `timeout` kill loses. Finished runs go to issue8_done.txt, which travels back in
 # .carry so a fresh machine skips them.
 #
+# A switched run (fp4+switch=bf16+at=0.9) is bit for bit its plain run (fp4) up to the switch
+# step S, so it does not train those steps again: the plain run's chunks stop at S (the chunk
+# that would pass it is cut there), the switched run starts with `train --branch-from` from that
+# checkpoint (docs/training.md, "Branching from the plain run") and trains only the steps after
+# S, and then the plain run goes on past S. This needs the plain run (listed first) in the same
+# queue and lease; if it finished in an earlier lease, the switched run trains from step 0. Its
+# planning speed is that of the part it trains itself (the switch recipe's: bf16 for the
+# headline), as is the work `plan` counts for it.
+#
 # Planning speeds (tokens/s, eager, one H200): bf16 125M 450k (603k measured with --compile,
 # results/train_125M_h200_2026-11-22.md); the quantized recipes scaled by the 50M pilot's measured
 # ratios (results/convergence_h200_2026-11-22.md: fp8-tensorwise 0.56x, fp4-direct 0.49x, fp4
@@ -75,14 +84,14 @@ a fp4:occ.alpha=0.999 36000
 a fp4:occ.alpha=0.97 36000
 a fp4:scaling=tensor 36000
 h fp4 30000
-h fp4+switch=bf16+at=0.9 33000
+h fp4+switch=bf16+at=0.9 450000
 "
 # Smoke scale for a CPU check of this script (tiny model, stdlib corpus, a few steps).
 if [ -n "${SMOKE:-}" ]; then
   DATA=stdlib BATCH=4 SEQ=64 TOKENS_PER_STEP=256 H_MODEL=tiny A_MODEL=tiny A_STEPS=6
   H_STEPS="${SMOKE_STEPS:-12}" H_EVAL=6 A_EVAL=3 H_LOG=2 A_LOG=2 H_SQNR=4 A_SQNR=3
   OVERHEAD=5 MIN_LEFT=15
-  TABLE=$'\nh bf16 400\na fp4-dge:dge.k=3 300\nh fp4 20\nh fp4+switch=bf16+at=0.5 25\n'
+  TABLE=$'\nh bf16 400\na fp4-dge:dge.k=3 300\nh fp4 20\nh fp4+switch=bf16+at=0.5 400\n'
   EXTRA="--device cpu --tokenizer byte --data-max-bytes 300000 $EXTRA"
 fi
 TABLE="${QUEUE:-$TABLE}"                        # another queue: lines "group recipe tokens/s"
@@ -93,11 +102,41 @@ scaled() { echo $(( NPROC > 1 ? $1 * NPROC * 9 / 10 : $1 )); }
 # Training seconds of a whole run at `speed`, and what a call of `left` seconds trains: its time
 # minus OVERHEAD, 85 % of it (evaluations, SQNR probes and checkpoint saves are not in the
 # trainer's tokens/s).
-train_seconds() { echo $(( $(g "$1" STEPS) * TOKENS_PER_STEP / $2 )); }
+train_seconds() { echo $(( $(own_steps "$1" "$3") * TOKENS_PER_STEP / $2 )); }
 capacity() { local c=$(( ($1 - OVERHEAD) * 85 / 100 )); echo $(( c > 0 ? c : 0 )); }
-# Does a run that has not started finish within this call's `left` seconds plus `calls` more?
+# Does run $5 (group $1, speed $2), not started, finish within `left` ($3) seconds plus $4 calls?
 fits() {
-  [ "$(train_seconds "$1" "$2")" -le $(( $(capacity "$3") + $4 * $(capacity "$BUDGET") )) ]
+  [ "$(train_seconds "$1" "$2" "$5")" -le $(( $(capacity "$3") + $4 * $(capacity "$BUDGET") )) ]
+}
+# Branching (see the top): the plain run of a switched run name, empty for a plain name.
+base_of() { [[ "$1" == *+switch=* ]] && echo "${1%%+switch=*}"; }
+in_table() { awk -v g="$1" -v r="$2" '$1 == g && $2 == r {f = 1} END {exit !f}' <<<"$TABLE"; }
+# The switch step S of a switched run name in group $1 (minifloat's own rule, 0.9 x 9156 = 8240).
+switch_step_of() {
+  "$PY" -c 'import sys; from minifloat.train.switch import switch_step
+print(switch_step(float(sys.argv[1]), int(sys.argv[2])))' "${2##*+at=}" "$(g "$1" STEPS)"
+}
+# Steps run $2 of group $1 trains itself: after the switch when it branches from its plain run.
+own_steps() {
+  local base; base="$(base_of "$2")"
+  if [ -n "$base" ] && in_table "$1" "$base"; then
+    echo $(( $(g "$1" STEPS) - $(switch_step_of "$1" "$2") ))
+  else
+    g "$1" STEPS
+  fi
+}
+# The smallest switch step >= $3 at which plain run $2 of group $1 must stop and wait: that of a
+# switched run of it in the queue that has not branched yet (empty: none).
+branch_pause() {
+  local grp="$1" plain="$2" step="$3" r s best=""
+  while read -r r; do
+    [[ "$r" == "$plain+switch="* ]] || continue
+    is_done "$grp" "$r" && continue
+    [ -f "$RUNS/$(key "$grp" "$r")/checkpoint.pt" ] && continue
+    s="$(switch_step_of "$grp" "$r")"
+    [ "$s" -ge "$step" ] && { [ -z "$best" ] || [ "$s" -lt "$best" ]; } && best=$s
+  done < <(awk -v g="$grp" '$1 == g {print $2}' <<<"$TABLE")
+  echo "$best"
 }
 key() { echo "${1}_$(g "$1" MODEL)/$2"; }        # h_125M/bf16: the run's directory under RUNS
 # The train flags of a run name: RECIPE, or RECIPE+switch=SWITCH+at=F (minifloat.train.switch).
@@ -115,7 +154,8 @@ is_done() {
 }
 
 # "STEP TOKENS_PER_S" of a run dir: its checkpoint's step (0: none) and the median speed of its
-# logged windows (0: none yet).
+# logged windows (0: none yet), of a branched run only those after its branch (the records before
+# are its plain run's).
 progress() {
   "$PY" - "$1" <<'EOF'
 import json, statistics, sys
@@ -128,19 +168,32 @@ if (run / "checkpoint.pt").is_file():
     step = int(body["state"]["step"])
 if (run / "metrics.jsonl").is_file():
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    speeds = [r["tokens_per_s"] for r in rows if "loss" in r and "skip_reason" not in r]
+    since = max([r["step"] for r in rows if "branched_from" in r], default=0)
+    speeds = [r["tokens_per_s"] for r in rows
+              if "loss" in r and "skip_reason" not in r and r["step"] > since]
     speed = int(statistics.median(speeds[1:] or speeds)) if speeds else 0
 print(step, speed)
 EOF
 }
 
 # One chunk of one run, sized to fit `left` seconds. Returns 0 when the run is finished, 1 when
-# it should go on, 2 when it cannot go on in this call (no time, or it failed).
+# it should go on, 2 when it cannot go on in this call (no time, or it failed), 3 when a plain
+# run waits at a switch step for its switched run to branch, 4 when a switched run waits for its
+# plain run to reach the switch step.
 chunk() {
-  local grp="$1" recipe="$2" speed="$3" left="$4" dir steps step measured fit stop every
-  dir="$RUNS/$(key "$grp" "$recipe")" steps="$(g "$grp" STEPS)"
+  local grp="$1" recipe="$2" speed="$3" left="$4" dir steps step measured fit stop every pause
+  local base branch=()
+  dir="$RUNS/$(key "$grp" "$recipe")" steps="$(g "$grp" STEPS)" base="$(base_of "$recipe")"
   read -r step measured < <(progress "$dir")
   [ "$step" -ge "$steps" ] && { touch "$dir/DONE"; return 0; }
+  pause="$(branch_pause "$grp" "$recipe" "$step")"
+  [ "$pause" = "$step" ] && return 3
+  if [ -n "$base" ] && [ ! -f "$dir/checkpoint.pt" ] && in_table "$grp" "$base" \
+     && ! is_done "$grp" "$base"; then
+    local at_step; at_step="$(progress "$RUNS/$(key "$grp" "$base")" | cut -d' ' -f1)"
+    [ "$at_step" != "$(switch_step_of "$grp" "$recipe")" ] && return 4
+    branch=(--branch-from "$RUNS/$(key "$grp" "$base")") step=$at_step
+  fi
   [ "$measured" -gt 0 ] && speed="$measured"
   # Better still: the speed of earlier chunks from wall time (start, evaluations, SQNR probes,
   # checkpoints and lost work included), scaled so that capacity()'s 85 % cancels.
@@ -148,6 +201,7 @@ chunk() {
   fit=$(( $(capacity "$left") * speed / TOKENS_PER_STEP ))
   [ "$fit" -lt 1 ] && return 2
   stop=$(( step + fit < steps ? step + fit : steps ))
+  [ -n "$pause" ] && [ "$stop" -gt "$pause" ] && stop=$pause
   every=$(( speed * 150 / TOKENS_PER_STEP ))       # a checkpoint every ~150 s of training,
   every=$(( every > fit / 3 ? fit / 3 : every ))   # at least three per chunk
   every=$(( every < 10 ? 10 : every ))
@@ -156,7 +210,7 @@ chunk() {
     --batch-size "$(( BATCH / NPROC ))" --seq-len "$SEQ" --lr "$(g "$grp" LR)"
     --eval-every "$(g "$grp" EVAL)"
     --eval-batches 20 --log-every "$(g "$grp" LOG)" --sqnr-every "$(g "$grp" SQNR)"
-    --ckpt-every "$every" --stop-after "$stop" --out "$dir" --quiet)
+    --ckpt-every "$every" --stop-after "$stop" --out "$dir" --quiet "${branch[@]}")
   # No checkpoint yet (a new run, or a chunk cut before its first save): start (again) afresh.
   if [ -f "$dir/checkpoint.pt" ]; then args+=(--resume); else args+=(--overwrite); fi
   local launch=("$PY" -m minifloat)
@@ -166,7 +220,7 @@ chunk() {
   fi
   mkdir -p "$dir"
   local t0=$SECONDS
-  echo "== $(date +%T) $grp $recipe: steps $step -> $stop of $steps (~$speed tok/s, ${left}s left)"
+  echo "== $(date +%T) $grp $recipe: steps $step -> $stop of $steps (~$speed tok/s, ${left}s left)${branch:+ branched from $base}"
   # shellcheck disable=SC2086
   timeout $(( left > 15 ? left - 10 : 5 )) "${launch[@]}" train "${args[@]}" $EXTRA \
     >>"$dir/train.log" 2>&1 </dev/null
@@ -205,19 +259,33 @@ status() {
 }
 
 # The scheduler of `run`, simulated with the planning speeds: which runs each call of each lease
-# does, and how many leases (sessions) the study takes.
+# does, and how many leases (sessions) the study takes. A switched run that branches from its
+# plain run trains inside that run's lease, right after it reaches the switch step: its time is
+# counted as the plain run's (shown as "+branch").
 plan() {
   local -a grps recipes speeds rem
-  local n=0 per_call; per_call="$(capacity "$BUDGET")"
+  local -A index=()
+  local n=0 per_call base; per_call="$(capacity "$BUDGET")"
   while read -r grp recipe speed; do
     [ -z "$grp" ] && continue
-    speed="$(scaled "$speed")"
-    grps[n]=$grp recipes[n]=$recipe speeds[n]=$speed rem[n]=$(train_seconds "$grp" "$speed")
-    fits "$grp" "$speed" "$BUDGET" $(( CALLS_PER_LEASE - 1 )) || {
-      echo "blocked: $grp $(g "$grp" MODEL) $recipe needs ${rem[n]}s of training, a lease" \
-        "gives $(( CALLS_PER_LEASE * per_call ))s (run N fp4-125M runs it partially)"; rem[n]=0; }
+    speed="$(scaled "$speed")" base="$(base_of "$recipe")"
+    if [ -n "$base" ] && [ -n "${index[$grp/$base]:-}" ]; then
+      local j=${index[$grp/$base]}
+      rem[j]=$(( rem[j] + $(train_seconds "$grp" "$speed" "$recipe") )) recipes[j]+="+branch"
+      continue
+    fi
+    index[$grp/$recipe]=$n
+    grps[n]=$grp recipes[n]=$recipe speeds[n]=$speed
+    rem[n]=$(train_seconds "$grp" "$speed" "$recipe")
     n=$((n + 1))
   done <<<"$TABLE"
+  for ((i = 0; i < n; i++)); do
+    [ "${rem[i]}" -le $(( CALLS_PER_LEASE * per_call )) ] && continue
+    echo "blocked: ${grps[i]} $(g "${grps[i]}" MODEL) ${recipes[i]} needs ${rem[i]}s of" \
+      "training, a lease gives $(( CALLS_PER_LEASE * per_call ))s (run N fp4-125M runs it" \
+      "partially)"
+    rem[i]=0
+  done
   local lease=0
   while :; do
     local todo=0 i; for ((i = 0; i < n; i++)); do [ "${rem[i]}" -gt 0 ] && todo=1; done
@@ -230,7 +298,8 @@ plan() {
         [ "${rem[i]}" -le 0 ] && continue
         if [ -z "${started[i]:-}" ]; then
           [ "$left" -lt "$MIN_LEFT" ] && continue
-          fits "${grps[i]}" "${speeds[i]}" "$left" $(( CALLS_PER_LEASE - call )) || continue
+          [ "${rem[i]}" -le $(( $(capacity "$left") + (CALLS_PER_LEASE - call) * per_call )) ] \
+            || continue
           started[i]=${rem[i]}
         fi
         while [ "$left" -ge "$MIN_LEFT" ] && [ "${rem[i]}" -gt 0 ]; do
@@ -250,29 +319,39 @@ plan() {
 }
 
 # run N [fp4-125M]: work through the queue for BUDGET seconds; N = this call's index in the lease.
+# The queue is gone through again while a pass made progress: a plain run that stopped at a
+# switch step goes on once its switched run has branched (listed after it).
 run() {
-  local call="${1:-1}" partial="${2:-}" start=$SECONDS
+  local call="${1:-1}" partial="${2:-}" start=$SECONDS progressed=1
+  local -A stuck=()
   mkdir -p "$OUT" "$RUNS"
   [ "$DATA" != stdlib ] && [ ! -f "$DATA" ] && { echo "missing $DATA (carry .carry)"; exit 2; }
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
-  while read -r grp recipe speed; do
-    [ -z "$grp" ] && continue
-    local left=$(( BUDGET - (SECONDS - start) )) dir; dir="$RUNS/$(key "$grp" "$recipe")"
-    speed="$(scaled "$speed")"
-    [ "$left" -lt "$MIN_LEFT" ] && break
-    is_done "$grp" "$recipe" && continue
-    if [ -n "$partial" ]; then                    # only the fp4 headline, as far as it gets
-      [ "$grp/$recipe" != h/fp4 ] && continue
-    elif [ ! -f "$dir/checkpoint.pt" ] && \
-         ! fits "$grp" "$speed" "$left" $(( CALLS_PER_LEASE - call )); then
-      continue                                    # would not finish before the lease ends
-    fi
-    # Keep chunking this run until it finishes, fails, or the call's budget is spent.
-    while [ $(( BUDGET - (SECONDS - start) )) -ge "$MIN_LEFT" ]; do
-      chunk "$grp" "$recipe" "$speed" "$(( BUDGET - (SECONDS - start) ))"
-      [ $? -ne 1 ] && break
-    done
-  done <<<"$TABLE"
+  while [ "$progressed" -eq 1 ]; do
+    progressed=0
+    while read -r grp recipe speed; do
+      [ -z "$grp" ] && continue
+      local left=$(( BUDGET - (SECONDS - start) )) dir rc; dir="$RUNS/$(key "$grp" "$recipe")"
+      speed="$(scaled "$speed")"
+      [ "$left" -lt "$MIN_LEFT" ] && break
+      is_done "$grp" "$recipe" && continue
+      [ -n "${stuck[$grp/$recipe]:-}" ] && continue
+      if [ -n "$partial" ]; then                  # only the fp4 headline (and its switched
+        [[ "$grp/$recipe" != h/fp4 && "$grp/$recipe" != h/fp4+switch=* ]] && continue  # run)
+      elif [ ! -f "$dir/checkpoint.pt" ] && \
+           ! fits "$grp" "$speed" "$left" $(( CALLS_PER_LEASE - call )) "$recipe"; then
+        continue                                  # would not finish before the lease ends
+      fi
+      # Keep chunking this run until it finishes, fails, waits, or the call's budget is spent.
+      while [ $(( BUDGET - (SECONDS - start) )) -ge "$MIN_LEFT" ]; do
+        chunk "$grp" "$recipe" "$speed" "$(( BUDGET - (SECONDS - start) ))"
+        rc=$?
+        [ "$rc" -le 1 ] && progressed=1
+        [ "$rc" -eq 2 ] && stuck[$grp/$recipe]=1
+        [ "$rc" -ne 1 ] && break
+      done
+    done <<<"$TABLE"
+  done
   pack
 }
 

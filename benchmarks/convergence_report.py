@@ -19,7 +19,10 @@ One JSON record per run (issue 15's report):
 - `train_gap_pct`: train-loss gap at `common_step`, the last step every run logged
   (`train_loss_at_common_step`);
 - `tokens_per_s`: the median over the run's log windows; `peak_mem_gib`: the largest peak any
-  chunk of the run logged (None on the CPU); `skipped_steps`: steps the step guard skipped.
+  chunk of the run logged (None on the CPU); `skipped_steps`: steps the step guard skipped;
+- for a run branched from another (`train --branch-from`, docs/training.md: it trained only the
+  steps after `branch_step`, the records up to it are the other run's) `branched_from` (that
+  run's directory name) and `branch_step`.
 
 The plot shows the train-loss curves (validation losses as markers) over tokens, and beside
 them each run's relative gap to the reference over tokens (train loss as lines, validation loss
@@ -109,6 +112,15 @@ def switch_info(name: str, rows: list[dict]) -> dict[str, Any]:
     }
 
 
+def branch_info(rows: list[dict]) -> dict[str, Any]:
+    """``branched_from`` (the source run's directory name) and ``branch_step`` of a branched
+    run, from the record its branch wrote ({} for a run trained from step 0)."""
+    marker = next((r for r in rows if "branched_from" in r), None)
+    if marker is None:
+        return {}
+    return {"branched_from": Path(marker["branched_from"]).name, "branch_step": marker["step"]}
+
+
 def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model: str,
            tokens_per_step: int) -> dict[str, Any]:  # fmt: skip
     """The JSON record of one run (see the module docstring)."""
@@ -134,6 +146,7 @@ def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model
         "peak_mem_gib": max(peaks) if peaks else None,
         "skipped_steps": max((r.get("skipped", 0) for r in train), default=0),
         **switch_info(name, rows),
+        **branch_info(rows),
     }
 
 

@@ -57,6 +57,9 @@ def test_report_of_real_runs_with_a_switch(tmp_path: Path, report: ModuleType) -
         0.5,
         3,
     )
+    # compare branched the switched run from fp4 at its switch step.
+    assert (switched["branched_from"], switched["branch_step"]) == ("fp4", 3)
+    assert "branched_from" not in records["fp4"]
     assert (out / "convergence_cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| fp4+switch=bf16+at=0.5 |" in (out / "convergence_cpu_table.md").read_text()
     titles = report.plot(report.load(runs), RUNS, tmp_path / "p.png", model="tiny",

@@ -97,6 +97,29 @@ def test_sharded_resume_is_bit_exact(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*/.checkpoint.dcp.*"))  # no temp or old directory left
 
 
+def _branch_worker(rank: int, root: str) -> None:
+    plain = _config(root, "plain", rank, recipe="fp4", ckpt_every=0, ckpt_at=(0.5,))
+    dataset = _dataset(plain)
+    _train(plain, dataset)
+    switch = {"recipe": "fp4", "switch_recipe": "bf16", "switch_at": 0.5}
+    scratch = _train(_config(root, "scratch", rank, **switch, save_checkpoints=False), dataset)
+    for fmt in ("sharded", "full"):  # the branched run may write either format
+        config = _config(root, fmt, rank, **switch, checkpoint_format=fmt,
+                         branch_from=f"{root}/plain")  # fmt: skip
+        branched = _train(config, dataset)
+        assert branched.branch_step == 2 and branched.losses == scratch.losses, fmt
+        assert branched.val_losses == scratch.val_losses, fmt
+
+
+@pytest.mark.slow
+def test_a_switched_run_branches_from_a_sharded_checkpoint(tmp_path: Path) -> None:
+    """Under FSDP the branch loads the plain run's shards (each rank its own) at the switch
+    step and ends exactly as the switched run from scratch."""
+    spawn(_branch_worker, str(tmp_path))
+    assert (tmp_path / "sharded" / "checkpoint.dcp").is_dir()
+    assert (tmp_path / "full" / "checkpoint.pt").is_file()
+
+
 def _expect_error(fn, match: str) -> str:  # noqa: ANN001
     try:
         fn()

@@ -44,6 +44,7 @@ __all__ = [
     "capture_rng_state",
     "load_checkpoint",
     "read_checkpoint_config",
+    "read_checkpoint_header",
     "restore_rng_state",
     "save_checkpoint",
 ]
@@ -109,14 +110,31 @@ def _not_minifloat(path: str | os.PathLike) -> str:
     return f"{path} is not a valid minifloat checkpoint ({_NO_HEADER})"
 
 
-def read_checkpoint_config(path: str | os.PathLike) -> Any:
-    """The ``state["config"]`` of the full checkpoint at ``path`` (None if absent), reading only
-    the small parts (tensors stay memory-mapped) and without checking the digest."""
+def _mapped_body(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint at ``path`` with its tensors memory-mapped, the digest not checked."""
     body = read_torch_file(Path(path), mmap=True)
     if not isinstance(body, dict) or body.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(_not_minifloat(path))
-    state = body.get("state")
+    return body
+
+
+def read_checkpoint_config(path: str | os.PathLike) -> Any:
+    """The ``state["config"]`` of the full checkpoint at ``path`` (None if absent), reading only
+    the small parts (tensors stay memory-mapped) and without checking the digest."""
+    state = _mapped_body(path).get("state")
     return state.get("config") if isinstance(state, dict) else None
+
+
+def read_checkpoint_header(path: str | os.PathLike) -> dict[str, Any]:
+    """``{"step", "fields", "fingerprint"}`` of the full checkpoint at ``path``, read as
+    :func:`read_checkpoint_config` reads (to choose a checkpoint before loading one)."""
+    body = _mapped_body(path)
+    state = body.get("state")
+    try:
+        return {"step": int(state["step"]), "fields": dict(body["fields"]),
+                "fingerprint": str(body["fingerprint"])}  # fmt: skip
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} has no readable header ({exc!r})") from None
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -23,12 +23,18 @@ import torch
 from torch import nn
 
 from minifloat.errors import first_line
-from minifloat.train.checkpoint import load_checkpoint, read_checkpoint_config, save_checkpoint
+from minifloat.train.checkpoint import (
+    load_checkpoint,
+    read_checkpoint_config,
+    read_checkpoint_header,
+    save_checkpoint,
+)
 from minifloat.train.errors import CheckpointError, CheckpointMismatchError, RunWarning
 from minifloat.train.runtime import Runtime, all_gather_objects
 from minifloat.train.sharded_checkpoint import (
     load_sharded,
     old_dir,
+    read_manifest,
     read_sharded_config,
     save_sharded,
 )
@@ -40,6 +46,8 @@ __all__ = [
     "SHARDED_CHECKPOINT_NAME",
     "Checkpointer",
     "checkpoint_candidates",
+    "is_sharded",
+    "read_checkpoint_summary",
     "read_run_config",
     "read_stored_config",
 ]
@@ -56,11 +64,27 @@ def read_stored_config(path: str | os.PathLike) -> dict[str, Any]:
     and verifies the whole checkpoint anyway. Raises :class:`CheckpointError`.
     """
     path = Path(path)
-    sharded = path.suffix == ".dcp" or path.is_dir()
-    config = read_sharded_config(path) if sharded else read_checkpoint_config(path)
+    config = read_sharded_config(path) if is_sharded(path) else read_checkpoint_config(path)
     if not isinstance(config, dict):
         raise CheckpointError(f"checkpoint {path} holds no run settings")
     return dict(config)
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` names a sharded checkpoint (a ``.dcp`` directory) and not a file."""
+    return path.suffix == ".dcp" or path.is_dir()
+
+
+def read_checkpoint_summary(path: str | os.PathLike) -> dict[str, Any]:
+    """``{"step", "fields", "fingerprint"}`` of the checkpoint at ``path`` (either format),
+    from its small parts only, the content digest not checked: to choose a checkpoint and
+    compare its settings before loading it. Raises :class:`CheckpointError`."""
+    path = Path(path)
+    if not is_sharded(path):
+        return read_checkpoint_header(path)
+    manifest = read_manifest(path)
+    keys = ("step", "fields", "fingerprint")
+    return {key: manifest[key] for key in keys}
 
 
 def checkpoint_candidates(out_dir: Path, fmt: str) -> list[Path]:
@@ -159,7 +183,7 @@ class Checkpointer:
         damaged: list[tuple[Path, CheckpointError]] = []
         for path in candidates:
             try:
-                loaded = self._load(path, before_model)
+                loaded = self.load_from(path, before_model=before_model)
             except CheckpointMismatchError:
                 raise
             except CheckpointError as exc:
@@ -170,13 +194,21 @@ class Checkpointer:
             return loaded
         raise damaged[0][1]
 
-    def _load(
-        self, path: Path, before_model: Callable[[int], None] | None
+    def load_from(
+        self,
+        path: Path,
+        *,
+        fields: Mapping[str, Any] | None = None,
+        before_model: Callable[[int], None] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        if self.sharded:
+        """(global state, this rank's state) of the checkpoint at ``path``, in either format,
+        model and optimizer loaded; no fallback. ``fields``: the settings it must have been
+        written with (default: this run's; a branch passes its source run's, branch.py)."""
+        fields = self.fields if fields is None else dict(fields)
+        if is_sharded(path):
             return load_sharded(path, model=self.model, optimizer=self.optimizer,
-                                fields=self.fields, before_model=before_model)  # fmt: skip
-        state = load_checkpoint(path, fields=self.fields)
+                                fields=fields, before_model=before_model)  # fmt: skip
+        state = load_checkpoint(path, fields=fields)
         if before_model is not None:
             before_model(int(state["step"]))
         load_full_state(self.model, self.optimizer, state.pop("model"), state.pop("optimizer"),

@@ -199,6 +199,14 @@ def _add_train_flags(p_train: argparse.ArgumentParser) -> None:
         help="when --switch-recipe takes over: a fraction in (0, 1) of the steps (0.9: the last "
         "10 %%), or a whole step number (the switch comes after that step)",
     )
+    p_train.add_argument(
+        "--branch-from",
+        dest="branch_from",
+        default=None,
+        metavar="DIR",
+        help="start this switched run from the plain run in DIR (its newest checkpoint at or "
+        "before the switch step; or one checkpoint file) instead of training the shared steps",
+    )
     _add_shared(p_train)
     p_train.add_argument("--out", dest="out_dir", default=None, help="run directory")
     p_train.add_argument("--resume", dest="resume", action="store_true", default=None)
@@ -241,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_shared(p_cmp)
     p_cmp.add_argument("--out", dest="out_dir", default="runs/compare", help="output directory")
+    p_cmp.add_argument(
+        "--no-branch",
+        action="store_true",
+        help="train a switched run from step 0 even when its plain run is compared too (by "
+        "default it branches from that run's checkpoint at the switch step)",
+    )
     p_cmp.set_defaults(func=_cmd_compare)
 
     p_hf = sub.add_parser("export", help="write a trained run as a Hugging Face LLaMA")
@@ -313,7 +327,7 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
     flags += ["recipe", "out_dir", "resume", "ckpt_every", "stop_after", "compile"]
     flags += ["checkpoint_format", "keep_checkpoints", "overwrite", "weight_guard"]
     flags += ["quantized_all_gather"]
-    flags += ["switch_recipe", "switch_at"]
+    flags += ["switch_recipe", "switch_at", "branch_from"]
     for dest in flags:
         value = getattr(args, dest, None)
         if value is not None:
@@ -334,7 +348,7 @@ def _merged(base: Any, extra: Any) -> Any:
 
 
 # Stored settings a resume does not take over: the current command decides these.
-_NOT_RESUMED = ("resume", "stop_after", "overwrite")
+_NOT_RESUMED = ("resume", "stop_after", "overwrite", "branch_from")
 
 
 def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
@@ -399,7 +413,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     names = [n.strip() for n in args.recipes.split(",") if n.strip()]
     config = _train_config(args)
-    result = compare(names, config, out_dir=config.out_dir, progress=_progress(args))
+    result = compare(names, config, out_dir=config.out_dir, progress=_progress(args),
+                     branch=not args.no_branch)  # fmt: skip
     print(result.table)
     print(f"plot: {result.plot_path}")
     print(f"table: {result.markdown_path}  json: {result.json_path}")

@@ -3,7 +3,9 @@
 Every recipe sees the same model preset, data, seed and batches, so the curves differ only by
 numerics. The first recipe is the reference the gaps are measured against (e.g. bf16). A run with
 a final-phase precision switch is named ``RECIPE+switch=SWITCH+at=F`` (switch.py), e.g.
-``fp4+switch=bf16+at=0.9`` next to ``fp4`` and ``bf16``.
+``fp4+switch=bf16+at=0.9`` next to ``fp4`` and ``bf16``. When its plain run (``fp4``) is in the
+comparison too, that run checkpoints at the switch step and the switched run branches from there
+(branch.py): it trains only the steps after the switch, with the same result.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ def _rows(results: Sequence[TrainResult]) -> list[dict[str, Any]]:
         )
         if r.switch_recipe is not None:
             rows[-1].update(switch_recipe=r.switch_recipe, switch_at=r.switch_at)
+        if r.branched_from is not None:  # the plain run's name: its directory's
+            rows[-1].update(branched_from=Path(r.branched_from).name, branch_step=r.branch_step)
     return rows
 
 
@@ -87,6 +91,13 @@ def markdown_table(results: Sequence[TrainResult]) -> str:
             f"| {'n/a (CPU)' if mem is None else f'{mem / 2**30:.2f} GiB'} "
             f"| {row['skipped_steps']} |"
         )
+    for row in _rows(results):
+        if "branched_from" in row:
+            lines.append(
+                f"\n{row['recipe']}: branched from {row['branched_from']} at step "
+                f"{row['branch_step']} (the steps up to it are that run's; its tokens/s and "
+                "peak memory are of the steps it trained itself)"
+            )
     return "\n".join(lines)
 
 
@@ -136,6 +147,11 @@ def _run_configs(recipe_names: Sequence[str], base: TrainConfig) -> dict[str, Tr
             "compare takes a switch per run, in its name (e.g. --recipes "
             "bf16,fp4,fp4+switch=bf16+at=0.9), not switch-recipe/switch-at for every run"
         )
+    if base.branch_from is not None:
+        raise ConfigError(
+            "compare branches a switched run from its plain run itself; branch-from is a "
+            "setting of train"
+        )
     configs: dict[str, TrainConfig] = {}
     for name in recipe_names:
         fields = parse_run_name(name)
@@ -154,34 +170,57 @@ def _run_configs(recipe_names: Sequence[str], base: TrainConfig) -> dict[str, Tr
     return configs
 
 
+def _branches(configs: dict[str, TrainConfig], out: Path) -> dict[str, TrainConfig]:
+    """``configs`` with every switched run whose plain run is among them branching from it,
+    and that plain run checkpointing at each such switch step (and at its end), nowhere else;
+    plain runs come first, so their checkpoints exist when their switched runs start."""
+    configs, sources, branched = dict(configs), {}, {}
+    for name, config in configs.items():
+        plain = configs.get(config.recipe)
+        if config.switch_at is not None and plain is not None and plain.switch_recipe is None:
+            sources.setdefault(config.recipe, []).append(config.switch_at)
+            branched[name] = dataclasses.replace(config, branch_from=str(out / config.recipe))
+    for name, points in sources.items():
+        configs[name] = dataclasses.replace(
+            configs[name], save_checkpoints=True, ckpt_every=0, ckpt_at=tuple(points),
+            keep_checkpoints=len(points) + 1,
+        )  # fmt: skip
+    first = {name: config for name, config in configs.items() if name not in branched}
+    return {**first, **branched}
+
+
 def compare(
     recipe_names: Sequence[str],
     base: TrainConfig,
     *,
     out_dir: str | Path,
     progress: bool | str = "auto",
+    branch: bool = True,
 ) -> CompareResult:
     """Train ``base`` under each recipe (same data, seed, batches); write plot, table, JSON.
 
     A name is a recipe (or variant), or ``RECIPE+switch=SWITCH+at=F`` for a run with a
     final-phase switch (switch.py). Each run trains in ``out_dir/<name>``, so a run may be named
-    once only. A run that fails (RunFailed: most steps skipped) still gets its row; the others
+    once only. With ``branch`` a switched run whose plain run is compared too starts from that
+    run's checkpoint at the switch step (:func:`_branches`); the plain run keeps those
+    checkpoints. A run that fails (RunFailed: most steps skipped) still gets its row; the others
     train on, and RunFailed naming the failed runs is raised after everything is written.
     """
     base = dataclasses.replace(base, save_checkpoints=False, resume=False).resolved()
     configs = _run_configs(recipe_names, base)
     out = Path(out_dir)
     dataset = load_dataset(base, progress=progress is not False and progress != "off")
-    results, failed = [], []
-    for name, config in configs.items():
+    done, failed = {}, []
+    for name, config in (_branches(configs, out) if branch else configs).items():
         config = dataclasses.replace(config, out_dir=str(out / name))
         try:
-            results.append(train(config, dataset=dataset, progress=progress))
+            done[name] = train(config, dataset=dataset, progress=progress)
         except RunFailed as exc:
             if exc.result is None:
                 raise
-            results.append(exc.result)
+            done[name] = exc.result
             failed.append(f"{name}: {exc}")
+    results = [done[name] for name in configs]
     table = markdown_table(results)
     plot_path = plot_losses(
         results,

@@ -69,6 +69,9 @@ class TrainConfig:
     # steps, or a whole step number) the quantized layers change to switch_recipe in place.
     switch_recipe: str | None = None
     switch_at: float | None = None
+    # Start a switched run from its plain run's checkpoint at (or before) the switch step
+    # instead of step 0: that run's directory or one of its checkpoints (branch.py).
+    branch_from: str | None = None
     model: str = "tiny"
     model_overrides: Mapping[str, Any] = field(default_factory=dict)
     data: str = "stdlib"
@@ -115,6 +118,9 @@ class TrainConfig:
     # is torchtitan's default interval.
     ckpt_every: int = 500
     keep_checkpoints: int = 2  # the newest N; resume falls back to an older one if one is damaged
+    # Checkpoint also after these steps, each a whole step number or a fraction of the steps
+    # counted as switch_at is: a plain run that switched runs will branch from (compare.py).
+    ckpt_at: tuple[float, ...] = ()
     # "full": one file gathered to rank 0; "sharded" (FSDP only): one shard per rank, in a
     # directory (sharded_checkpoint.py), for models whose full state is too big to gather.
     checkpoint_format: str = "full"
@@ -132,6 +138,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "betas", tuple(self.betas))
+        if isinstance(self.ckpt_at, list | tuple):  # else check_config names the setting
+            points = (float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                      for v in self.ckpt_at)  # fmt: skip
+            object.__setattr__(self, "ckpt_at", tuple(points))
         if isinstance(self.switch_at, int) and not isinstance(self.switch_at, bool):
             object.__setattr__(self, "switch_at", float(self.switch_at))  # one fingerprint
         overrides = normalize_model_overrides(self.model_overrides)
@@ -162,6 +172,7 @@ class TrainConfig:
         """Plain JSON-serializable form (for checkpoints and logs)."""
         out = dataclasses.asdict(self)
         out["betas"] = list(self.betas)
+        out["ckpt_at"] = list(self.ckpt_at)
         return out
 
     @classmethod
@@ -192,14 +203,15 @@ class TrainConfig:
         """Settings that determine the training trajectory (a checkpoint's fingerprint).
 
         Output paths, logging/eval/diagnostic cadence, device, compile, checkpoint format and
-        stop_after are left out: they do not change which update is applied at which step.
+        stop_after are left out: they do not change which update is applied at which step;
+        nor does ``branch_from`` (a branched run continues exactly as the run would have).
         """
         cfg = self.resolved()
         skip = {
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
-            "weight_guard", "quantized_all_gather", "compile_mode",
+            "weight_guard", "quantized_all_gather", "compile_mode", "branch_from", "ckpt_at",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.

@@ -149,6 +149,25 @@ def _check_switch(cfg: TrainConfig) -> None:
         switch_step(cfg.switch_at, cfg.steps)
 
 
+def _check_branch(cfg: TrainConfig) -> None:
+    """branch-from: only for a switched run that starts (branch.py); ckpt-at: points in a run."""
+    if not isinstance(cfg.ckpt_at, tuple):
+        raise ConfigError(f"ckpt-at must be a list of numbers, got {cfg.ckpt_at!r}")
+    for point in cfg.ckpt_at:
+        check_switch_at(point, name="ckpt-at")
+    if cfg.branch_from is None:
+        return
+    if cfg.switch_recipe is None:
+        raise ConfigError(
+            "branch-from needs switch-recipe and switch-at: a switched run branches from its "
+            "plain run at the switch step"
+        )
+    if cfg.resume:
+        raise ConfigError(
+            "give either resume or branch-from, not both (a branched run continues with resume)"
+        )
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Raise :class:`ConfigError` for the first value of ``cfg`` that cannot work."""
     _check_sizes(cfg)
@@ -157,6 +176,7 @@ def check_config(cfg: TrainConfig) -> None:
     _check_checkpoints(cfg)
     _check_choices(cfg)
     _check_switch(cfg)
+    _check_branch(cfg)
 
 
 def normalize_model_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,7 +35,7 @@ def _describe(annotation: Any) -> str:
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in args if a is not type(None))
     if origin is tuple:
-        return f"a list of {len(args)} numbers"
+        return "a list of numbers" if Ellipsis in args else f"a list of {len(args)} numbers"
     if origin in (Mapping, dict):
         return "a table of KEY = VALUE"
     return _TYPE_WORDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
@@ -70,6 +70,8 @@ def _coerce(value: Any, annotation: Any) -> Any:
         return float(value)
     if annotation is str and isinstance(value, str):
         return value
+    if origin is tuple and isinstance(value, list | tuple) and args[-1:] == (Ellipsis,):
+        return tuple(_coerce(v, args[0]) for v in value)
     if origin is tuple and isinstance(value, list | tuple) and len(value) == len(args):
         return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
     mapping = origin in (Mapping, dict) and isinstance(value, Mapping)

@@ -24,7 +24,15 @@ import torch
 
 from minifloat.train.errors import RunWarning
 
-__all__ = ["PEAK_FLOPS", "LogWindow", "MetricsLogger", "ProgressDisplay", "mfu", "peak_flops"]
+__all__ = [
+    "PEAK_FLOPS",
+    "LogWindow",
+    "MetricsLogger",
+    "ProgressDisplay",
+    "copy_records",
+    "mfu",
+    "peak_flops",
+]
 
 # Dense bf16 tensor-core peak (FLOP/s, no sparsity) by GPU name substring. MFU is always reported
 # against this bf16 peak, also for fp8/fp4 recipes, so numbers compare across recipes.
@@ -132,20 +140,7 @@ class MetricsLogger:
         if not self.path.is_file():
             return
         raw = self.path.read_bytes()
-        lines = raw.decode("utf-8", errors="replace").splitlines(keepends=True)
-        kept, damaged = [], []
-        for number, line in enumerate(lines, start=1):
-            record = _parse_record(line)
-            if record is None:
-                if line.strip("\x00 \t\r\n"):  # blank and NUL-padded tails are not news
-                    damaged.append(number)
-            elif record["step"] <= step:
-                kept.append(line if line.endswith("\n") else line + "\n")
-        if damaged:
-            which = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
-            warnings.warn(f"{self.path}: dropped damaged line(s) {which} (not a JSON record)",
-                          RunWarning, stacklevel=3)  # fmt: skip
-        text = "".join(kept).encode("utf-8")
+        text = _records_until(self.path, raw, step)
         if text != raw:
             _write_atomically(self.path, text)
 
@@ -177,6 +172,38 @@ def _parse_record(line: str) -> dict[str, Any] | None:
         return None
     ok = isinstance(record, dict) and isinstance(record.get("step"), int)
     return record if ok else None
+
+
+def _records_until(path: Path, raw: bytes, step: int) -> bytes:
+    """The lines of ``raw`` (the content of ``path``) that hold records of steps up to
+    ``step``; damaged lines are dropped with a :class:`RunWarning`."""
+    lines = raw.decode("utf-8", errors="replace").splitlines(keepends=True)
+    kept, damaged = [], []
+    for number, line in enumerate(lines, start=1):
+        record = _parse_record(line)
+        if record is None:
+            if line.strip("\x00 \t\r\n"):  # blank and NUL-padded tails are not news
+                damaged.append(number)
+        elif record["step"] <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if damaged:
+        which = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+        warnings.warn(f"{path}: dropped damaged line(s) {which} (not a JSON record)",
+                      RunWarning, stacklevel=4)  # fmt: skip
+    return "".join(kept).encode("utf-8")
+
+
+def copy_records(source: Path, dest: Path, *, until: int, extra: dict[str, Any]) -> None:
+    """Write ``dest`` (a metrics file) atomically: the records of the metrics file ``source``
+    up to step ``until`` (none if it does not exist), then the record ``extra``.
+
+    A run branched from another (branch.py) starts with the records of the steps it shares
+    with that run, so its curves are whole; ``source`` is only read.
+    """
+    raw = source.read_bytes() if source.is_file() else b""
+    text = _records_until(source, raw, until) + (json.dumps(extra) + "\n").encode("utf-8")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(dest, text)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

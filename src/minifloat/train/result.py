@@ -21,7 +21,9 @@ class TrainResult:
     ``tokens_per_s`` is the steady-state speed (tokens per step over the median step time);
     ``rank`` is this process's rank (every rank returns a result under torchrun). ``recipe`` is
     the run's name: its recipe, or ``RECIPE+switch=SWITCH+at=F`` for a run with a final-phase
-    switch (switch.py), whose settings are ``switch_recipe`` and ``switch_at``.
+    switch (switch.py), whose settings are ``switch_recipe`` and ``switch_at``. A run that
+    started from another run's checkpoint (branch.py) names that run's directory in
+    ``branched_from`` and the checkpoint's step in ``branch_step``.
     """
 
     recipe: str
@@ -42,6 +44,8 @@ class TrainResult:
     rank: int = 0
     switch_recipe: str | None = None
     switch_at: float | None = None
+    branched_from: str | None = None
+    branch_step: int | None = None
 
 
 def final_loss(losses: Sequence[float]) -> float:

@@ -46,6 +46,7 @@ __all__ = [
     "parse_run_name",
     "recipe_switch",
     "run_name",
+    "step_at",
     "switch_step",
 ]
 
@@ -83,25 +84,31 @@ def parse_run_name(name: str) -> dict[str, Any]:
     return {"recipe": recipe, "switch_recipe": switch, "switch_at": value}
 
 
-def check_switch_at(switch_at: float) -> None:
+def check_switch_at(switch_at: float, *, name: str = "switch-at") -> None:
     """Raise :class:`ConfigError` unless ``switch_at`` is a fraction in (0, 1) or a whole step
-    number >= 1."""
+    number >= 1 (``name``: the setting, for another that counts steps the same way)."""
     number = isinstance(switch_at, int | float) and not isinstance(switch_at, bool)
     value = float(switch_at) if number else math.nan
     if not (math.isfinite(value) and value > 0 and (value < 1 or value.is_integer())):
         raise ConfigError(
-            f"switch-at must be a fraction in (0, 1) of the steps or a whole step number >= 1, "
+            f"{name} must be a fraction in (0, 1) of the steps or a whole step number >= 1, "
             f"got {switch_at!r}"
         )
 
 
+def step_at(point: float, total_steps: int) -> int:
+    """The step that ``point`` names: ``floor(point × total_steps)`` for a fraction (of the
+    decimal value as written: 0.29 × 100 is 29), ``point`` itself for a step number."""
+    value = float(point)
+    return math.floor(Fraction(repr(value)) * total_steps) if value < 1 else int(value)
+
+
 def switch_step(switch_at: float, total_steps: int) -> int:
-    """Steps trained before the switch: ``floor(switch_at × total_steps)`` for a fraction (of
-    the decimal value as written: 0.29 × 100 is 29), ``switch_at`` itself for a step number.
-    Raises :class:`ConfigError` unless at least one step comes before and after it."""
+    """Steps trained before the switch (:func:`step_at`). Raises :class:`ConfigError` unless
+    at least one step comes before and after it."""
     check_switch_at(switch_at)
     value = float(switch_at)
-    step = math.floor(Fraction(repr(value)) * total_steps) if value < 1 else int(value)
+    step = step_at(value, total_steps)
     if step < 1:
         raise ConfigError(
             f"switch-at {_format_at(value)} of {total_steps} steps leaves no step before the "

@@ -12,7 +12,8 @@ clipping. Each step:
 5. log, evaluate, measure per-layer quantization SQNR and checkpoint on schedule (rank 0 only).
 
 With ``switch_recipe``/``switch_at`` the quantized layers change recipe in place after the switch
-step (switch.py); checkpoints from either side of it resume into the right recipe.
+step (switch.py); checkpoints from either side of it resume into the right recipe. With
+``branch_from`` such a run starts from its plain run's checkpoint at the switch (branch.py).
 
 A run holds its directory exclusively (run_dir.py) and never replaces an earlier run there
 unless told to (``overwrite``); SIGINT/SIGTERM stop it after the current step with a checkpoint
@@ -27,6 +28,7 @@ and :mod:`~minifloat.train.model`; checkpoints go through :mod:`~minifloat.train
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -41,6 +43,7 @@ from minifloat import recipes
 from minifloat.amp import autocast_context, full_precision
 from minifloat.convert import set_recipe
 from minifloat.errors import first_line
+from minifloat.train.branch import BranchPoint, checkpoint_steps, load_branch, plan_branch
 from minifloat.train.build import (
     build_iterator,
     build_optimizer,
@@ -132,6 +135,8 @@ class Trainer:
                                     overwrite=self.config.overwrite,
                                     resumable=self.config.save_checkpoints)  # fmt: skip
         try:
+            # Before the run directory is touched: a branch that cannot be refuses at once.
+            self.branch: BranchPoint | None = plan_branch(self.config, self.runtime)
             self._open_run_dir()
             self._setup(dataset, progress, model_transform)
         except BaseException:
@@ -161,6 +166,8 @@ class Trainer:
         self.total_steps = cfg.total_steps(runtime.world_size)
         self.run_name = run_name(cfg.recipe, cfg.switch_recipe, cfg.switch_at)
         self.switch: RecipeSwitch | None = recipe_switch(cfg, self.total_steps)
+        self.ckpt_steps = checkpoint_steps(cfg.ckpt_at, self.total_steps)
+        self.branch_info: dict[str, Any] | None = None  # where the run branched (branch.py)
         if self.switch is not None:
             self.recipe = self.switch.before  # the very objects the switch compares with
         seed_everything(cfg.seed)
@@ -242,10 +249,12 @@ class Trainer:
             ) from exc
 
     def _fingerprint_fields(self) -> dict[str, Any]:
-        fields = self.config.trajectory_fields(self.runtime.world_size)
-        fields["corpus_sha256"] = getattr(self.dataset, "corpus_sha256", None)
-        fields["num_params"] = self.num_params
-        return fields
+        return {**self.config.trajectory_fields(self.runtime.world_size), **self._run_facts()}
+
+    def _run_facts(self) -> dict[str, Any]:
+        """The fingerprinted facts that settings alone do not fix: the corpus and model size."""
+        return {"corpus_sha256": getattr(self.dataset, "corpus_sha256", None),
+                "num_params": self.num_params}  # fmt: skip
 
     def _use_recipe_for(self, steps_done: int) -> None:
         """Give the quantized layers the recipe of the step after ``steps_done`` steps: the
@@ -340,6 +349,8 @@ class Trainer:
             "val_losses": [list(v) for v in self.val_losses],
             "config": self.config.to_dict(),
         }
+        if self.branch_info is not None:
+            state["branch"] = self.branch_info
         local = {
             "data": self.iterator.state_dict(),
             "rng": capture_rng_state(),
@@ -351,20 +362,39 @@ class Trainer:
 
     def resume(self) -> None:
         """Restore the state saved in ``out_dir``; raises CheckpointError on any mismatch."""
+        self._restore(lambda: self.checkpointer.load(before_model=self._recipe_as_saved),
+                      where=self.checkpoint_path)  # fmt: skip
+        self.saved_step = self.step
+
+    def branch_in(self) -> None:
+        """Restore the state of the checkpoint this run branches from (branch.py); the run
+        then holds no checkpoint of its own yet."""
+        point = self.branch
+        assert point is not None
+        load = functools.partial(load_branch, point, self.checkpointer, facts=self._run_facts(),
+                                 before_model=self._recipe_as_saved)  # fmt: skip
+        self._restore(load, where=point.run_dir)
+        self.branch_info = point.info(self.step)
+
+    def _restore(self, load: Callable[[], tuple[dict, dict]], *, where: Path) -> None:
+        """Load a checkpoint's state (``load()`` loads model and optimizer) into the run."""
         try:
-            state, local = self.checkpointer.load(before_model=self._recipe_as_saved)
+            state, local = load()
             self.scaler.load_state_dict(state["scaler"])
             self.guard.load_state_dict(state["guard"])
             self.iterator.load_state_dict(local["data"])
             restore_rng_state(local["rng"])
             restore_buffers(self.raw_model, local["buffers"])
+        except ConfigError:
+            raise
         except (KeyError, RuntimeError, ValueError, IndexError) as exc:
             raise CheckpointError(
-                f"checkpoint {self.checkpoint_path} does not fit this run ({first_line(exc)})"
+                f"checkpoint {where} does not fit this run ({first_line(exc)})"
             ) from exc
-        self.step = self.saved_step = int(state["step"])
+        self.step = int(state["step"])
         self.losses = [float(v) for v in state["losses"]]
         self.val_losses = [(int(s), float(v)) for s, v in state["val_losses"]]
+        self.branch_info = state.get("branch")
 
     # ---- the loop -----------------------------------------------------------------------------
 
@@ -399,16 +429,22 @@ class Trainer:
         cfg = self.config
         if cfg.resume:
             self.resume()
+        elif self.branch is not None:
+            self.branch_in()
         if self.step >= self.total_steps:
             raise ConfigError(
                 f"checkpoint is already at step {self.step} of {self.total_steps}; nothing to do"
             )
         if self.runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.runtime.device)
-        resume_step = self.step if cfg.resume else None
+        resume_step = self.step if cfg.resume or self.branch is not None else None
+        if self.branch is not None and self.runtime.is_main:
+            self.branch.write_metrics(self.out_dir, self.step)
         self.logger = MetricsLogger(
             self.out_dir, enabled=self.runtime.is_main, resume_step=resume_step
         )
+        if self.branch is not None and cfg.save_checkpoints:
+            self.save()  # the branch point, in this run's directory: it resumes from there
         stop = self.total_steps if cfg.stop_after is None else min(cfg.stop_after, self.total_steps)
         display = ProgressDisplay(self.total_steps, mode=self.progress_mode,
                                   label=self.run_name, print_every=cfg.log_every)  # fmt: skip
@@ -472,7 +508,8 @@ class Trainer:
     ) -> None:
         """Evaluate, log, measure and checkpoint as the schedule (or a stop) asks."""
         cfg = self.config
-        save = cfg.save_checkpoints and (self._due(cfg.ckpt_every) or self.step == stop or stopping)
+        due = self._due(cfg.ckpt_every) or self.step in self.ckpt_steps
+        save = cfg.save_checkpoints and (due or self.step == stop or stopping)
         record = self._record(metrics, elapsed)
         if cfg.eval_batches and (self._due(cfg.eval_every) or self.step == self.total_steps):
             record["val_loss"] = self._evaluate()
@@ -519,6 +556,8 @@ class Trainer:
             recipe=self.run_name,
             switch_recipe=cfg.switch_recipe,
             switch_at=cfg.switch_at,
+            branched_from=None if self.branch_info is None else self.branch_info["from"],
+            branch_step=None if self.branch_info is None else self.branch_info["step"],
             model=cfg.model,
             num_params=self.num_params,
             steps=self.step,
