@@ -7,7 +7,8 @@
 #
 # Stages: tests (pytest -m gpu), kernels (benchmarks/kernels.py), linear (one layer, compiled,
 # 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py), optim (optimizer step
-# time, benchmarks/optim_states.py --step-time). Extra arguments for a
+# time, benchmarks/optim_states.py --step-time), gradcomm (the fp8 gradient all-reduce's passes per
+# bucket, eager vs compiled, benchmarks/grad_comm_codec.py; one GPU). Extra arguments for a
 # stage's script follow it after "--" up to the next stage name, e.g.
 #   bash benchmarks/gpu_all.sh e2e-1.3B -- --rows bf16,fp8-tensorwise --profile fp8-tensorwise
 set -uo pipefail
@@ -35,6 +36,7 @@ run_stage() {
               2>&1 | tail -60 ;;
     optim) python3 benchmarks/optim_states.py --step-time --device cuda --fused --unfused \
              --out "$OUT" "$@" 2>&1 | tail -30 ;;
+    gradcomm) python3 benchmarks/grad_comm_codec.py --out "$OUT" "$@" 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage"; return 2 ;;
   esac
   local rc=${PIPESTATUS[0]}
@@ -44,7 +46,7 @@ while [ $# -gt 0 ]; do
   stage=$1; shift; args=()
   if [ "${1:-}" = "--" ]; then
     shift
-    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|kernels|linear|optim|e2e-.*)$ ]]; do args+=("$1"); shift; done
+    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|kernels|linear|optim|gradcomm|e2e-.*)$ ]]; do args+=("$1"); shift; done
   fi
   echo "=== $stage ${args[*]:-}"
   run_stage "$stage" "${args[@]}"

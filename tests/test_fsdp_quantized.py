@@ -22,7 +22,11 @@ from torch import nn
 from gloo_ranks import WORLD, spawn
 from minifloat import delayed, fsdp_plan, recipes
 from minifloat.distributed import apply_fsdp
-from minifloat.fsdp_quantized import all_gather_bytes, enable_quantized_all_gather
+from minifloat.fsdp_quantized import (
+    all_gather_bytes,
+    enable_quantized_all_gather,
+    precompute_weight_scales,
+)
 from minifloat.fsdp_weight import GatheredWeight, ShardedWeight
 from minifloat.kernels import EmulatedBackend
 from minifloat.linear import QuantLinear
@@ -33,6 +37,10 @@ RECIPES = ["fp8-tensorwise", "fp8-rowwise", "fp4-direct", "fp4-dge", "fp8-blockw
 # DGE recipes: max |g - g_ref| / max |g_ref| per tensor. The factor f'(w/s) is applied after the
 # reduce-scatter, (a + b)·f, against a·f + b·f unsharded: fp32 rounding only (measured <= 7e-7).
 DGE_GRAD_REL_TOL = 1e-5
+# QuantLinear weights (of the 4) whose scales need a global amax, by recipe: tensor scales
+# (fp8-tensorwise), fp8-delayed's weight amax, fp8-rowwise's column-scaled dgrad operand.
+AMAX_WEIGHTS = {"fp8-tensorwise": 4, "fp8-delayed": 4, "fp8-rowwise": 4}
+AMAX_WEIGHTS.update({r: 0 for r in RECIPES if r not in AMAX_WEIGHTS})  # row and block scales
 # Bytes of values per parameter in the all-gather input, by weight format.
 VALUE_BYTES = {"e4m3": 1.0, "e5m2": 1.0, "e2m1": 0.5}
 
@@ -141,20 +149,46 @@ def _reference_grads(ref: nn.Module, xs: list, ts: list, rank: int, recipe: str)
         (F.cross_entropy(ref(x), t) / WORLD).backward()
 
 
+def _counting_all_reduces(record: list):  # noqa: ANN202
+    """torch.distributed.all_reduce that records each call (the amax all-reduces: FSDP2 itself
+    all-gathers and reduce-scatters)."""
+    original = dist.all_reduce
+
+    def all_reduce(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        record.append(args[0].numel())
+        return original(*args, **kwargs)
+
+    return mock.patch.object(dist, "all_reduce", all_reduce)
+
+
+def _precompute(model: nn.Module, recipe: str) -> None:
+    """precompute_weight_scales: every weight that needs global amaxes, in one all-reduce."""
+    record: list = []
+    with _counting_all_reduces(record):
+        assert precompute_weight_scales(model) == AMAX_WEIGHTS[recipe]
+    assert len(record) == min(1, AMAX_WEIGHTS[recipe]), (recipe, record)
+
+
 def _matches_unsharded_worker(rank: int) -> None:
     for recipe in RECIPES:
         ref = _net(recipe)
         model = apply_fsdp(copy.deepcopy(ref), quantized_all_gather=True)
         assert isinstance(model.layers[0].up.weight._local_tensor, ShardedWeight)
         dge = recipes.get(recipe).dge is not None
-        for step in range(2):
+        # Step 0: nothing precomputed; step 1: precomputed after the update; step 2:
+        # precomputed before it (stale): the all-gathers all-reduce per weight again.
+        for step in range(3):
             _check_operands(model, ref)
             xs, ts = _data(model.head.in_features, step)
             record: list = []
-            with mock.patch.object(ShardedWeight, "fsdp_pre_all_gather", _counting(record)):
+            reduces: list = []
+            counting = mock.patch.object(ShardedWeight, "fsdp_pre_all_gather", _counting(record))
+            with counting, _counting_all_reduces(reduces):
                 y = model(xs[rank])
                 F.cross_entropy(y, ts[rank]).backward()
             _check_bytes(record, model, recipe)
+            # one per weight and all-gather (forward and backward) unless precomputed
+            assert len(reduces) == (0 if step == 1 else 2 * AMAX_WEIGHTS[recipe]), (recipe, step)
             assert torch.equal(y, ref(xs[rank])), (recipe, step)  # before ref's history moves
             _reference_grads(ref, xs, ts, rank, recipe)
             for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
@@ -164,9 +198,13 @@ def _matches_unsharded_worker(rank: int) -> None:
                     assert err <= DGE_GRAD_REL_TOL, (recipe, name, err.item())
                 else:
                     assert torch.equal(grad, p_ref.grad), (recipe, step, name)
+            if step == 1:
+                _precompute(model, recipe)  # then changed by the update: stale
             with torch.no_grad():
                 for p in model.parameters():
                     p -= 0.5 * p.grad
+            if step == 0:
+                _precompute(model, recipe)  # as the trainer does after optimizer.step()
             model.zero_grad()
             ref.zero_grad()
             # Same point for the next step (DGE grads differ by rounding): the state_dict is
@@ -180,7 +218,31 @@ def _matches_unsharded_worker(rank: int) -> None:
                      if getattr(m, "amax_history", None) is not None]  # fmt: skip
         assert len(histories) == (4 if recipe == "fp8-delayed" else 0)
         assert all(torch.equal(a, b) for a, b in histories)
+    _optimizer_step_makes_amaxes_stale(rank)
     _dge_refuses_accumulation(rank)
+
+
+def _optimizer_step_makes_amaxes_stale(rank: int) -> None:
+    """minifloat's AdamW (unfused and fused) writes the shards through `to_local()`, not the
+    DTensor: amaxes precomputed before its step must not be used after it."""
+    from minifloat.optim import AdamW
+
+    for fused in (False, True):
+        model = apply_fsdp(_net("fp8-tensorwise"), quantized_all_gather=True)
+        opt = AdamW(model.parameters(), lr=1e-2, fused=fused)
+        xs, ts = _data(64, 0)
+        for stale in (False, True):
+            F.cross_entropy(model(xs[rank]), ts[rank]).backward()
+            if stale:
+                _precompute(model, "fp8-tensorwise")
+            opt.step()
+            opt.zero_grad()
+            if not stale:
+                _precompute(model, "fp8-tensorwise")
+            reduces: list = []
+            with _counting_all_reduces(reduces):
+                model(xs[rank])
+            assert len(reduces) == (4 if stale else 0), (fused, stale)
 
 
 def _dge_refuses_accumulation(rank: int) -> None:
@@ -229,28 +291,33 @@ def _checkpoint_worker(rank: int) -> None:
 
 def _trainer_resume_worker(rank: int, root: str) -> None:
     # The trainer with --quantized-all-gather (meta-device init, sharded checkpoints): stopping
-    # after 2 steps and resuming gives the losses of an uninterrupted run bit for bit.
+    # after 2 steps and resuming gives the losses of an uninterrupted run bit for bit. With
+    # fp8-tensorwise the uninterrupted run's third step uses the amaxes precomputed after the
+    # second; the resumed one all-reduces them per weight: the same scales.
     from minifloat.train.build import load_dataset
     from minifloat.train.config import TrainConfig
     from minifloat.train.trainer import Trainer, train
 
-    config = TrainConfig(
-        recipe="fp4-dge", model="tiny", data="stdlib", tokenizer="byte", device="cpu",
-        model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
-        data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/run",
-        parallel="fsdp", quantized_all_gather=True, checkpoint_format="sharded", steps=4,
-        batch_size=2, seq_len=16, lr=3e-3, eval_every=0, eval_batches=1, log_every=1,
-    )  # fmt: skip
-    dataset = load_dataset(config, progress=False)
-    trainer = Trainer(
-        dataclasses.replace(config, out_dir=f"{root}/full", save_checkpoints=False),
-        dataset=dataset, progress=False,
-    )  # fmt: skip
-    assert isinstance(trainer.raw_model.layers[0].attention.wq.weight._local_tensor, ShardedWeight)
-    full = trainer.run()
-    half = train(dataclasses.replace(config, stop_after=2), dataset=dataset, progress=False)
-    rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
-    assert half.losses == full.losses[:2] and rest.losses == full.losses, (rest, full)
+    for recipe in ("fp4-dge", "fp8-tensorwise"):
+        config = TrainConfig(
+            recipe=recipe, model="tiny", data="stdlib", tokenizer="byte", device="cpu",
+            model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
+            data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/{recipe}",
+            parallel="fsdp", quantized_all_gather=True, checkpoint_format="sharded", steps=4,
+            batch_size=2, seq_len=16, lr=3e-3, eval_every=0, eval_batches=1, log_every=1,
+        )  # fmt: skip
+        dataset = load_dataset(config, progress=False)
+        trainer = Trainer(
+            dataclasses.replace(config, out_dir=f"{root}/{recipe}-full", save_checkpoints=False),
+            dataset=dataset, progress=False,
+        )  # fmt: skip
+        shard = trainer.raw_model.layers[0].attention.wq.weight._local_tensor
+        assert isinstance(shard, ShardedWeight)
+        full = trainer.run()
+        assert (shard._amaxes is not None) == (recipe == "fp8-tensorwise")  # precomputed
+        half = train(dataclasses.replace(config, stop_after=2), dataset=dataset, progress=False)
+        rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+        assert half.losses == full.losses[:2] and rest.losses == full.losses, (recipe, rest)
 
 
 def _worker(rank: int, root: str) -> None:

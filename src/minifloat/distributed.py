@@ -10,8 +10,10 @@ across ranks:
   dividing the gradient by the world size; fp8 (e4m3 or e5m2) payloads. Collectives cannot sum
   fp8, so the bucket is reduced reduce-scatter style: an all-to-all sends chunk r of every rank's
   payload (as uint8) to rank r, which sums the W chunks in fp32 on receipt, re-quantizes its
-  reduced chunk to fp8 with a scale of its own, and an all-gather returns every reduced chunk to
-  every rank. Each rank sends about 2(W-1)/W bytes per element, a quarter of fp32.
+  reduced chunk to fp8 with a scale of its own, and one all-gather returns every reduced chunk,
+  its scale behind it, to every rank. Each rank sends about 2(W-1)/W bytes per element, a
+  quarter of fp32. The elementwise work between the collectives is four passes of
+  `grad_comm_fp8` (amax, encode, reduce on receipt, decode into the bucket), compiled on CUDA.
 
 Bytes are counted per rank as the standard ring / pairwise algorithms send them:
 all-reduce 2(W-1)/W * bytes, all-to-all and all-gather (W-1)/W * total bytes.
@@ -23,15 +25,16 @@ Qwen2), then on the root, with a MixedPrecisionPolicy (gradients reduce-scattere
 default). A model with no repeated blocks is an error unless the blocks are named explicitly.
 """
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from minifloat import grad_comm_fp8 as fp8c
 from minifloat.blocks import find_repeated_blocks
 from minifloat.fsdp_quantized import enable_quantized_all_gather
 from minifloat.sqnr import sqnr_db
@@ -49,7 +52,9 @@ __all__ = [
 ]
 
 GRAD_COMM_KINDS = ("fp32", "bf16", "fp8")
-_FP8_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+# One tensor per rank gathered into one flat output: `all_gather_single` from torch 2.13 on
+# (which deprecates the older name), `all_gather_into_tensor` before.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 @dataclass(kw_only=True)
@@ -108,8 +113,10 @@ def _allreduce_bytes(nbytes: float, world: int) -> float:
 def _check(kind: str, fp8_format: str) -> None:
     if kind not in GRAD_COMM_KINDS:
         raise ValueError(f"unknown grad_comm kind {kind!r}; choose one of {GRAD_COMM_KINDS}")
-    if fp8_format not in _FP8_FORMATS:
-        raise ValueError(f"unknown fp8_format {fp8_format!r}; choose one of {list(_FP8_FORMATS)}")
+    if fp8_format not in fp8c.FP8_DTYPES:
+        raise ValueError(
+            f"unknown fp8_format {fp8_format!r}; choose one of {list(fp8c.FP8_DTYPES)}"
+        )
 
 
 # ---- the three reductions (flat tensor in, mean across ranks out) ---------------------------
@@ -129,50 +136,51 @@ def _mean_bf16(flat: torch.Tensor, group) -> tuple[torch.Future, float]:  # noqa
     return fut.then(lambda f: f.value()[0].float()), _allreduce_bytes(low.numel() * 2, world)
 
 
-def _quantize_fp8(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    fmax = torch.finfo(dtype).max
-    return (x / scale).clamp(-fmax, fmax).to(dtype).view(torch.uint8)
+def _mean_fp8(
+    flat: torch.Tensor,
+    group,  # noqa: ANN001
+    fp8_format: str,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Future, float]:
+    """The fp8 mean (module docstring): collectives here, elementwise passes in grad_comm_fp8.
 
-
-def _scale_from_amax(amax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # All-zero gets scale 1; a non-finite amax gives a non-finite scale so the whole bucket
-    # decodes to nan and the step guard sees it.
-    return torch.where(amax > 0, amax / torch.finfo(dtype).max, torch.ones_like(amax))
-
-
-def _mean_fp8(flat: torch.Tensor, group, fp8_format: str) -> tuple[torch.Future, float]:  # noqa: ANN001
+    out: a 1-D tensor shaped like `flat` to receive the mean (the DDP bucket itself; any float
+    dtype); None for a new fp32 tensor.
+    """
     # The collectives are issued here, in the caller's thread, never from a future callback:
     # callbacks run on communication threads in no fixed order, and ranks would then disagree
     # on the order of collectives (a deadlock with several buckets).
     world = dist.get_world_size(group)
-    dtype = _FP8_FORMATS[fp8_format]
     numel = flat.numel()
     chunk = math.ceil(numel / world)
+
+    run = functools.partial(fp8c.kernel, like=flat)  # compiled twins on CUDA, else as is
     # Pre-divide by the world size, so the shared scale bounds every rank's share of the sum.
-    hp = F.pad(flat.float() / world, (0, chunk * world - numel))
-    amax = hp.abs().amax().reshape(1)
+    amax = run(fp8c.bucket_amax)(flat, world)
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
-    scale = _scale_from_amax(amax, dtype)
-    payload = _quantize_fp8(hp, scale, dtype)
+    payload = run(fp8c.encode)(flat, amax, world, fp8_format, chunk * world)
     received = torch.empty_like(payload)
     dist.all_to_all_single(received, payload, group=group)
-    # Accumulate in fp32 on receipt: chunk `rank` of every rank's payload.
-    partial = received.view(dtype).float().view(world, chunk).sum(0) * scale
-    chunk_scale = _scale_from_amax(partial.abs().amax().reshape(1), dtype)
-    reduced = _quantize_fp8(partial, chunk_scale, dtype)
-    chunks = [torch.empty_like(reduced) for _ in range(world)]
-    scales = [torch.empty_like(chunk_scale) for _ in range(world)]
-    dist.all_gather(chunks, reduced, group=group)
-    dist.all_gather(scales, chunk_scale, group=group)
+    # Accumulate in fp32 on receipt (chunk `rank` of every rank's payload), re-quantize with a
+    # scale of the chunk's own, and send the chunk with its scale's 4 bytes behind it.
+    send = payload.new_empty(chunk + fp8c.SCALE_BYTES)
+    chunk_scale = run(fp8c.reduce_chunks_into)(send, received.view(world, chunk), amax, fp8_format)
+    send[chunk:].copy_(chunk_scale.view(torch.uint8))
+    gathered = send.new_empty(world * (chunk + fp8c.SCALE_BYTES))
+    _all_gather_flat(gathered, send, group=group)
+    gathered = gathered.view(world, chunk + fp8c.SCALE_BYTES)
     # Every rank, the owner of a chunk included, uses the dequantized fp8 chunk, so all
     # replicas receive identical gradients.
-    out = torch.cat([c.view(dtype).float() * s for c, s in zip(chunks, scales, strict=True)])
+    scales = gathered[:, chunk:].contiguous().view(torch.float32)
+    if out is None:
+        out = torch.empty(numel, dtype=torch.float32, device=flat.device)
+    run(fp8c.decode_into)(out, gathered, scales, fp8_format)
     sent = (
         _allreduce_bytes(4, world)  # the amax
         + (world - 1) * chunk  # all-to-all of fp8 payloads
-        + (world - 1) * (chunk + 4)  # all-gather of reduced chunks and their scales
+        + (world - 1) * (chunk + fp8c.SCALE_BYTES)  # all-gather of reduced chunks and scales
     )
-    return _completed(out[:numel]), sent
+    return _completed(out), sent
 
 
 def _completed(value: torch.Tensor) -> torch.Future:
@@ -213,20 +221,14 @@ def grad_comm_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket in `state.kind` and write it back in place.
 
-    On CUDA the fp8 path runs on a side stream, so its collectives (which the fp8 scheme needs
-    in sequence) do not hold up the rest of the backward pass on the compute stream.
+    The fp8 path decodes the mean straight into the bucket. On CUDA it runs on a side stream,
+    so its collectives (which the fp8 scheme needs in sequence) do not hold up the rest of the
+    backward pass on the compute stream.
     """
     buffer = bucket.buffer()
-    if state.kind != "fp8" or buffer.device.type != "cuda":
-        fut, sent = reduce_mean(buffer, state.kind, group=state.group, fp8_format=state.fp8_format)
-    else:
-        stream = state.side_stream(buffer.device)
-        stream.wait_stream(torch.cuda.current_stream(buffer.device))
-        with torch.cuda.stream(stream):
-            fut, sent = reduce_mean(buffer, "fp8", group=state.group, fp8_format=state.fp8_format)
-            buffer.copy_(fut.value().view_as(buffer))
-            state.count(buffer.numel(), sent)
-            return _completed(buffer)
+    if state.kind == "fp8":
+        return _fp8_hook(state, buffer)
+    fut, sent = reduce_mean(buffer, state.kind, group=state.group)
     state.count(buffer.numel(), sent)
 
     def write_back(f: torch.Future) -> torch.Tensor:
@@ -234,6 +236,21 @@ def grad_comm_hook(
         return buffer
 
     return fut.then(write_back)
+
+
+def _fp8_hook(state: GradCommState, buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """The fp8 mean of `buffer` written into it (on the hook's side stream on CUDA)."""
+    flat = buffer.view(-1)
+    if not buffer.is_cuda:
+        _, sent = _mean_fp8(flat, state.group, state.fp8_format, out=flat)
+        state.count(buffer.numel(), sent)
+        return _completed(buffer)
+    stream = state.side_stream(buffer.device)
+    stream.wait_stream(torch.cuda.current_stream(buffer.device))
+    with torch.cuda.stream(stream):
+        _, sent = _mean_fp8(flat, state.group, state.fp8_format, out=flat)
+        state.count(buffer.numel(), sent)
+        return _completed(buffer)
 
 
 def register_grad_comm_hook(

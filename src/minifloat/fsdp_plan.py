@@ -22,6 +22,10 @@ Operands: the fprop weight (`recipe.fprop.rhs`) always; the dgrad weight (`recip
 wᵀ quantized along N) as well when the recipe quantizes it anew instead of reusing the fprop
 values (fp8-rowwise: 2 bytes per parameter then). Non-finite weights stay non-finite: the
 all-reduced amax is NaN (or inf) where any rank's is, as the amax of the whole weight would be.
+
+The amaxes a weight all-reduces (`shard_amaxes`: tensor, column and fp8-delayed's) go through
+one all-reduce per weight (`global_amaxes`), or, precomputed after the optimizer step for every
+weight at once, through one per step (`fsdp_quantized.precompute_weight_scales`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ __all__ = [
     "GatherPlan",
     "plan_for",
     "check_layout",
+    "shard_amaxes",
+    "split_amaxes",
+    "global_amaxes",
     "quantize_shard",
     "gathered_operand",
     "payload_bytes",
@@ -162,12 +169,59 @@ def _column_amax(w: torch.Tensor) -> torch.Tensor:
     return w.detach().float().abs().amax(dim=0, keepdim=True)
 
 
+def _reduces_amax(plan: GatherPlan, index: int) -> bool:
+    """Whether operand `index` of `plan` takes its scale from an all-reduced amax: tensor and
+    column scales, except fp8-delayed's fprop operand (its scale comes from the history)."""
+    if index == 0 and plan.delayed is not None:
+        return False
+    return plan.operands[index].groups in ("tensor", "column")
+
+
+def shard_amaxes(backend: Backend, plan: GatherPlan, w: torch.Tensor) -> list[torch.Tensor]:
+    """This rank's amaxes of the shard `w` that `plan`'s all-gather takes the global maximum
+    of, in a fixed order: fp8-delayed's weight amax (0-d) first, then the [1, 1] (tensor) or
+    [1, K] (column) amax of each operand with such scales. Empty for row and block scales."""
+    w = w.detach()
+    amaxes = [delayed.amax(w)] if plan.delayed is not None else []
+    for i, g in enumerate(plan.operands):
+        if _reduces_amax(plan, i):
+            if g.groups == "tensor":
+                amaxes.append(w.float().abs().amax().reshape(1, 1))
+            else:
+                amaxes.append(backend.kernel(_column_amax, w)(w))
+    return amaxes
+
+
+def split_amaxes(
+    plan: GatherPlan, amaxes: list[torch.Tensor]
+) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
+    """`shard_amaxes`' order undone: (fp8-delayed's weight amax or None, each operand's amax
+    or None), for the global amaxes `global_amaxes` returns."""
+    it = iter(amaxes)
+    weight = next(it) if plan.delayed is not None else None
+    per_operand = [next(it) if _reduces_amax(plan, i) else None for i in range(len(plan.operands))]
+    return weight, per_operand
+
+
+def global_amaxes(
+    amaxes: list[torch.Tensor], group: dist.ProcessGroup | None
+) -> list[torch.Tensor]:
+    """`global_amax` of each of `amaxes` (any shapes) with one all-reduce for all of them:
+    flattened and concatenated, reduced, split back. Elementwise, so the same values as one
+    all-reduce each. Collective unless `amaxes` is empty (then nothing is sent)."""
+    if not amaxes:
+        return []
+    flat = global_amax(torch.cat([a.reshape(-1) for a in amaxes]), group)
+    parts = flat.split([a.numel() for a in amaxes])
+    return [p.reshape(a.shape) for p, a in zip(parts, amaxes, strict=True)]
+
+
 def quantize_shard(
     backend: Backend,
     w: torch.Tensor,
     g: GatheredSpec,
-    group: dist.ProcessGroup | None,
     *,
+    amax: torch.Tensor | None = None,
     delayed_scale: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor]:
     """Quantize this rank's rows `w` [rows, K] for the all-gather.
@@ -175,21 +229,21 @@ def quantize_shard(
     Returns (payload, replicated scale, scale in the weight's layout): payload is the values
     as uint8 ([rows, K], or [rows, ceil(K/2)] packed E2M1) plus the [rows, 1] or block scales
     where they travel; the replicated scale (tensor [1, 1] or column [1, K], the same on every
-    rank) is None where scales travel. `delayed_scale` replaces a tensor scale (fp8-delayed).
-    Collective for tensor and column scales: every rank calls it in the same order.
+    rank) is None where scales travel. Tensor and column scales come from `amax`, the global
+    amax (`shard_amaxes` reduced by `global_amaxes`), or from `delayed_scale` (fp8-delayed).
     """
     fmt, groups = g.spec.fmt, g.groups
     quantize = backend.kernel(op.quantize_operand, w)
     w = w.detach()
     replicated = None
+    if groups in ("tensor", "column") and delayed_scale is None and amax is None:
+        raise ValueError(f"{groups} scales of {g.spec.words()} need the global amax")
     if groups == "tensor":
         if delayed_scale is None:
-            amax = global_amax(w.float().abs().amax().reshape(1, 1), group)
             delayed_scale = op.scale_from_amax(amax, get_format(fmt).max)
         values, scale = quantize(w, fmt, "tensor", scale=delayed_scale)
         replicated = scale
     elif groups == "column":
-        amax = global_amax(backend.kernel(_column_amax, w)(w), group)
         scale = op.scale_from_amax(amax, get_format(fmt).max)
         values = backend.kernel(_with_scale, w)(w, scale, fmt)
         replicated = scale

@@ -8,17 +8,32 @@ Each QuantLinear weight becomes a `ShardedWeight` parameter (fsdp_weight.py): th
 values, which FSDP2 then all-gathers quantized (1 byte a parameter for FP8 weights, 0.5 for
 E2M1, plus scales; fsdp_plan.py says what and why). state_dict() still holds plain fp32 tensors
 (DTensors of plain local shards once sharded), so checkpoints do not depend on this option.
+
+Tensor- and column-scaled weights (fp8-tensorwise, fp8-delayed, fp8-rowwise's dgrad operand)
+need the amax of the whole weight: one small all-reduce per weight and all-gather. After the
+optimizer step, `precompute_weight_scales(model)` all-reduces the amaxes of every such weight
+at once (torchao's pattern), and the all-gathers use them until a weight changes:
+
+    optimizer.step()
+    precompute_weight_scales(model)  # collective: every rank, same place
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from minifloat import fsdp_plan
 from minifloat.fsdp_weight import ShardedWeight
+from minifloat.kernels import get_backend
 from minifloat.linear import QuantLinear
 
-__all__ = ["enable_quantized_all_gather", "all_gather_bytes", "plain_state_dict_hook"]
+__all__ = [
+    "enable_quantized_all_gather",
+    "all_gather_bytes",
+    "plain_state_dict_hook",
+    "precompute_weight_scales",
+]
 
 
 def _layers(model: nn.Module) -> list[tuple[str, QuantLinear]]:
@@ -104,3 +119,45 @@ def all_gather_bytes(model: nn.Module, world_size: int) -> dict[str, int]:
 
 def _is_sharded_quantized(p) -> bool:  # noqa: ANN001
     return isinstance(getattr(p, "_local_tensor", None), ShardedWeight)
+
+
+@torch.no_grad()
+def precompute_weight_scales(model: nn.Module) -> int:
+    """All-reduce the global amaxes of every sharded QuantLinear weight of `model` that needs
+    them, with one MAX all-reduce per process group (one in all for a model sharded on one
+    mesh), and store them on the shards; returns how many weights got them.
+
+    Call after the optimizer step (and after anything else that writes weights), on every rank
+    at the same point: it is collective. FSDP2's all-gathers then take the weights' tensor and
+    column scales from the stored amaxes instead of one all-reduce per weight and all-gather
+    (forward and backward, every micro-batch). The values are those the per-weight
+    all-reduces give (the reduction is elementwise), so the scales are the same bit for bit.
+
+    A weight changed after this call (any in-place write: its version counters move) or whose
+    recipe changed falls back to its own all-reduce at its next all-gather; so does a weight
+    that was never precomputed. Every rank makes that choice alike as long as all ranks run
+    the same ops on their shards, as data-parallel training does.
+    """
+    by_group: dict[int, tuple[object, list]] = {}
+    for _, layer in _layers(model):
+        param = layer.weight
+        shard = getattr(param, "_local_tensor", None)
+        if not isinstance(shard, ShardedWeight):
+            continue  # not sharded (yet), or a plain all-gather
+        plan = fsdp_plan.plan_for(layer.recipe)
+        backend = get_backend(layer.backend, shard.device)
+        amaxes = fsdp_plan.shard_amaxes(backend, plan, shard._hp)
+        if not amaxes:
+            continue  # row or block scales: local, nothing to all-reduce
+        mesh = param.device_mesh
+        group = mesh.get_group() if mesh.size() > 1 else None
+        entry = by_group.setdefault(id(group), (group, []))
+        entry[1].append((param, shard, plan, amaxes))
+    count = 0
+    for group, entries in by_group.values():
+        flat = fsdp_plan.global_amaxes([a for *_, amaxes in entries for a in amaxes], group)
+        for param, shard, plan, amaxes in entries:
+            shard.store_amaxes(param, plan, flat[: len(amaxes)])
+            flat = flat[len(amaxes) :]
+            count += 1
+    return count

@@ -16,6 +16,11 @@ without data of its own that holds the gathered payload, from which `QuantLinear
 its weight operands (`GatheredWeight.operand`) instead of quantizing. Gradients are plain [N, K]
 tensors that FSDP2 reduce-scatters onto the fp32 shard, as for any parameter.
 
+Tensor and column scales need the global amax: the pre-all-gather all-reduces it (one
+all-reduce per weight), unless `store_amaxes` holds it from
+`fsdp_quantized.precompute_weight_scales` and the shard has not been written since (writes are
+counted in `__torch_dispatch__`, foreach ops and aliases included).
+
 DGE (fp4, fp4-dge) multiplies the weight gradient by f'(w / s_w), which needs the
 high-precision weight. The gathered weight does not carry it, so the factor is applied where
 the weight is: to the gradient shard after the reduce-scatter (`sharded_dge_hook`, a post-
@@ -33,7 +38,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from minifloat import delayed, fsdp_plan
+from minifloat import fsdp_plan
 from minifloat.dge import dge_scale
 from minifloat.kernels import Backend, QOperand, get_backend
 from minifloat.recipes import OperandSpec
@@ -57,6 +62,24 @@ _KEEPS_WRAPPER = {
     _aten._to_copy.default,
     _aten._pin_memory.default,
 }
+# Those of them whose result shares the shard's values (DTensor.to_local() is an alias).
+_VIEWS = {
+    _aten.alias.default,
+    _aten.as_strided.default,
+    _aten.detach.default,
+    _aten.slice.Tensor,
+    _aten.split.Tensor,
+    _aten.view.default,
+}
+
+
+class _WriteCount:
+    """In-place writes to one shard's values through any of its wrappers (views share it)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
 
 
 @dataclass
@@ -88,6 +111,9 @@ class ShardedWeight(torch.Tensor):
         self._hp = hp
         self._dge_scale: torch.Tensor | None = None  # the fprop scale of this shard (DGE)
         self._dge_grad: weakref.ref | None = None  # the gradient DGE last scaled
+        self._writes = _WriteCount()  # `_mark_written`; replaced by the base's for views
+        # (weight version, global amaxes) from `store_amaxes` (precompute_weight_scales)
+        self._amaxes: tuple[tuple, list[torch.Tensor]] | None = None
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -99,8 +125,14 @@ class ShardedWeight(torch.Tensor):
             ShardedWeight, lambda t: t._hp, (args, kwargs or {})
         )
         out = func(*plain_args, **plain_kwargs)
+        if func._schema.is_mutable:
+            _mark_written(func, args, kwargs or {})
         if func in _KEEPS_WRAPPER:
-            return pytree.tree_map_only(torch.Tensor, ShardedWeight, out)
+            wrapped = pytree.tree_map_only(torch.Tensor, ShardedWeight, out)
+            if func in _VIEWS and isinstance(args[0], ShardedWeight):
+                for t in pytree.tree_leaves(wrapped):  # views count writes with their base
+                    t._writes = args[0]._writes
+            return wrapped
         if func._schema.is_mutable and args and isinstance(args[0], ShardedWeight):
             return args[0]
         return out
@@ -114,6 +146,26 @@ class ShardedWeight(torch.Tensor):
 
     def __repr__(self) -> str:
         return f"ShardedWeight({self._hp!r})"
+
+    def store_amaxes(
+        self, param: torch.Tensor, plan: fsdp_plan.GatherPlan, amaxes: list[torch.Tensor]
+    ) -> None:
+        """Keep the global amaxes of this shard (`fsdp_plan.shard_amaxes` reduced by
+        `global_amaxes`; `param` the sharded parameter whose local tensor this is): the
+        all-gathers use them instead of all-reducing, until the weight changes."""
+        self._amaxes = (_version_key(param, self, plan), amaxes)
+
+    def _precomputed_amaxes(
+        self, param: torch.Tensor, plan: fsdp_plan.GatherPlan
+    ) -> list[torch.Tensor] | None:
+        """The stored amaxes if the weight is unchanged since `store_amaxes`, else None."""
+        if self._amaxes is None:
+            return None
+        key, amaxes = self._amaxes
+        if getattr(param, "_local_tensor", None) is self and key == _version_key(param, self, plan):
+            return amaxes
+        self._amaxes = None  # stale: the weight (or the recipe) changed
+        return None
 
     def fsdp_pre_all_gather(
         self,
@@ -134,9 +186,13 @@ class ShardedWeight(torch.Tensor):
         fsdp_plan.check_layout(plan, outer_size[0], outer_size[1], world)
         group = mesh.get_group() if world > 1 else None
         backend = get_backend(module.backend, self.device)
-        w, amax, delayed_scale = self._hp, None, None
+        w = self._hp
+        amaxes = self._precomputed_amaxes(module.weight, plan)
+        if amaxes is None:  # one all-reduce for this weight (none for row or block scales)
+            amaxes = fsdp_plan.global_amaxes(fsdp_plan.shard_amaxes(backend, plan, w), group)
+        amax, operand_amaxes = fsdp_plan.split_amaxes(plan, amaxes)
+        delayed_scale = None
         if plan.delayed is not None:
-            amax = fsdp_plan.global_amax(delayed.amax(w), group)
             delayed_scale = fsdp_plan.delayed_weight_scale(
                 module.amax_history, amax, plan.operands[0].spec.fmt, plan.delayed
             )
@@ -144,8 +200,9 @@ class ShardedWeight(torch.Tensor):
         replicated: list[torch.Tensor | None] = []
         for i, g in enumerate(plan.operands):
             payload, rep, scale = fsdp_plan.quantize_shard(
-                backend, w, g, group, delayed_scale=delayed_scale if i == 0 else None
-            )
+                backend, w, g, amax=operand_amaxes[i],
+                delayed_scale=delayed_scale if i == 0 else None,
+            )  # fmt: skip
             tensors += payload
             replicated.append(rep)
             if i == 0 and plan.dge is not None:
@@ -229,6 +286,30 @@ class GatheredWeight(torch.Tensor):
         g = meta.plan.operands[index]
         payload = self._payload[start : start + 1 + g.gathers_scale]
         return fsdp_plan.gathered_operand(backend, g, payload, meta.replicated[index], meta.cols)
+
+
+def _mark_written(func, args: tuple, kwargs: dict) -> None:  # noqa: ANN001
+    """Count a write on every ShardedWeight that the in-place op `func` writes (foreach lists
+    and out= arguments included).
+
+    The op ran on the plain values below autograd's in-place tracking, so no version counter
+    sees it reliably: the wrapper's own moves for plain in-place ops but not for foreach ops
+    (minifloat's AdamW), and not for other wrappers of the same values (`to_local()` returns
+    an alias), whose plain values do not share a counter either."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        for t in pytree.tree_leaves(value):
+            if isinstance(t, ShardedWeight):
+                t._writes.n += 1
+
+
+def _version_key(param: torch.Tensor, shard: ShardedWeight, plan: fsdp_plan.GatherPlan) -> tuple:
+    """What must not change between computing a shard's amaxes and using them: the plan, the
+    sharded parameter's version counter, the writes through the shard or its views
+    (`_mark_written`), and the version counter of the plain values (direct writes to them)."""
+    return (plan, param._version, shard._writes.n, shard._hp._version)
 
 
 def _attach_dge_hook(
