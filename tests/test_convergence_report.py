@@ -3,7 +3,6 @@ under bf16, fp4 and fp4 with a final-phase switch to bf16 (issue 15's report fie
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -12,8 +11,8 @@ import pytest
 
 from minifloat.train.compare import compare
 from minifloat.train.config import TrainConfig
+from scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "convergence_report.py"
 REQUIRED = ("recipe", "model", "tokens", "train_loss", "val_loss", "gap_pct", "tokens_per_s",
             "peak_mem_gib", "skipped_steps")  # fmt: skip
 RUNS = ["bf16", "fp4", "fp4+switch=bf16+at=0.5"]
@@ -21,10 +20,7 @@ RUNS = ["bf16", "fp4", "fp4+switch=bf16+at=0.5"]
 
 @pytest.fixture(scope="module")
 def report() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convergence_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("convergence_report")
 
 
 def test_report_of_real_runs_with_a_switch(tmp_path: Path, report: ModuleType) -> None:

@@ -247,14 +247,11 @@ def test_cuda_passes_equal_cpu_eager_bit_for_bit():
 
 def test_codec_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/grad_comm_codec.py: every pass timed, the bucket total summed, JSON written."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "grad_comm_codec.py"
-    spec = importlib.util.spec_from_file_location("grad_comm_codec_bench", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from scripts import load_benchmark
+
+    module = load_benchmark("grad_comm_codec")
     module.main(["--device", "cpu", "--numel", "1001", "--world", "3", "--modes", "eager",
                  "--dtypes", "bfloat16", "--repeats", "2", "--out", str(tmp_path)])  # fmt: skip
     (js,) = tmp_path.glob("grad_comm_codec_*.json")

@@ -253,14 +253,11 @@ def test_cuda_fused_step_tracks_unfused(config):
 
 def test_step_time_benchmark_runs_on_cpu(tmp_path):
     """benchmarks/optim_states.py --step-time: fused and unfused timed, JSON written."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "optim_states.py"
-    spec = importlib.util.spec_from_file_location("optim_states_bench", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from scripts import load_benchmark
+
+    module = load_benchmark("optim_states")
     module.main(["--step-time", "--device", "cpu", "--model", "tiny", "--layers", "1",
                  "--dim", "64", "--presets", "fp32,fp8-fp16", "--fused", "--unfused",
                  "--warmup", "1", "--repeats", "2", "--out", str(tmp_path)])  # fmt: skip

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minifloat.models.llama import Llama, get_config
+from scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out.py"
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -33,10 +34,7 @@ REQUIRED_KEYS = ("model", "recipe", "gpus", "tokens_per_s_per_gpu", "mfu", "peak
 
 @pytest.fixture(scope="module")
 def scale_out() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scale_out", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("scale_out")
 
 
 def _torchrun(cwd: Path, *args: str) -> str:

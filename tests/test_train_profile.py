@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_profile.py"
+from scripts import load_benchmark
 
 
 def test_profiles_every_recipe_and_writes_results(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("train_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("train_profile")
     args = ["--data", "stdlib", "--model", "tiny", "--recipes", "bf16,fp8-rowwise",
             "--batch-size", "2", "--seq-len", "32", "--warmup", "1", "--steps", "2",
             "--profile-steps", "1", "--device", "cpu", "--out-dir", str(tmp_path)]  # fmt: skip
