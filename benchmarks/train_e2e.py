@@ -330,6 +330,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = args.rows.split(",")
     for row in rows:  # fail on a typo before spending GPU time
         name, _, rule = row.partition("@")
+        if name in TORCHAO_ROWS and rule:
+            raise SystemExit(f"row {row}: a size rule applies to minifloat recipes only")
         if name not in TORCHAO_ROWS:
             recipes.get(name)
         if rule and rule != "torchao":
