@@ -180,6 +180,11 @@ def profile_steps(step, batches: list[torch.Tensor], steps: int = 3) -> dict:
         "other_ms": by_class["other"],
         "kernels_per_step": sum(counts.values()) // steps,
         "top_kernels": [(n[:100], round(totals[n], 3), counts[n] // steps) for n in top],
+        # every kernel, for offline reading (which passes a recipe adds over bf16 / torchao)
+        "kernels": [
+            (n[:200], round(totals[n], 4), counts[n] // steps)
+            for n in sorted(totals, key=totals.get, reverse=True)
+        ],
     }
 
 
