@@ -95,3 +95,64 @@ def test_transformers_blocks_share_one_graph(name):
             net(ids, labels=ids).loss.backward()
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+class _SharedInput(torch.nn.Module):
+    """`n` layers reading one input, as q/k/v or gate/up do."""
+
+    def __init__(self, name: str, n: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            QuantLinear(64, 64, bias=False, recipe=name, backend="emulated") for _ in range(n)
+        )
+
+    def forward(self, x):
+        return sum(layer(x) for layer in self.layers)
+
+
+def _quantized_copies_of_input(name: str, n_layers: int) -> int:
+    """Casts to a one-byte float of the input's shape in the compiled forward graph."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    casts = []
+
+    def fw_compiler(gm, _inputs):
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            if (
+                node.target
+                in (torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default)
+                and isinstance(val, torch.Tensor)
+                and val.dtype.is_floating_point
+                and val.dtype.itemsize == 1
+                and tuple(val.shape) == (32, 64)
+            ):
+                casts.append(node.name)
+        return make_boxed_func(gm)
+
+    backend = aot_autograd(
+        fw_compiler=fw_compiler,
+        bw_compiler=lambda gm, _inputs: make_boxed_func(gm),
+        partition_fn=min_cut_rematerialization_partition,
+    )
+    torch._dynamo.reset()
+    module = torch.compile(_SharedInput(name, n_layers), backend=backend)
+    x = torch.randn(32, 64, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        module(x).float().sum().backward()
+    return len(casts)
+
+
+# Recipes whose input scale is the input's own: delayed scaling reads each layer's history, and
+# the randomized recipes draw each layer's own numbers, so their layers quantize differently.
+SHAREABLE = [n for n in RECIPES if not recipes.get(n).randomized and recipes.get(n).delayed is None]
+
+
+@pytest.mark.parametrize("name", SHAREABLE)
+def test_layers_sharing_an_input_quantize_it_once(name):
+    # Common-subexpression elimination must see the layers' quantizers of one input as equal:
+    # a NaN literal in a scale (NaN != NaN) once made q/k/v each quantize and save x again.
+    one, three = _quantized_copies_of_input(name, 1), _quantized_copies_of_input(name, 3)
+    assert one >= 1
+    assert three == one

@@ -93,3 +93,40 @@ def test_dge_corrected_wgrad_equals_plain_times_derivative():
     expected = grads["fp4-direct"] * dge_derivative(w / w_scale)
     assert torch.equal(grads["fp4-dge"], expected)
     assert not torch.equal(grads["fp4-dge"], grads["fp4-direct"])
+
+
+def _intervals_by_search(mag: torch.Tensor, fmt) -> tuple[torch.Tensor, torch.Tensor]:
+    """a and δ of the grid interval [a, a + δ) holding mag (max: the last one), by a search."""
+    grid = fmt.grid.to(dtype=mag.dtype)
+    idx = (torch.searchsorted(grid, mag.contiguous(), right=True) - 1).clamp(0, grid.numel() - 2)
+    return grid[idx], grid[idx + 1] - grid[idx]
+
+
+def _probe_points(fmt, dtype) -> torch.Tensor:
+    """Every grid point, its float neighbours, the midpoints, subnormals, max, beyond max."""
+    grid = fmt.grid.to(dtype)
+    mids = (grid[:-1] + grid[1:]) / 2
+    pts = torch.cat(
+        [
+            grid,
+            mids,
+            torch.rand(2000, dtype=dtype, generator=torch.Generator().manual_seed(0)) * fmt.max,
+        ]
+    )
+    pts = torch.cat([pts, torch.nextafter(pts, pts + 1), torch.nextafter(pts, pts - 1)])
+    tiny = torch.tensor([torch.finfo(dtype).tiny / 8, torch.finfo(dtype).tiny, 1e-30], dtype=dtype)
+    beyond = torch.tensor([fmt.max * 1.5, float("inf")], dtype=dtype)
+    return torch.cat([pts, tiny, beyond]).abs().clamp(max=fmt.max)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["e2m1", "e1m2", "e3m0", "e4m3", "e5m2", "int4", "int8"])
+def test_arithmetic_intervals_equal_a_search_of_the_grid(name, dtype):
+    from minifloat.dge import _intervals
+
+    fmt = formats.get(name)
+    mag = _probe_points(fmt, dtype)
+    a, delta, _ = _intervals(mag, fmt)
+    a_ref, delta_ref = _intervals_by_search(mag, fmt)
+    assert torch.equal(a, a_ref)
+    assert torch.equal(delta, delta_ref)

@@ -214,3 +214,9 @@ def test_pow2_ceil_exact():
     got = formats.pow2_ceil(x)
     want = torch.tensor([2.0 ** math.ceil(math.log2(v)) for v in x.double().tolist()])
     assert torch.equal(got, want.float())
+
+
+@pytest.mark.parametrize("name", formats.names())
+def test_below_max_is_the_grid_point_under_max(name):
+    fmt = formats.get(name)
+    assert fmt.below_max == fmt.grid[-2].item()

@@ -341,6 +341,9 @@ def test_autocast_bf16(name):
     assert auto["y"].dtype == torch.bfloat16 and auto["dx"].dtype == torch.float32
     # the weight is quantized from the fp32 master, not from an autocast copy
     assert torch.equal(auto["y"], plain["y"].to(torch.bfloat16))
+    # dx of an fp32 input is written in bf16 (as through nn.Linear under autocast), then cast
+    assert torch.equal(auto["dx"], auto["dx"].to(torch.bfloat16).float())
+    assert not torch.equal(plain["dx"], plain["dx"].to(torch.bfloat16).float())
 
 
 # Bytes autograd saves per layer against a bf16 nn.Linear under autocast (x and the bf16 weight

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["div_rn", "fma_rn", "sqrt_eager"]
+__all__ = ["div_rn", "fma_rn", "round_to_bf16", "sqrt_eager", "to_dtype"]
 
 
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -71,3 +71,25 @@ def sqrt_eager(x: torch.Tensor) -> torch.Tensor:
     there it is a plain sqrt that fuses.
     """
     return _sqrt_cpu(x) if x.device.type == "cpu" else x.sqrt()
+
+
+def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 `x` rounded to the nearest bfloat16 (ties to even), as float32, in any compiled form.
+
+    Inductor drops a `.to(torch.bfloat16).to(torch.float32)` round trip inside a fused kernel
+    (it keeps the fp32 value), so a GEMM output meant to be bf16 and cast back to fp32 would
+    differ compiled vs eager; integer operations on the bits cannot be dropped. inf stays inf,
+    values past bf16's max round to inf as the cast does, NaN stays NaN.
+    """
+    bits = x.float().contiguous().view(torch.int32)
+    lsb = (bits >> 16) & 1
+    rounded = ((bits + 0x7FFF + lsb) & -65536).view(torch.float32)  # -65536 = 0xFFFF0000
+    return torch.where(torch.isnan(x), x.float(), rounded)
+
+
+def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float32 `x` cast to `dtype`, a bf16 cast through `round_to_bf16` (so a later cast back to
+    float32 keeps the rounding in compiled code too)."""
+    if dtype == torch.bfloat16 and x.dtype == torch.float32:
+        x = round_to_bf16(x)
+    return x.to(dtype)

@@ -49,7 +49,15 @@ class ElementFormat:
     def grid(self) -> torch.Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def _quantum(self, mag: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+    @property
+    def below_max(self) -> float:  # pragma: no cover - overridden
+        """The largest representable magnitude below `max` (a Python float: no tensor read,
+        so compiled code that needs it has no graph break)."""
+        raise NotImplementedError
+
+    def spacing(self, mag: torch.Tensor) -> torch.Tensor:  # pragma: no cover - overridden
+        """The grid spacing (a power of two) of the binade holding each magnitude `mag` >= 0,
+        floored at the subnormal spacing: the quantum that rounding at `mag` uses."""
         raise NotImplementedError
 
     def round(
@@ -72,7 +80,7 @@ class ElementFormat:
             raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
         x = x.float()
         mag = x.abs().clamp(max=self.max)  # saturate first; NaN passes through clamp
-        quantum = self._quantum(mag)
+        quantum = self.spacing(mag)
         if rounding == "nearest" and self._ties_by_table:
             q = _round_nearest_even_by_table(mag, self.grid)
         elif rounding == "nearest":
@@ -151,16 +159,22 @@ class FloatFormat(ElementFormat):
                 if v <= self.max:
                     vals.add(v)
         self._cache["grid"] = torch.tensor(sorted(vals), dtype=torch.float64)
+        self._cache["below_max"] = sorted(vals)[-2]
 
     @property
     def grid(self) -> torch.Tensor:
         return self._cache["grid"]
 
-    def _quantum(self, mag: torch.Tensor) -> torch.Tensor:
+    @property
+    def below_max(self) -> float:
+        return self._cache["below_max"]
+
+    def spacing(self, mag: torch.Tensor) -> torch.Tensor:
         # Spacing of the grid around `mag`: 2^(e - mbits) with e the binade of mag, floored at the
-        # subnormal spacing. frexp gives mag = f * 2^exp with f in [0.5, 1), so e = exp - 1.
+        # subnormal spacing. frexp gives mag = f * 2^exp with f in [0.5, 1), so e = exp - 1;
+        # zero (frexp: exp 0) lies in the subnormal binade.
         _, exp = torch.frexp(mag)
-        e = torch.clamp(exp - 1, min=self.emin)
+        e = torch.where(mag == 0, self.emin, torch.clamp(exp - 1, min=self.emin))
         return torch.ldexp(torch.ones_like(mag), (e - self.mbits).to(torch.int32))
 
 
@@ -180,7 +194,11 @@ class IntFormat(ElementFormat):
     def grid(self) -> torch.Tensor:
         return torch.arange(0, int(self.max) + 1, dtype=torch.float64)
 
-    def _quantum(self, mag: torch.Tensor) -> torch.Tensor:
+    @property
+    def below_max(self) -> float:
+        return self.max - 1.0
+
+    def spacing(self, mag: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(mag)
 
 

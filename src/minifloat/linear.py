@@ -9,7 +9,11 @@ Precision choices:
   autocast, or fp32), the weight from the parameter itself (the fp32 master), never from an
   autocast copy, which would only add a rounding before the quantizer's.
 - The output dtype is the autocast dtype when autocast is active on the input's device, else the
-  input's dtype. dx has the input's dtype, dw the weight's, db the bias's.
+  input's dtype. dx has the input's dtype, dw the weight's, db the bias's. Under bf16 autocast
+  the dgrad GEMM writes dx in bf16 and casts it to the input's dtype: an fp32 input (an
+  fp32 norm's output) gets a bf16-precise dx, as it does through `nn.Linear` under autocast,
+  and the GEMM writes half the bytes (a 1.3B profile showed the norms' backward reading fp32
+  dq, dk, dv, dgate and dup).
 - Activations saved for backward stay quantized (the wgrad operand, transposed) plus their row
   scales; the high-precision input is never saved. E2M1 operands are saved packed, two values a
   byte. With OCC's E4M3 compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an
@@ -22,6 +26,7 @@ import torch
 from torch import nn
 
 from minifloat import counter_rng, delayed, occ, occ_gemm, recipes
+from minifloat.exact import to_dtype
 from minifloat.fsdp_weight import GatheredWeight
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
@@ -85,7 +90,7 @@ class QuantLinearFunction(torch.autograd.Function):
             else:
                 y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32, fast_accum=fast_accum)
                 y = y + occ_gemm.fprop_correction(backend, comp, x, clip, weight, fast_accum)
-                y = (y + bias.float() if bias is not None else y).to(out_dtype)
+                y = to_dtype(y + bias.float() if bias is not None else y, out_dtype)
 
             # Backward operands, prepared only for the gradients autograd will ask for.
             x_rhs = w_rhs = delta_rhs = None
@@ -107,7 +112,10 @@ class QuantLinearFunction(torch.autograd.Function):
 
         ctx.recipe, ctx.backend, ctx.amax_history = recipe, backend, amax_history
         ctx.rng_state = rng_state
+        # dx in bf16 under bf16 autocast (module docstring); an fp16 rounding has no exact
+        # compiled form here (exact.to_dtype), so fp16 autocast keeps dx in x's dtype
         ctx.x_dtype = x.dtype
+        ctx.dx_dtype = out_dtype if out_dtype == torch.bfloat16 else x.dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         x_rhs_data, ctx.x_rhs_meta = _stash(backend, x_rhs)
         w_rhs_data, ctx.w_rhs_meta = _stash(backend, w_rhs)
@@ -172,7 +180,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 g_q = backend.quantize(
                     dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g, seed=_seed(seeds, "dgrad")
                 )
-                dx = backend.scaled_mm(g_q, w_rhs, out_dtype=ctx.x_dtype)
+                dx = backend.scaled_mm(g_q, w_rhs, out_dtype=ctx.dx_dtype).to(ctx.x_dtype)
             if need_dw:
                 x_rhs = _unstash(backend, x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
                 dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g, _seed(seeds, "wgrad"))

@@ -189,7 +189,10 @@ def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch
         v_lo = ordered.index_select(0, (first + lo_i).clamp(max=last).reshape(1)).squeeze(0)
         v_hi = ordered.index_select(0, (first + hi_i).clamp(max=last).reshape(1)).squeeze(0)
         value = torch.where(frac == 0, v_lo, v_lo + (v_hi - v_lo) * frac)
-        out.append(torch.where(n > 0, value, torch.full_like(value, float("nan"))))
+        # NaN when no entry is finite, as `ordered[last] - ordered[last]` (inf - inf or NaN -
+        # NaN there), not a NaN literal: NaN != NaN defeats common-subexpression elimination
+        none = ordered[last] - ordered[last]
+        out.append(torch.where(n > 0, value, none))
     return tuple(out)
 
 
@@ -356,7 +359,9 @@ def quantize(
     tensor_amax = _amax(finite_amax, tuple(range(amax.dim())), keepdim=False)
     scale = formats.represent_scale(raw, sfmt, tensor_amax, fmt.max)
     scale = torch.where(positive, scale, torch.ones_like(scale))  # all-zero groups: scale 1
-    scale = torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
+    # NaN as `amax - amax` (NaN exactly where amax is not finite): a NaN literal would defeat
+    # the compiler's common-subexpression elimination (NaN != NaN)
+    scale = torch.where(torch.isfinite(amax), scale, amax - amax)
 
     scale_full = expand_scale(scale, xf.shape, granularity)
     values = fmt.round(xf / scale_full, rounding=rounding, generator=generator, noise=noise)

@@ -17,7 +17,7 @@ import torch
 
 from minifloat import formats
 from minifloat.dge import dge_scale
-from minifloat.exact import div_rn
+from minifloat.exact import div_rn, to_dtype
 from minifloat.kernels import microscale, operand
 from minifloat.kernels.backend import QOperand
 from minifloat.quantize import quantize
@@ -99,7 +99,7 @@ class EmulatedBackend:
             out = a.dequantize() @ b.dequantize().t()
         if bias is not None:
             out = out + bias.float()
-        return out.to(out_dtype)
+        return to_dtype(out, out_dtype)
 
     def microscaled_mm(
         self,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from minifloat.exact import to_dtype
 from minifloat.kernels import microscale
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand
@@ -92,7 +93,7 @@ class HopperBackend(EmulatedBackend):
                 a.data, a.scale, b.data, b.scale, b.granularity, out_dtype=gemm_dtype
             )
         if bias is not None:
-            out = (out + bias.float()).to(out_dtype)
+            out = to_dtype(out + bias.float(), out_dtype)
         return out
 
     def microscaled_mm(

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from minifloat import counter_rng, hadamard
-from minifloat.exact import div_rn
+from minifloat.exact import div_rn, to_dtype
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.operand import FP8_STORAGE, round_to_storage
 from minifloat.quantize import expand_scale
@@ -105,7 +105,7 @@ def _block_scales(
         block = block.clamp(min=_E4M3_TINIEST)
         divisor = block * ts
     positive, finite = amax > 0, torch.isfinite(amax)
-    nan = torch.full_like(block, float("nan"))
+    nan = amax - amax  # NaN where amax is not finite; no NaN literal (it defeats CSE)
     divisor = torch.where(finite, torch.where(positive, divisor, torch.ones_like(block)), nan)
     block = torch.where(finite, torch.where(positive, block, torch.ones_like(block)), nan)
     return block, ts, divisor
@@ -228,4 +228,4 @@ def dequantized_mm(
         out = out * a.tensor_scale
     if bias is not None:
         out = out + bias.float()
-    return out.to(out_dtype)
+    return to_dtype(out, out_dtype)

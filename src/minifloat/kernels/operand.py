@@ -62,7 +62,10 @@ def scale_from_amax(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
     """
     raw = div_rn(amax, torch.full_like(amax, fmt_max)).clamp(min=_FP32_TINIEST)
     scale = torch.where(amax > 0, raw, torch.ones_like(raw))
-    return torch.where(torch.isfinite(amax), scale, torch.full_like(raw, float("nan")))
+    # NaN as `amax - amax` (NaN exactly where amax is inf or NaN), not a NaN literal: NaN != NaN
+    # defeats the compiler's common-subexpression elimination, and the layers that share an
+    # input (q/k/v, gate/up) would each quantize and save it again.
+    return torch.where(torch.isfinite(amax), scale, amax - amax)
 
 
 def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:

@@ -1,0 +1,38 @@
+"""exact.py: float32 arithmetic with the same bits eager and compiled."""
+
+from __future__ import annotations
+
+import torch
+
+from bits import bits_equal
+from minifloat.exact import round_to_bf16, to_dtype
+
+
+def _probe() -> torch.Tensor:
+    """Random magnitudes over fp32's range, bf16 ties (both parities), subnormals, the edges."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.exp2(
+        torch.randint(-140, 127, (4096,), generator=gen).float()
+    )
+    bf = torch.randn(512, generator=gen).to(torch.bfloat16).float()
+    ties = bf + torch.ldexp(torch.ones_like(bf), torch.frexp(bf)[1] - 9)  # halfway to the next
+    big = torch.finfo(torch.bfloat16).max
+    edges = torch.tensor(
+        [0.0, -0.0, 1e-45, -1e-45, 1e-40, big, -big, 3.4e38, -3.4e38, float("inf"), -float("inf")]
+    )
+    return torch.cat([x, ties, -ties, edges, torch.tensor([float("nan")])])
+
+
+def test_round_to_bf16_equals_the_cast():
+    x = _probe()
+    assert bits_equal(round_to_bf16(x), x.to(torch.bfloat16).float())
+
+
+def test_compiled_round_trip_keeps_the_rounding():
+    # inductor drops a plain .to(bf16).to(fp32) inside one kernel; to_dtype's must survive
+    x = _probe()
+
+    def trip(t):
+        return to_dtype(t * 1.0, torch.bfloat16).float() * 1.0
+
+    assert bits_equal(torch.compile(trip)(x), x.to(torch.bfloat16).float())
