@@ -49,8 +49,9 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"  # venv: CPU side
 OUT="${OUT:-gpu_out}"
-RUNS="${RUNS:-/tmp/minifloat_issue8}"          # run dirs with checkpoints (stay on the machine)
-DONE_FILE="${DONE_FILE:-.carry/issue8_done.txt}"
+STUDY="${STUDY:-issue8}"                        # names the run dirs and the files of each call
+RUNS="${RUNS:-/tmp/minifloat_$STUDY}"           # run dirs with checkpoints (stay on the machine)
+DONE_FILE="${DONE_FILE:-.carry/${STUDY}_done.txt}"
 DATA="${DATA:-.carry/english.xz}"
 BUDGET="${BUDGET:-540}"                         # seconds of work per call (device limit: 600)
 CALLS_PER_LEASE="${CALLS_PER_LEASE:-3}"
@@ -242,10 +243,10 @@ pack() {
   mkdir -p "$OUT" "$RUNS"
   { [ -f "$DONE_FILE" ] && cat "$DONE_FILE"
     (cd "$RUNS" && find . -name DONE | sed 's|^\./||; s|/DONE$||'); } |
-    sort -u >"$OUT/issue8_done.txt"
-  tar czf "$OUT/issue8_runs.tar.gz" -C "$RUNS" --exclude='checkpoint*.pt' --exclude='.checkpoint*' \
+    sort -u >"$OUT/${STUDY}_done.txt"
+  tar czf "$OUT/${STUDY}_runs.tar.gz" -C "$RUNS" --exclude='checkpoint*.pt' --exclude='.checkpoint*' \
     --exclude=tensorboard .
-  status | tee "$OUT/issue8_status.txt"
+  status | tee "$OUT/${STUDY}_status.txt"
 }
 
 status() {
@@ -356,14 +357,14 @@ run() {
 }
 
 report() {
-  local dir="${1:-runs/issue8}" date; date="$(date +%F)"
+  local dir="${1:-runs/$STUDY}" date; date="$(date +%F)"
   local h_order a_order
   h_order="$(awk '$1 == "h" {print $2}' <<<"$TABLE" | paste -sd,)"
   a_order="$(awk '$1 == "a" {print $2}' <<<"$TABLE" | paste -sd,)"
   for grp in h a; do
     local model runs name order=""; model="$(g "$grp" MODEL)" runs="$dir/${grp}_$(g "$grp" MODEL)"
     [ -d "$runs" ] || continue
-    [ "$grp" = h ] && name="convergence_${model}" || name="ablations_${model}"
+    [ "$grp" = h ] && name="${H_NAME:-convergence_${model}}" || name="${A_NAME:-ablations_${model}}"
     for r in $( [ "$grp" = h ] && tr ',' ' ' <<<"$h_order" || tr ',' ' ' <<<"$a_order" ); do
       [ -f "$runs/$r/metrics.jsonl" ] && order="${order:+$order,}$r"
     done

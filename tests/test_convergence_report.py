@@ -62,3 +62,21 @@ def test_report_of_real_runs_with_a_switch(tmp_path: Path, report: ModuleType) -
                          tokens_per_step=128)  # fmt: skip
     assert all(str(tmp_path) not in t and "/" not in t for t in titles)
     assert "gap to bf16" in titles[1]
+
+
+def test_fp4_recipes_study_plans_its_six_runs() -> None:
+    # issue 16's wrapper of convergence.sh: its queue at 50M, 3052 steps (100M tokens) each
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        ["bash", str(root / "benchmarks" / "fp4_recipes.sh"), "plan"],
+        capture_output=True, text=True, check=True, cwd=root,
+        env={"PATH": "/usr/bin:/bin", "PY": sys.executable},
+    ).stdout  # fmt: skip
+    planned = {w.removesuffix("(cont.)") for w in out.split() if w.startswith("a_50M/")}
+    assert planned == {
+        f"a_50M/{r}" for r in ("bf16", "fp4", "nvfp4", "mxfp4", "nvfp4:rht=off", "nvfp4:sr=off")
+    }
+    assert "h_125M" not in out
