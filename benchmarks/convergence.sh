@@ -61,7 +61,10 @@ BATCH="${BATCH:-32}" SEQ="${SEQ:-1024}"         # global batch (sequences) and s
 TOKENS_PER_STEP=$((BATCH * SEQ))
 NPROC="${NPROC:-1}"                             # GPUs per run: >1 runs DDP under torchrun, with
                                                 # BATCH/NPROC per rank (kind nvidia-h200-x2)
-EXTRA="${EXTRA:-}"                              # more train flags (the CPU smoke test's --device)
+EXTRA="${EXTRA:-}"                              # more train flags (the CPU smoke test's --device;
+                                                # "--compile --compile-scope block": compiled runs,
+                                                # one block's compile time per chunk; not yet run
+                                                # on a GPU this way)
 # Per group: model, steps, peak LR, eval/log/sqnr cadence.
 H_MODEL="${H_MODEL:-125M}" H_STEPS="${H_STEPS:-9156}" H_LR=6e-4 H_EVAL=1000 H_LOG=50 H_SQNR=500
 A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-400}" A_LR=1e-3 A_EVAL=250 A_LOG=25 A_SQNR=100

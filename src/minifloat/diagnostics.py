@@ -176,7 +176,10 @@ def measure_layer_sqnr(
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         rng_devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=rng_devices), torch.enable_grad():
+        # Eager even where the model's blocks are compiled in place (train --compile-scope
+        # block): the hooks must see every layer's tensors.
+        eager = torch.compiler.set_stance("force_eager")
+        with torch.random.fork_rng(devices=rng_devices), torch.enable_grad(), eager:
             with autocast_context(recipe, device):
                 out = model(inputs)
             with full_precision(device):

@@ -112,6 +112,8 @@ SWITCH = ["--switch-recipe", "bf16"]
         (["train", "--compile", "--compile-mode", "fast"], "compile-mode must be one of default"),
         (["train", "--size-rule", "1024"], "size rule must be IN:OUT"),
         (["train", "--compile-mode", "max-autotune"], "compile-mode max-autotune needs compile"),
+        (["train", "--compile-scope", "block"], "compile-scope block needs compile"),
+        (["train", "--compile", "--compile-scope", "layer"], "compile-scope must be one of model"),
         (["train", "--model-override", "dim=abc"], "model override dim must be an integer"),
         (["train", "--model-override", "dim=30"], "dim=30 is not divisible by n_heads=4"),
         # Overrides are checked before any data work: the unknown corpus is not reached.

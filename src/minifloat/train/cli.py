@@ -121,6 +121,14 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
             "max-autotune, max-autotune-no-cudagraphs"
         },
     ),
+    (
+        "--compile-scope",
+        "compile_scope",
+        {
+            "help": "with --compile: model (one graph) or block (each repeated block, as "
+            "torchtitan: identical blocks share a graph, so compiling takes one block's time)"
+        },
+    ),
     ("--optim-states", "optim_states", {"help": "optimizer-state preset (fp32, bf16, ...)"}),
     ("--eval-every", "eval_every", {"type": int, "help": "steps between validations (0: end)"}),
     ("--eval-batches", "eval_batches", {"type": int}),

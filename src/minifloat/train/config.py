@@ -105,6 +105,7 @@ class TrainConfig:
     device: str = "auto"
     compile: bool = False
     compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" = CUDA graphs
+    compile_scope: str = "model"  # "block": each repeated block compiled (one graph for all)
     size_rule: str = ""  # "IN:OUT[,...]": layers this small stay in bf16 (size_rule.py); "": none
     parallel: str = "none"
     grad_comm: str = "fp32"
@@ -211,7 +212,8 @@ class TrainConfig:
             "out_dir", "resume", "eval_every", "eval_batches", "log_every", "ckpt_every",
             "save_checkpoints", "stop_after", "device", "compile", "cache_dir", "steps", "tokens",
             "sqnr_every", "checkpoint_format", "keep_checkpoints", "overwrite", "max_skip_fraction",
-            "weight_guard", "quantized_all_gather", "compile_mode", "branch_from", "ckpt_at",
+            "weight_guard", "quantized_all_gather", "compile_mode", "compile_scope", "branch_from",
+            "ckpt_at",
         }  # fmt: skip
         # A setting added later enters only when it is on, so the fingerprints of checkpoints
         # written before it existed stay valid.

@@ -29,6 +29,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tokenizer": ("bpe", "byte"),
     "checkpoint_format": ("full", "sharded"),
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+    "compile_scope": ("model", "block"),
 }
 
 
@@ -121,6 +122,8 @@ def _check_choices(cfg: TrainConfig) -> None:
             raise ConfigError(str(err)) from None
     if cfg.compile_mode != "default" and not cfg.compile:
         raise ConfigError(f"compile-mode {cfg.compile_mode} needs compile (--compile)")
+    if cfg.compile_scope != "model" and not cfg.compile:
+        raise ConfigError(f"compile-scope {cfg.compile_scope} needs compile (--compile)")
     if cfg.quantized_all_gather and cfg.parallel != "fsdp":
         raise ConfigError("quantized-all-gather needs parallel=fsdp")
     if cfg.checkpoint_format == "sharded" and cfg.parallel != "fsdp":

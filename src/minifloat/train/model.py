@@ -124,12 +124,16 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
             reduce_dtype = fsdp_reduce_dtype(config.grad_comm)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+        _compile_blocks(model, config)  # torchtitan's order: per-block compile, then FSDP
         model = apply_fsdp(
             model, reduce_dtype=reduce_dtype, quantized_all_gather=config.quantized_all_gather
         )
         if deferred:
             _materialize(model, runtime.device, config.seed)
-    forward_module = torch.compile(model, mode=config.compile_mode) if config.compile else model
+    _compile_blocks(model, config)  # a no-op unless compile_scope is "block" (or done above)
+    forward_module = model
+    if config.compile and config.compile_scope == "model":
+        forward_module = torch.compile(model, mode=config.compile_mode)
     if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
         from torch.nn.parallel import DistributedDataParallel
 
@@ -139,3 +143,19 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
         forward_module = DistributedDataParallel(forward_module, device_ids=device_ids)
         register_grad_comm_hook(forward_module, config.grad_comm)
     return forward_module
+
+
+def _compile_blocks(model: nn.Module, config: TrainConfig) -> None:
+    """Under `compile_scope="block"`, compile each repeated block in place (`Module.compile`:
+    parameter names and the state_dict stay those of the plain model); once per model."""
+    if not (config.compile and config.compile_scope == "block"):
+        return
+    from minifloat.blocks import NoRepeatedBlocksError, find_repeated_blocks
+
+    try:
+        blocks = find_repeated_blocks(model)
+    except NoRepeatedBlocksError as err:
+        raise ConfigError(f"compile-scope block: {err}") from None
+    for block in blocks:
+        if getattr(block, "_compiled_call_impl", None) is None:
+            block.compile(mode=config.compile_mode)
