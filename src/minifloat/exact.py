@@ -81,10 +81,10 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     differ compiled vs eager; integer operations on the bits cannot be dropped. inf stays inf,
     values past bf16's max round to inf as the cast does, NaN stays NaN.
     """
-    bits = x.float().contiguous().view(torch.int32)
+    bits = x.view(torch.int32)
     lsb = (bits >> 16) & 1
     rounded = ((bits + 0x7FFF + lsb) & -65536).view(torch.float32)  # -65536 = 0xFFFF0000
-    return torch.where(torch.isnan(x), x.float(), rounded)
+    return torch.where(torch.isnan(x), x, rounded)
 
 
 def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -117,6 +117,7 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
     """Apply FSDP / torch.compile / DDP as configured; returns the module to call."""
     if config.parallel != "none" and not runtime.distributed:
         raise ConfigError(f"parallel={config.parallel} needs a torchrun launch (WORLD_SIZE > 1)")
+    _compile_blocks(model, config)  # before FSDP, torchtitan's order; no-op unless "block"
     if config.parallel == "fsdp":
         from minifloat.distributed import apply_fsdp, fsdp_reduce_dtype
 
@@ -124,13 +125,11 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
             reduce_dtype = fsdp_reduce_dtype(config.grad_comm)
         except ValueError as err:
             raise ConfigError(str(err)) from None
-        _compile_blocks(model, config)  # torchtitan's order: per-block compile, then FSDP
         model = apply_fsdp(
             model, reduce_dtype=reduce_dtype, quantized_all_gather=config.quantized_all_gather
         )
         if deferred:
             _materialize(model, runtime.device, config.seed)
-    _compile_blocks(model, config)  # a no-op unless compile_scope is "block" (or done above)
     forward_module = model
     if config.compile and config.compile_scope == "model":
         forward_module = torch.compile(model, mode=config.compile_mode)
@@ -147,7 +146,7 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
 
 def _compile_blocks(model: nn.Module, config: TrainConfig) -> None:
     """Under `compile_scope="block"`, compile each repeated block in place (`Module.compile`:
-    parameter names and the state_dict stay those of the plain model); once per model."""
+    parameter names and the state_dict stay those of the plain model)."""
     if not (config.compile and config.compile_scope == "block"):
         return
     from minifloat.blocks import NoRepeatedBlocksError, find_repeated_blocks
@@ -157,5 +156,4 @@ def _compile_blocks(model: nn.Module, config: TrainConfig) -> None:
     except NoRepeatedBlocksError as err:
         raise ConfigError(f"compile-scope block: {err}") from None
     for block in blocks:
-        if getattr(block, "_compiled_call_impl", None) is None:
-            block.compile(mode=config.compile_mode)
+        block.compile(mode=config.compile_mode)
