@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import platform
+import shutil
 import statistics
+import tempfile
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
 import torch
 
-__all__ = ["time_ms", "kernel_ms", "environment", "gpu_tag", "write_results", "RESULTS_DIR"]
+__all__ = [
+    "time_ms", "kernel_ms", "environment", "gpu_tag", "write_results", "dump_kernel_sources",
+    "RESULTS_DIR",
+]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -109,6 +116,30 @@ def write_results(
     js = out_dir / f"{stem}.json"
     js.write_text(json.dumps(records, indent=1))
     return md, js
+
+
+def dump_kernel_sources(names: list[str], dest: Path, prefix: str, limit: int) -> list[Path]:
+    """Copy inductor's generated source of the first `limit` Triton kernels in `names` (profiler
+    kernel names, slowest first) from its cache (TORCHINDUCTOR_CACHE_DIR or the default) to
+    `dest/<prefix>_<i>_<name>.py`."""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{os.environ.get('USER', 'root')}"
+    )
+    wanted = [n for n in names if n.startswith("triton_")][:limit]
+    sources = glob.glob(os.path.join(cache, "**", "*.py"), recursive=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for i, name in enumerate(wanted):
+        for path in sources:
+            with open(path, errors="ignore") as f:
+                # names may come truncated (profiler tables): match a long one as a prefix
+                if f"def {name}" + ("(" if len(name) < 200 else "") not in f.read():
+                    continue
+            target = dest / f"{prefix}_{i}_{name[:60]}.py"
+            shutil.copy(path, target)
+            copied.append(target)
+            break
+    return copied
 
 
 def median(values: list[float]) -> float:

@@ -11,11 +11,7 @@ Prints every GPU kernel of one step with its time, and copies the generated Trit
 from __future__ import annotations
 
 import argparse
-import glob
-import os
-import shutil
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,7 +19,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import time_ms  # noqa: E402
+from common import dump_kernel_sources, time_ms  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
 
 
@@ -67,19 +63,7 @@ def main() -> None:
     for name in ranked:
         print(f"  {totals[name]:8.3f} ms  {name[:150]}")
     if args.dump:
-        os.makedirs(args.dump, exist_ok=True)
-        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
-            tempfile.gettempdir(), f"torchinductor_{os.environ.get('USER', 'root')}"
-        )
-        triton_kernels = [n for n in ranked if n.startswith("triton_")][: args.top]
-        for i, name in enumerate(triton_kernels):
-            for path in glob.glob(os.path.join(cache, "**", "*.py"), recursive=True):
-                with open(path, errors="ignore") as f:
-                    if f"def {name}(" in f.read():
-                        shutil.copy(
-                            path, os.path.join(args.dump, f"{args.recipe}_{i}_{name[:60]}.py")
-                        )
-                        break
+        dump_kernel_sources(ranked, Path(args.dump), args.recipe, args.top)
 
 
 if __name__ == "__main__":

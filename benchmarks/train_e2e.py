@@ -41,7 +41,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch._dynamo.utils import counters  # noqa: E402
 
-from common import gpu_tag, write_results  # noqa: E402
+from common import dump_kernel_sources, gpu_tag, write_results  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
 from minifloat.models.llama import Llama, get_config  # noqa: E402
@@ -242,6 +242,9 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     }  # fmt: skip
     if row in args.profile and cuda:
         rec |= profile_steps(step, batches)
+        if args.dump_kernels:  # the generated source of the slowest Triton kernels
+            names = [name for name, _, _ in rec["kernels"]]
+            dump_kernel_sources(names, Path(args.dump_kernels), row.replace(":", "_"), 10)
     del step, opt, compiled, net
     _release()
     return rec
@@ -316,6 +319,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--impl", default="ours", choices=("ours", "hf"))
     ap.add_argument("--rows", default=",".join(DEFAULT_ROWS))
     ap.add_argument("--profile", default="", help="rows to profile (comma-separated)")
+    ap.add_argument(
+        "--dump-kernels",
+        default=None,
+        help="copy the inductor source of the profiled rows' 10 slowest Triton kernels here",
+    )
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--seq", type=int, default=None)
     ap.add_argument("--vocab", type=int, default=None)

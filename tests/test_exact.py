@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from bits import bits_equal
-from minifloat.exact import round_to_bf16, to_dtype
+from minifloat.exact import div_rn_by_scale, round_to_bf16, to_dtype
 
 
 def _probe() -> torch.Tensor:
@@ -36,3 +36,20 @@ def test_compiled_round_trip_keeps_the_rounding():
         return to_dtype(t * 1.0, torch.bfloat16).float() * 1.0
 
     assert bits_equal(torch.compile(trip)(x), x.to(torch.bfloat16).float())
+
+
+def test_div_rn_by_scale_equals_the_correctly_rounded_quotient():
+    """Group scales [R, 1] over [R, C]: the fp32 quotient eager division gives (correctly
+    rounded), compiled too; zero, inf and NaN scales as division treats them."""
+    x = _probe()[:4096].reshape(64, 64)
+    gen = torch.Generator().manual_seed(1)
+    scale = torch.rand(64, 1, generator=gen) * torch.exp2(
+        torch.randint(-60, 60, (64, 1), generator=gen).float()
+    )
+    scale[:4, 0] = torch.tensor([0.0, float("inf"), float("nan"), 1e-40])
+    want = x / scale  # eager CPU division is IEEE round-to-nearest
+    normal = want.abs() >= torch.finfo(torch.float32).tiny  # subnormal quotients: see div_rn
+    got = div_rn_by_scale(x, scale)
+    assert bits_equal(torch.where(normal, got, want), want)
+    compiled = torch.compile(div_rn_by_scale, fullgraph=True)(x, scale)
+    assert bits_equal(compiled, got)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from minifloat import formats
-from minifloat.exact import div_rn
+from minifloat.exact import div_rn_by_scale
 from minifloat.formats import ElementFormat
 
 __all__ = ["dge_function", "dge_derivative", "dge_scale"]
@@ -98,7 +98,7 @@ def dge_scale(
     """DGE's weight-gradient correction dw * f'(w / w_scale), float32.
 
     `w_scale` broadcasts against `w` (e.g. [N, 1] row scales). Plain PyTorch that torch.compile
-    fuses into one pass; the division is `exact.div_rn`, so compiled equals eager.
+    fuses into one pass; the division is `exact.div_rn_by_scale`, so compiled equals eager.
     """
-    w_scaled = div_rn(w.detach().float(), w_scale.float())
+    w_scaled = div_rn_by_scale(w.detach().float(), w_scale.float())
     return dw.float() * dge_derivative(w_scaled, fmt=fmt, k=k, cap=cap)

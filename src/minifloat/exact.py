@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["div_rn", "fma_rn", "round_to_bf16", "sqrt_eager", "to_dtype"]
+__all__ = ["div_rn", "div_rn_by_scale", "fma_rn", "round_to_bf16", "sqrt_eager", "to_dtype"]
 
 
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -24,6 +24,33 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     last bit; callers that round them onto a quantization grid get zero either way.
     """
     return (a.double() * b.double().reciprocal()).float()
+
+
+@torch.library.custom_op("minifloat::reciprocal_f64", mutates_args=())
+def _reciprocal_f64(b: torch.Tensor) -> torch.Tensor:
+    return b.double().reciprocal()
+
+
+@_reciprocal_f64.register_fake
+def _(b: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(b, dtype=torch.float64)
+
+
+def div_rn_by_scale(a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`div_rn(a, scale)` for a `scale` broadcast over many elements of `a` (a quantizer's
+    per-tensor, per-row or per-block scales): the same bits, faster compiled.
+
+    The float64 reciprocals of the scales are computed once, in a kernel of their own (an
+    opaque op): inductor would otherwise inline them into the elementwise kernel and divide in
+    float64 for every element. Measured on an H200: a SwiGLU backward that quantizes four
+    row- and column-scaled operands took 0.82 ms, bound by those float64 divisions, for 0.9 GB
+    of traffic (~0.3 ms). Eager and Triton float64 reciprocals are both correctly rounded.
+    A single (tensor-wise) scale stays inline: a kernel computes a scalar once, and an extra
+    launch per quantization costs more host time than it saves.
+    """
+    if scale.numel() == 1:
+        return div_rn(a, scale)
+    return (a.double() * _reciprocal_f64(scale.float())).float()
 
 
 def fma_rn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -276,7 +276,7 @@ def gathered_operand(
     scale = replicated if replicated is not None else payload[1]
     if g.transpose:
         values, scale = values.t(), scale.t().contiguous()
-    return QOperand(values, scale, fmt, g.spec.granularity)
+    return QOperand(values, scale, fmt, g.spec.granularity, transposed=g.transpose)
 
 
 def payload_bytes(plan: GatherPlan, rows: int, cols: int) -> int:

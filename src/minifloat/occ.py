@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from minifloat.exact import div_rn
+from minifloat.exact import div_rn_by_scale
 from minifloat.kernels.operand import round_to_storage
 from minifloat.quantize import Granularity, quantize, tensor_quantiles
 from minifloat.recipes import OCCConfig
@@ -114,13 +114,13 @@ def fold_remainder(
         t = the least power of two >= 1 with |z| / t <= 448: where z = x_values (no clipping)
         the E2M1 values stay exact in E4M3 while t <= 2^8.
     """
-    z = x_values.float() + div_rn(remainder(x, lo, hi), x_scale.float())
+    z = x_values.float() + div_rn_by_scale(remainder(x, lo, hi), x_scale.float())
     amax = z.abs().amax()
     bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
     # A product of exact factors of 2 (a comparison per exponent): the same bits in every
     # compiled form, where log2/exp2 may be approximate.
     t = torch.where(amax > bounds, 2.0, 1.0).prod().reshape(1, 1)
-    return round_to_storage(div_rn(z, t), "e4m3"), t
+    return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
 
 
 def occ_activation(

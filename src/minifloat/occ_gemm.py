@@ -75,7 +75,7 @@ def folded_wgrad_operand(
     (a tensor-scaled x_q: the product of a float32 and a power of two is exact)."""
     values, t = backend.kernel(occ.fold_remainder, x)(x.detach(), *clip, x_q.data, x_q.scale)
     scale = t if unit_scale else x_q.scale * t
-    return QOperand(values.t(), scale, "e4m3", "tensor")
+    return QOperand(values.t(), scale, "e4m3", "tensor", transposed=True)
 
 
 def remainder_wgrad_operand(backend: Backend, fmt: str, x: torch.Tensor, clip: Clip) -> QOperand:

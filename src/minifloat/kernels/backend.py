@@ -34,6 +34,10 @@ class QOperand:
     Micro-block operands (kernels/microscale.py) name their `scale_format` ("e4m3": NVFP4's
     E4M3 block scales, stored as float8_e4m3fn, times the fp32 `tensor_scale` [1,1]; "e8m0":
     MX's power-of-two block scales); their GEMM keeps the tensor scale out of the products.
+    `transposed`: `data` is a transposed view of a contiguous tensor (the layout the quantizer
+    wrote). Known statically, so a backend can make it contiguous in a kernel of its own
+    (kernels/transpose.py) without asking for strides, which dynamo cannot always answer on
+    tensors saved for backward.
     """
 
     data: torch.Tensor
@@ -42,6 +46,7 @@ class QOperand:
     granularity: Granularity
     tensor_scale: torch.Tensor | None = None
     scale_format: str = "fp32"
+    transposed: bool = False
 
     @property
     def shape(self) -> torch.Size:

@@ -62,21 +62,23 @@ class EmulatedBackend:
                 x.detach(), spec.fmt, spec.granularity,
                 clip=clip, prescale=prescale, transpose=transpose, scale=scale,
             )  # fmt: skip
-            return QOperand(values, s, spec.fmt, spec.granularity)
+            return QOperand(values, s, spec.fmt, spec.granularity, transposed=transpose)
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)
 
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
         data = q.data.t()  # a view: made contiguous by whatever needs it so (a GEMM, a save)
+        flipped = not q.transposed
         if unit_scale:
             ones = torch.ones(1, 1, dtype=torch.float32, device=q.scale.device)
-            return QOperand(data, ones, q.fmt, "tensor")
+            return QOperand(data, ones, q.fmt, "tensor", transposed=flipped)
         if q.granularity == "tensor":
-            return QOperand(data, q.scale, q.fmt, "tensor")
+            return QOperand(data, q.scale, q.fmt, "tensor", transposed=flipped)
         if isinstance(q.granularity, tuple):
             br, bc = q.granularity
             return dataclasses.replace(
-                q, data=data, scale=q.scale.t().contiguous(), granularity=(bc, br)
-            )
+                q, data=data, scale=q.scale.t().contiguous(), granularity=(bc, br),
+                transposed=flipped,
+            )  # fmt: skip
         raise ValueError(f"cannot transpose a {q.granularity!r}-scaled operand keeping its scale")
 
     def scaled_mm(

@@ -12,7 +12,9 @@ these differences, so results never depend on which one ran:
 - scaled_mm: `torch._scaled_mm` (kernels/scaled_mm.py), tensor-wise / row-wise / (1x128,
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
-  zero-padded.
+  zero-padded. Operands that are transposed views (wgrad's dyᵀ and xᵀ, dgrad's wᵀ) are made
+  row-major by an opaque tiled transpose (kernels/transpose.py), not by a copy inductor would
+  fuse into the kernel that produced them.
 - microscaled_mm (NVFP4 / MXFP4 operands): the bf16-exact `values x block scale` operands in a
   bf16 GEMM with fp32 output, tensor scales applied to that output (kernels/microscale.py): the
   FP4 numerics at bf16 speed, not faster. A Blackwell path would override this method.
@@ -31,6 +33,7 @@ from minifloat.kernels import microscale
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.emulated import EmulatedBackend
+from minifloat.kernels.transpose import transpose_copy
 
 __all__ = ["HopperBackend", "FallbackWarning"]
 
@@ -84,13 +87,14 @@ class HopperBackend(EmulatedBackend):
                 )
             return super().scaled_mm(a, b, out_dtype=out_dtype, bias=bias)
         gemm_dtype = torch.float32 if bias is not None else out_dtype
+        a_data, b_data = _row_major(a), _row_major(b)
         if kind == "rowish":
             out = smm.scaled_mm_rowish(
-                a.data, a.scale, b.data, b.scale, out_dtype=gemm_dtype, use_fast_accum=fast_accum
+                a_data, a.scale, b_data, b.scale, out_dtype=gemm_dtype, use_fast_accum=fast_accum
             )
         else:
             out = smm.scaled_mm_blocks(
-                a.data, a.scale, b.data, b.scale, b.granularity, out_dtype=gemm_dtype
+                a_data, a.scale, b_data, b.scale, b.granularity, out_dtype=gemm_dtype
             )
         if bias is not None:
             out = to_dtype(out + bias.float(), out_dtype)
@@ -115,6 +119,12 @@ def _bf16_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if _MM_OUT_DTYPE:
         return torch.mm(a.to(torch.bfloat16), b.to(torch.bfloat16).t(), out_dtype=torch.float32)
     return a @ b.t()
+
+
+def _row_major(q: QOperand) -> torch.Tensor:
+    """q's values row-major, as the FP8 GEMM reads them: a transposed view is copied by the
+    opaque tiled transpose (kernels/transpose.py), never by a store fused into its producer."""
+    return transpose_copy(q.data.t()) if q.transposed else q.data
 
 
 def _gemm_kind(a: QOperand, b: QOperand) -> str | None:

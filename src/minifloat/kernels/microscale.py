@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from minifloat import counter_rng, hadamard
-from minifloat.exact import div_rn, to_dtype
+from minifloat.exact import div_rn, div_rn_by_scale, to_dtype
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.operand import FP8_STORAGE, round_to_storage
 from minifloat.quantize import expand_scale
@@ -175,7 +175,7 @@ def quantize_microscaled(
     padded = F.pad(v, (0, -c % bc, 0, -r % br))  # zeros never change a block's amax
     blocks = padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc)
     b, ts, divisor = _block_scales(blocks.abs().amax(dim=(1, 3)), scale_format)
-    q = div_rn(blocks, divisor[:, None, :, None]).reshape(padded.shape)[:r, :c]
+    q = div_rn_by_scale(blocks, divisor[:, None, :, None]).reshape(padded.shape)[:r, :c]
     values = _round_e2m1(q, noise).contiguous()
     if scale_format == "e4m3":
         b = b.to(torch.float8_e4m3fn)
@@ -202,7 +202,9 @@ def quantize(
         stochastic=spec.rounding == "stochastic", hadamard_size=spec.hadamard, seed=seed,
     )  # fmt: skip
     tensor_scale = ts if spec.scale_format == "e4m3" else None
-    return QOperand(values, b, spec.fmt, spec.granularity, tensor_scale, spec.scale_format)
+    return QOperand(
+        values, b, spec.fmt, spec.granularity, tensor_scale, spec.scale_format, transpose
+    )
 
 
 def exact_bf16_values(q: QOperand) -> torch.Tensor:

@@ -9,8 +9,9 @@ one or two memory passes fused with whatever produced its input (a norm, an acti
 residual), which is where the speed of FP8 training comes from (DESIGN.md "The fast path").
 
 Pinned forms, so that compiled code equals eager code bit for bit:
-- Quotients x / s through `minifloat.exact.div_rn` (float64, rounded once): the correctly
-  rounded float32 quotient the reference computes, whatever division inductor emits. (Subnormal
+- Quotients x / s through `minifloat.exact.div_rn_by_scale` (float64, rounded once): the
+  correctly rounded float32 quotient the reference computes, whatever division inductor emits,
+  with the scales' reciprocals computed once per group rather than per element. (Subnormal
   quotients may differ in their last bit; every format here rounds them to zero either way.)
 - Grid rounding by multiplications with powers of two and `torch.round` (E2M1), or the
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from minifloat import formats
-from minifloat.exact import div_rn
+from minifloat.exact import div_rn, div_rn_by_scale
 from minifloat.quantize import Granularity
 
 __all__ = [
@@ -93,7 +94,7 @@ def _quantize_blocks(
     blocks = v.reshape(v.shape[0] // br, br, v.shape[1] // bc, bc)
     amax = blocks.abs().amax(dim=(1, 3))
     scale = scale_from_amax(amax, formats.get(fmt).max)
-    q = div_rn(blocks, scale[:, None, :, None]).reshape(v.shape)[:r, :c]
+    q = div_rn_by_scale(blocks, scale[:, None, :, None]).reshape(v.shape)[:r, :c]
     return round_to_storage(q, fmt), scale
 
 
@@ -132,7 +133,7 @@ def quantize_operand(
         if granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
         scale = scale.float().reshape(1, 1)
-        return _layout(round_to_storage(div_rn(v, scale), fmt), transpose), scale
+        return _layout(round_to_storage(div_rn_by_scale(v, scale), fmt), transpose), scale
     # A transposed operand is quantized in x's own layout, where its groups are columns or
     # column blocks, and written transposed at the end: the reductions then read rows of x
     # (coalesced) instead of columns of a transposed view.
@@ -149,7 +150,7 @@ def quantize_operand(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
         )
     s = scale_from_amax(amax, formats.get(fmt).max)
-    values = round_to_storage(div_rn(v, s), fmt)
+    values = round_to_storage(div_rn_by_scale(v, s), fmt)
     return _layout(values, transpose), (s.t().contiguous() if transpose else s)
 
 

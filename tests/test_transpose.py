@@ -1,0 +1,99 @@
+"""kernels/transpose.py: the opaque transposed copy equals `x.t().contiguous()` bit for bit (CPU,
+compiled, and the Triton kernel on a GPU), and `QOperand.transposed`, which tells the Hopper
+backend which GEMM operands to copy with it, is true exactly for the transposed views."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minifloat import recipes
+from minifloat.kernels import EmulatedBackend
+from minifloat.kernels.backend import QOperand
+from minifloat.kernels.transpose import transpose_copy
+from minifloat.linear import QuantLinear, QuantLinearFunction
+
+DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float32, torch.uint8]
+SHAPES = [(1, 7), (5, 1), (33, 17), (130, 260)]
+QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + [
+    "fp4:occ.compensation_format=fp32",
+    "fp4-occ:scaling.input=tensor",
+    "fp8-blockwise:occ=on",
+]
+
+
+def _data(shape, dtype, device="cpu") -> torch.Tensor:
+    x = torch.randn(shape, device=device) * 8
+    return x.to(torch.uint8) if dtype == torch.uint8 else x.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_transpose_copy_is_a_contiguous_transposed_copy(shape, dtype):
+    x = _data(shape, dtype)
+    out = transpose_copy(x)
+    assert out.is_contiguous() and out.shape == (shape[1], shape[0]) and out.dtype == dtype
+    assert torch.equal(_bits(out), _bits(x.t().contiguous()))
+    assert out.data_ptr() != x.data_ptr()  # a copy, never an alias (custom-op contract)
+    assert torch.equal(_bits(transpose_copy(x[:, ::2])), _bits(x[:, ::2].t().contiguous()))
+
+
+def test_transpose_copy_passes_opcheck_and_compiles_as_one_node():
+    x = _data((12, 20), torch.float8_e4m3fn)
+    torch.library.opcheck(transpose_copy, (x.float(),))
+    fn = torch.compile(lambda t: transpose_copy(t * 2), fullgraph=True)
+    assert torch.equal(fn(x.float()), (x.float() * 2).t().contiguous())
+
+
+def test_transpose_copy_rejects_other_ranks():
+    with pytest.raises(ValueError, match="2-D"):
+        transpose_copy(torch.zeros(2, 3, 4))
+
+
+class _LayoutCheckingBackend(EmulatedBackend):
+    """The reference backend, asserting at every GEMM that each operand's `transposed` flag says
+    whether its data is a transposed view of a contiguous tensor."""
+
+    def __init__(self) -> None:
+        self.checked = 0
+
+    def scaled_mm(self, a: QOperand, b: QOperand, **kwargs) -> torch.Tensor:
+        for q in (a, b):
+            if q.data.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                base = q.data.t() if q.transposed else q.data
+                assert base.is_contiguous() and (q.transposed != q.data.is_contiguous())
+                self.checked += 1
+        return super().scaled_mm(a, b, **kwargs)
+
+
+@pytest.mark.parametrize("name", QUANT_RECIPES)
+def test_operand_transposed_flag_matches_the_layout(name):
+    torch.manual_seed(0)
+    layer = QuantLinear(64, 48, recipe=name)
+    x = torch.randn(32, 64, requires_grad=True)
+    backend = _LayoutCheckingBackend()
+    y = QuantLinearFunction.apply(
+        x, layer.weight, layer.bias, layer.recipe, backend, torch.float32,
+        layer.amax_history, layer.rng_state,
+    )  # fmt: skip
+    y.backward(torch.randn_like(y))
+    if not name.startswith(("nvfp4", "mxfp4")):  # micro-block GEMMs take the bf16 path
+        assert backend.checked >= 6  # both operands of fprop, dgrad and wgrad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + [(1000, 3000), (16384, 96)], ids=str)
+def test_triton_transpose_equals_aten(shape, dtype):
+    from minifloat.kernels.transpose_triton import transpose_2d
+
+    x = _data(shape, dtype, "cuda")
+    want = _bits(x.t().contiguous())
+    assert torch.equal(_bits(transpose_copy(x)), want)
+    for tile in ((64, 64, 4), (128, 128, 8)):
+        assert torch.equal(_bits(transpose_2d(x, tile)), want)
