@@ -44,7 +44,7 @@ def test_transpose_copy_is_a_contiguous_transposed_copy(shape, dtype):
 
 def test_transpose_copy_passes_opcheck_and_compiles_as_one_node():
     x = _data((12, 20), torch.float8_e4m3fn)
-    torch.library.opcheck(transpose_copy, (x.float(),))
+    torch.library.opcheck(torch.ops.minifloat.transpose_copy.default, (x.float(),))
     fn = torch.compile(lambda t: transpose_copy(t * 2), fullgraph=True)
     assert torch.equal(fn(x.float()), (x.float() * 2).t().contiguous())
 

@@ -26,12 +26,14 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double().reciprocal()).float()
 
 
-@torch.library.custom_op("minifloat::reciprocal_f64", mutates_args=())
-def _reciprocal_f64(b: torch.Tensor) -> torch.Tensor:
-    return b.double().reciprocal()
+# Library-defined (not `torch.library.custom_op`, whose Python wrapper costs ~19 us of host time
+# per call against ~3 us, measured on the CPU): one call per quantization with group scales.
+_LIB = torch.library.Library("minifloat", "FRAGMENT")
+_LIB.define("reciprocal_f64(Tensor b) -> Tensor")
+_LIB.impl("reciprocal_f64", lambda b: b.double().reciprocal(), "CompositeExplicitAutograd")
 
 
-@_reciprocal_f64.register_fake
+@torch.library.register_fake("minifloat::reciprocal_f64")
 def _(b: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(b, dtype=torch.float64)
 
@@ -50,7 +52,7 @@ def div_rn_by_scale(a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """
     if scale.numel() == 1:
         return div_rn(a, scale)
-    return (a.double() * _reciprocal_f64(scale.float())).float()
+    return (a.double() * torch.ops.minifloat.reciprocal_f64.default(scale.float())).float()
 
 
 def fma_rn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -24,17 +24,29 @@ except ImportError:  # pragma: no cover - depends on the installation
     _triton_transpose = None
 
 
-@torch.library.custom_op("minifloat::transpose_copy", mutates_args=())
-def transpose_copy(x: torch.Tensor) -> torch.Tensor:
-    """`x.t()` as a new contiguous tensor, for 2-D `x` of any dtype (an opaque kernel: see the
-    module docstring)."""
-    if x.dim() != 2:
-        raise ValueError(f"transpose_copy takes a 2-D tensor, got shape {tuple(x.shape)}")
+# A Library-defined op, not `torch.library.custom_op`: the latter's Python wrapper costs ~19 us of
+# host time per call against ~3 us (measured on the CPU), and a 1.3B step makes hundreds of calls.
+_LIB = torch.library.Library("minifloat", "FRAGMENT")
+_LIB.define("transpose_copy(Tensor x) -> Tensor")
+
+
+def _transpose_copy(x: torch.Tensor) -> torch.Tensor:
     if x.is_cuda and _triton_transpose is not None and x.numel() > 0:
         return _triton_transpose(x.contiguous())
     return x.t().clone(memory_format=torch.contiguous_format)
 
 
-@transpose_copy.register_fake
+_LIB.impl("transpose_copy", _transpose_copy, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("minifloat::transpose_copy")
 def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[1], x.shape[0]))
+
+
+def transpose_copy(x: torch.Tensor) -> torch.Tensor:
+    """`x.t()` as a new contiguous tensor, for 2-D `x` of any dtype (an opaque kernel: see the
+    module docstring). Carries no gradient (GEMM operands are quantized values)."""
+    if x.dim() != 2:
+        raise ValueError(f"transpose_copy takes a 2-D tensor, got shape {tuple(x.shape)}")
+    return torch.ops.minifloat.transpose_copy.default(x)
