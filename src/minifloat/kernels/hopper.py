@@ -12,9 +12,10 @@ these differences, so results never depend on which one ran:
 - scaled_mm: `torch._scaled_mm` (kernels/scaled_mm.py), tensor-wise / row-wise / (1x128,
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
-  zero-padded. Operands that are transposed views (wgrad's dyᵀ and xᵀ, dgrad's wᵀ) are made
-  row-major by an opaque tiled transpose (kernels/transpose.py), not by a copy inductor would
-  fuse into the kernel that produced them.
+  zero-padded. Operands flagged as transposed views (`QOperand.transposed`: wgrad's dyᵀ made in
+  backward; saved xᵀ and wᵀ when running eagerly) are made row-major by an opaque tiled
+  transpose (kernels/transpose.py), not by a copy inductor would fuse into the kernel that
+  produced them (saved operands under torch.compile: see `linear._unstash`).
 - microscaled_mm (NVFP4 / MXFP4 operands): the bf16-exact `values x block scale` operands in a
   bf16 GEMM with fp32 output, tensor scales applied to that output (kernels/microscale.py): the
   FP4 numerics at bf16 speed, not faster. A Blackwell path would override this method.
