@@ -97,3 +97,56 @@ def test_triton_transpose_equals_aten(shape, dtype):
     assert torch.equal(_bits(transpose_copy(x)), want)
     for tile in ((64, 64, 4), (128, 128, 8)):
         assert torch.equal(_bits(transpose_2d(x, tile)), want)
+
+
+def _saved_bytes(recipe: str) -> int:
+    """Bytes a compiled one-block LLaMA saves for backward (parameters and repeats left out)."""
+    import dataclasses
+
+    from minifloat.convert import convert
+    from minifloat.models.llama import Llama, get_config
+
+    cfg = dataclasses.replace(
+        get_config("1.3B", vocab_size=1000, max_seq_len=128),
+        n_layers=1, dim=256, ffn_dim=704, n_heads=4, n_kv_heads=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    net = Llama(cfg)
+    net.init_weights(0)
+    convert(net, recipe)
+    for block in net.layers:
+        block.compile()
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    tokens = torch.randint(0, 1000, (2, 128))
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = net(tokens).float().square().mean()
+    loss.backward()
+    torch._dynamo.reset()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("recipe", ["fp8-tensorwise"])  # fp4-dge: same check, 165 s
+def test_opaque_transposes_add_no_saved_activations(recipe, monkeypatch):
+    """The Hopper GEMM path (forced on the CPU: `torch._scaled_mm` runs FP8 there too) saves no
+    more for backward than with plain transposed copies. Copying saved operands with the opaque
+    op instead made the partitioner save the FP8 operands it otherwise recomputes (+5.4 GB at
+    1.3B, docs/hopper.md); `linear._unstash` keeps them plain under torch.compile."""
+    from minifloat.kernels import hopper, select
+    from minifloat.kernels import scaled_mm as smm
+
+    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
+    monkeypatch.setattr(smm, "supported", lambda a, b: (
+        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
+    ))  # fmt: skip
+    with_opaque = _saved_bytes(recipe)
+    monkeypatch.setattr(hopper, "_row_major", lambda q: q.data.contiguous())
+    assert with_opaque == _saved_bytes(recipe)
