@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "time_ms", "kernel_ms", "environment", "gpu_tag", "write_results", "dump_kernel_sources",
-    "RESULTS_DIR",
+    "time_ms", "kernel_ms", "copy_bandwidth", "environment", "gpu_tag", "write_results",
+    "dump_kernel_sources", "RESULTS_DIR",
 ]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -64,6 +64,14 @@ def kernel_ms(fn: Callable[[], object], *, reps: int = 10) -> float | None:
     if not kernels:
         return None
     return sum(e.device_time_total for e in kernels) / 1000.0 / reps
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a 256 MiB device-to-device copy (bytes read + written): the ceiling that
+    memory-bound kernels are measured against."""
+    src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
 
 
 def environment() -> dict[str, str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, kernel_ms, time_ms, write_results  # noqa: E402
+from common import copy_bandwidth, environment, kernel_ms, time_ms, write_results  # noqa: E402
 from minifloat import formats  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 from minifloat.kernels import scaled_mm as smm  # noqa: E402
@@ -32,13 +32,6 @@ from minifloat.quantize import quantize  # noqa: E402
 M = 16384
 # (tokens, features): the 7B and 1.3B layer shapes, and the 125M model's (batch 32 x 1024).
 SHAPES = ((M, 4096), (M, 11008), (M, 2048), (32768, 768), (32768, 2048))
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() / ms / 1e6  # GB/s
 
 
 def _cases(x: torch.Tensor, col: torch.Tensor, row: torch.Tensor) -> dict:

@@ -23,19 +23,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import time_ms, write_results  # noqa: E402
+from common import copy_bandwidth, time_ms, write_results  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 from minifloat.kernels.transpose import transpose_copy  # noqa: E402
 
 SHAPES = ((16384, 2048), (16384, 5504), (2048, 5504), (16384, 4096), (16384, 11008))
 TILE_CANDIDATES = ((64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 4), (128, 128, 8),
                    (256, 128, 8))  # fmt: skip
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(2**28, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6  # GB/s
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

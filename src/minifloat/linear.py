@@ -223,7 +223,7 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
     """
     if q is None:
         return None, None
-    data, transposed = q.data, not q.data.is_contiguous()
+    data, transposed = q.data, q.transposed
     if transposed:
         data = data.t()  # contiguous: the layout quantize wrote
     packed_cols = None

@@ -47,9 +47,9 @@ def folds_remainder(recipe: QuantRecipe) -> bool:
     )
 
 
-def _fp32_operand(t: torch.Tensor) -> QOperand:
+def _fp32_operand(t: torch.Tensor, transposed: bool = False) -> QOperand:
     ones = torch.ones(1, 1, dtype=torch.float32, device=t.device)
-    return QOperand(t.float(), ones, "fp32", "tensor")
+    return QOperand(t.float(), ones, "fp32", "tensor", transposed=transposed)
 
 
 def fprop_correction(
@@ -83,7 +83,7 @@ def remainder_wgrad_operand(backend: Backend, fmt: str, x: torch.Tensor, clip: C
     tokens ("e4m3"), or float32 ("fp32")."""
     delta = occ.remainder(x, *clip)
     if fmt == "fp32":
-        return _fp32_operand(delta.t())
+        return _fp32_operand(delta.t(), transposed=True)
     return backend.quantize(delta, _E4M3_ROWS, transpose=True)
 
 
