@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import traceback
+import warnings
 from collections import defaultdict
 from datetime import date
 from pathlib import Path
@@ -173,6 +174,9 @@ def profile_steps(step, batches: list[torch.Tensor], steps: int = 3) -> dict:
     for name, ms in totals.items():
         by_class[_classify(name)] += ms
     top = sorted(totals, key=totals.get, reverse=True)[:12]
+    # where the host's time goes (self CPU time per op: dispatcher calls, kernel launches,
+    # compiled-graph wrappers), for steps that are launch-bound
+    host = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     return {
         "kernel_ms": sum(totals.values()),
         "gemm_ms": by_class["gemm"],
@@ -180,6 +184,11 @@ def profile_steps(step, batches: list[torch.Tensor], steps: int = 3) -> dict:
         "other_ms": by_class["other"],
         "kernels_per_step": sum(counts.values()) // steps,
         "top_kernels": [(n[:100], round(totals[n], 3), counts[n] // steps) for n in top],
+        "host_self_ms": sum(e.self_cpu_time_total for e in host) / 1000.0 / steps,
+        "top_host_ops": [
+            (e.key[:100], round(e.self_cpu_time_total / 1000.0 / steps, 3), e.count // steps)
+            for e in host[:15]
+        ],
         # every kernel, for offline reading (which passes a recipe adds over bf16 / torchao)
         "kernels": [
             (n[:200], round(totals[n], 4), counts[n] // steps)
@@ -193,18 +202,37 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _timed(step, tokens: torch.Tensor) -> float:
-    """Milliseconds of one step: CUDA events on the GPU, the wall clock elsewhere."""
+def _timed(step, tokens: torch.Tensor) -> tuple[float, float]:
+    """Milliseconds of one step (CUDA events on the GPU, the wall clock elsewhere) and the host's
+    milliseconds until ``step`` returned. A host time close to the step time means the GPU waits
+    for launches (CPU-bound); far below it, the GPU is the limit."""
+    t0 = time.perf_counter()
     if tokens.is_cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step(tokens)
+        host_ms = (time.perf_counter() - t0) * 1000.0
         end.record()
         end.synchronize()
-        return start.elapsed_time(end)
-    t0 = time.perf_counter()
+        return start.elapsed_time(end), host_ms
     step(tokens)
-    return (time.perf_counter() - t0) * 1000.0
+    ms = (time.perf_counter() - t0) * 1000.0
+    return ms, ms
+
+
+def count_syncs(step, tokens: torch.Tensor) -> int:
+    """Host-device synchronizations in one step (CUDA's sync debug mode, as warnings): each one
+    drains the launch queue and leaves the GPU idle while the host catches up."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(tokens)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
@@ -226,13 +254,15 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
         step(batches[i % len(batches)])
     _sync(args.device)
     warmup_s = time.perf_counter() - t0
-    times = [_timed(step, batches[i % len(batches)]) for i in range(args.steps)]
+    timed = [_timed(step, batches[i % len(batches)]) for i in range(args.steps)]
+    times = [ms for ms, _ in timed]
     step_ms = statistics.median(times)
     rec = {
         "model": args.model, "impl": args.impl, "recipe": row,
         "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
         "tokens_per_s": args.batch * args.seq / step_ms * 1000.0,
         "step_ms": step_ms, "step_ms_min": min(times), "step_ms_max": max(times),
+        "host_ms": statistics.median(h for _, h in timed),
         "warmup_s": warmup_s, "compile_s": compile_s,
         "graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
@@ -242,6 +272,7 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     }  # fmt: skip
     if row in args.profile and cuda:
         rec |= profile_steps(step, batches)
+        rec["syncs_per_step"] = count_syncs(step, batches[0])
         if args.dump_kernels:  # the generated source of the slowest Triton kernels
             names = [name for name, _, _ in rec["kernels"]]
             dump_kernel_sources(names, Path(args.dump_kernels), row.replace(":", "_"), 10)
@@ -286,30 +317,36 @@ def markdown(records: list[dict], args) -> str:
         f"median of {args.steps} steps after {args.warmup} warm-up steps.",
         "",
         "| recipe | tokens/s | vs bf16 | vs torchao tensorwise | peak GiB | mem vs bf16 "
-        "| step ms | compile s | graphs / breaks |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| step ms | host ms | compile s | graphs / breaks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['recipe']} | {r['tokens_per_s']:,.0f} | {_x(r['speedup_vs_bf16'])} | "
             f"{_x(r['speedup_vs_torchao_tensorwise'])} | {r['peak_mem_gib']:.1f} | "
-            f"{_x(r['mem_vs_bf16'])} | {r['step_ms']:.1f} | {r['compile_s']:.0f} | "
+            f"{_x(r['mem_vs_bf16'])} | {r['step_ms']:.1f} | {r['host_ms']:.1f} | "
+            f"{r['compile_s']:.0f} | "
             f"{r['graphs']} / {r['graph_breaks']} |"
         )
     profiled = [r for r in records if "kernel_ms" in r]
     if profiled:
         lines += ["", "GPU kernel time per step (profiler, 3 steps):", "",
-                  "| recipe | kernel ms | GEMM ms | attention ms | other ms | kernels/step |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  "| recipe | kernel ms | GEMM ms | attention ms | other ms | kernels/step "
+                  "| syncs/step |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in profiled:
             lines.append(
                 f"| {r['recipe']} | {r['kernel_ms']:.1f} | {r['gemm_ms']:.1f} | "
-                f"{r['attention_ms']:.1f} | {r['other_ms']:.1f} | {r['kernels_per_step']} |"
+                f"{r['attention_ms']:.1f} | {r['other_ms']:.1f} | {r['kernels_per_step']} | "
+                f"{r.get('syncs_per_step', '—')} |"
             )
         for r in profiled:
             lines += ["", f"Top kernels, {r['recipe']}:", "", "| kernel | ms/step | launches |",
                       "|---|---|---|"]  # fmt: skip
             lines += [f"| `{n}` | {ms:.2f} | {c} |" for n, ms, c in r["top_kernels"]]
+            lines += ["", f"Host (CPU) self time by op, {r['recipe']} (profiled, so slower than "
+                      f"unprofiled steps): {r['host_self_ms']:.1f} ms/step", "",
+                      "| op | ms/step | calls |", "|---|---|---|"]  # fmt: skip
+            lines += [f"| `{n}` | {ms:.2f} | {c} |" for n, ms, c in r["top_host_ops"]]
     return "\n".join(lines)
 
 

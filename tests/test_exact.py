@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bits import bits_equal
@@ -53,3 +54,25 @@ def test_div_rn_by_scale_equals_the_correctly_rounded_quotient():
     assert bits_equal(torch.where(normal, got, want), want)
     compiled = torch.compile(div_rn_by_scale, fullgraph=True)(x, scale)
     assert bits_equal(compiled, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_reciprocal_op_on_cuda_equals_aten_eager_and_compiled():
+    """The op gives ATen's float64 reciprocal bit for bit on CUDA, for strided scales and the
+    special values; div_rn_by_scale on CUDA, compiled, equals eager and the float64 quotient."""
+    scale = torch.rand(300, 7, device="cuda") * torch.exp2(
+        torch.randint(-120, 120, (300, 7), device="cuda").float()
+    )
+    scale[0, :4] = torch.tensor([0.0, float("inf"), float("nan"), 1e-40])
+    op = torch.ops.minifloat.reciprocal_f64.default
+    for b in (scale, scale.t(), scale[:, :1], scale.reshape(1, -1)):
+        got, want = op(b).cpu(), b.double().reciprocal().cpu()
+        assert got.dtype == torch.float64 and torch.equal(got.isnan(), want.isnan())
+        keep = ~want.isnan()
+        assert torch.equal(got[keep].view(torch.int64), want[keep].view(torch.int64))
+    x = (torch.randn(300, 512, device="cuda") * 100).float()
+    s = x.abs().amax(dim=1, keepdim=True) / 6.0
+    eager = div_rn_by_scale(x, s)
+    assert bits_equal(torch.compile(div_rn_by_scale, fullgraph=True)(x, s), eager)
+    assert bits_equal(eager, (x.double() * s.double().reciprocal()).float())
