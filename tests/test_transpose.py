@@ -1,6 +1,8 @@
-"""kernels/transpose.py: the opaque transposed copy equals `x.t().contiguous()` bit for bit (CPU,
-compiled, and the Triton kernel on a GPU), and `QOperand.transposed`, which tells the Hopper
-backend which GEMM operands to copy with it, is true exactly for the transposed views."""
+"""kernels/transpose.py: the opaque transposed copy equals `x.t().contiguous()` and the opaque
+unpack-and-transpose of packed E2M1 codes equals `unpack_e2m1(...).t()`, bit for bit (CPU,
+compiled, and the Triton kernels on a GPU); `QOperand.transposed`, which tells the Hopper
+backend which GEMM operands to copy, is true exactly for the transposed views; and what a
+compiled block saves for backward (no extra operands, E2M1 kept packed)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import torch
 from minifloat import recipes
 from minifloat.kernels import EmulatedBackend
 from minifloat.kernels.backend import QOperand
-from minifloat.kernels.transpose import transpose_copy
+from minifloat.kernels.operand import pack_e2m1, round_to_storage, unpack_e2m1
+from minifloat.kernels.transpose import transpose_copy, unpack_e2m1_t
 from minifloat.linear import QuantLinear, QuantLinearFunction
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float32, torch.uint8]
@@ -52,6 +55,32 @@ def test_transpose_copy_passes_opcheck_and_compiles_as_one_node():
 def test_transpose_copy_rejects_other_ranks():
     with pytest.raises(ValueError, match="2-D"):
         transpose_copy(torch.zeros(2, 3, 4))
+
+
+def _packed(rows: int, cols: int, device: str = "cpu") -> torch.Tensor:
+    """E2M1 codes of random grid values (both zeros, NaN, ±6 included), packed two a byte."""
+    v = round_to_storage(torch.randn(rows, cols, device=device) * 3, "e2m1").float()
+    v.view(-1)[:4] = torch.tensor([-0.0, 6.0, -6.0, float("nan")])[: v.numel()]
+    return pack_e2m1(v)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 2), (5, 7), (33, 64), (130, 257)], ids=str)
+def test_unpack_e2m1_t_is_the_transposed_unpack(shape):
+    rows, cols = shape
+    packed = _packed(rows, cols)
+    out = unpack_e2m1_t(packed, cols)
+    want = unpack_e2m1(packed, cols).t().contiguous()
+    assert out.is_contiguous() and out.dtype == torch.float8_e4m3fn and out.shape == (cols, rows)
+    assert torch.equal(_bits(out), _bits(want))
+
+
+def test_unpack_e2m1_t_passes_opcheck_and_rejects_bad_input():
+    packed = _packed(6, 9)
+    torch.library.opcheck(torch.ops.minifloat.unpack_e2m1_t.default, (packed, 9))
+    with pytest.raises(ValueError, match="uint8"):
+        unpack_e2m1_t(packed.float(), 9)
+    with pytest.raises(ValueError, match="cannot hold"):
+        unpack_e2m1_t(packed, 11)
 
 
 class _LayoutCheckingBackend(EmulatedBackend):
@@ -99,8 +128,32 @@ def test_triton_transpose_equals_aten(shape, dtype):
         assert torch.equal(_bits(transpose_2d(x, tile)), want)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("shape", [(1, 1), (5, 7), (130, 257), (2048, 4096), (16384, 97)], ids=str)
+def test_triton_unpack_e2m1_t_equals_aten(shape):
+    from minifloat.kernels.transpose_triton import unpack_e2m1_t_2d
+
+    rows, cols = shape
+    packed = _packed(rows, cols, "cuda")
+    want = _bits(unpack_e2m1(packed, cols).t().contiguous())
+    assert torch.equal(_bits(unpack_e2m1_t(packed, cols)), want)
+    for tile in ((32, 16, 4), (128, 64, 8)):
+        assert torch.equal(_bits(unpack_e2m1_t_2d(packed, cols, tile)), want)
+
+
 def _saved_bytes(recipe: str) -> int:
     """Bytes a compiled one-block LLaMA saves for backward (parameters and repeats left out)."""
+    return sum(nbytes for nbytes, _ in _saved(recipe).values())
+
+
+def _saved_dtypes(recipe: str) -> set[torch.dtype]:
+    """Dtypes of what a compiled one-block LLaMA saves for backward (parameters left out)."""
+    return {dtype for _, dtype in _saved(recipe).values()}
+
+
+def _saved(recipe: str) -> dict[int, tuple[int, torch.dtype]]:
+    """Storage -> (bytes, dtype) of what a compiled one-block LLaMA saves for backward."""
     import dataclasses
 
     from minifloat.convert import convert
@@ -117,12 +170,12 @@ def _saved_bytes(recipe: str) -> int:
     for block in net.layers:
         block.compile()
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[int, torch.dtype]] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         ptr = t.untyped_storage().data_ptr()
         if ptr not in params:
-            seen[ptr] = t.untyped_storage().nbytes()
+            seen[ptr] = (t.untyped_storage().nbytes(), t.dtype)
         return t
 
     tokens = torch.randint(0, 1000, (2, 128))
@@ -131,7 +184,7 @@ def _saved_bytes(recipe: str) -> int:
         loss = net(tokens).float().square().mean()
     loss.backward()
     torch._dynamo.reset()
-    return sum(seen.values())
+    return seen
 
 
 @pytest.mark.parametrize("recipe", ["fp8-tensorwise"])  # fp4-dge: same check, 165 s
@@ -150,3 +203,23 @@ def test_opaque_transposes_add_no_saved_activations(recipe, monkeypatch):
     with_opaque = _saved_bytes(recipe)
     monkeypatch.setattr(hopper, "_row_major", lambda q: q.data.contiguous())
     assert with_opaque == _saved_bytes(recipe)
+
+
+@pytest.mark.parametrize("recipe", ["fp4-dge"])
+def test_compiled_fp4_block_saves_e2m1_packed(recipe, monkeypatch):
+    """Under torch.compile with the Hopper GEMM path (forced on the CPU), a LLaMA block under
+    fp4-dge saves its E2M1 operands packed, never an FP8 byte per entry: backward unpacks and
+    transposes them in one opaque op (`unpack_e2m1_t`). With plain unpack ops the partitioner
+    unpacked in the forward and saved the unpacked bytes of the SwiGLU output and the MLP
+    weights (1.3B: +1.2 GiB, benchmarks/results/train_e2e_1.3B_ours_unpack_t_h200_2026-11-23.md).
+    """
+    from minifloat.kernels import scaled_mm as smm
+    from minifloat.kernels import select
+
+    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
+    monkeypatch.setattr(smm, "supported", lambda a, b: (
+        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
+    ))  # fmt: skip
+    dtypes = _saved_dtypes(recipe)
+    assert torch.uint8 in dtypes
+    assert not {torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes

@@ -30,6 +30,7 @@ from minifloat.exact import to_dtype
 from minifloat.fsdp_weight import GatheredWeight
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
+from minifloat.kernels.transpose import unpack_e2m1_t
 from minifloat.recipes import QuantRecipe, Recipe
 
 __all__ = ["QuantLinear", "QuantLinearFunction", "QuantizedGemmMixin"]
@@ -241,6 +242,13 @@ def _unstash(
 ) -> QOperand:
     """The operand `_stash` saved (a transposed view again where it was one)."""
     fmt, granularity, packed_cols, transposed, scale_format = meta
+    if packed_cols is not None and transposed:
+        # One opaque pass from the packed codes to the GEMM's layout. Under torch.compile this
+        # also keeps the save packed: the partitioner never recomputes what a non-fusible
+        # backward op reads, so plain unpack ops here made it unpack in the forward and save
+        # the unpacked byte (kernels/transpose.py).
+        data = unpack_e2m1_t(data, packed_cols)
+        return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format)
     if packed_cols is not None:
         data = backend.kernel(unpack_e2m1, data)(data, packed_cols)
     if transposed and torch.compiler.is_compiling():

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["transpose_copy"]
+from minifloat.kernels.operand import unpack_e2m1
+
+__all__ = ["transpose_copy", "unpack_e2m1_t"]
 
 try:  # Triton ships with CUDA builds of torch; CPU machines have none.
     from minifloat.kernels.transpose_triton import transpose_2d as _triton_transpose
+    from minifloat.kernels.transpose_triton import unpack_e2m1_t_2d as _triton_unpack_t
 except ImportError:  # pragma: no cover - depends on the installation
-    _triton_transpose = None
+    _triton_transpose = _triton_unpack_t = None
 
 
 # A Library-defined op, not `torch.library.custom_op`: the latter's Python wrapper costs ~19 us of
@@ -50,3 +53,38 @@ def transpose_copy(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 2:
         raise ValueError(f"transpose_copy takes a 2-D tensor, got shape {tuple(x.shape)}")
     return torch.ops.minifloat.transpose_copy.default(x)
+
+
+# Saved E2M1 operands (packed two a byte) meet their backward GEMM transposed. Unpacked and
+# transposed by plain PyTorch under torch.compile, the unpacked bytes are what the GEMM reads;
+# the partitioner never recomputes a value a non-fusible op reads in backward, so it unpacked in
+# the *forward* and saved the unpacked byte per entry (twice the packed bytes, and a pack plus
+# unpack pass per operand). As one opaque op, what backward reads is the packed tensor itself.
+_LIB.define("unpack_e2m1_t(Tensor packed, int cols) -> Tensor")
+
+
+def _unpack_e2m1_t(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    if packed.is_cuda and _triton_unpack_t is not None and packed.numel() > 0:
+        return _triton_unpack_t(packed.contiguous(), cols)
+    return unpack_e2m1(packed, cols).t().clone(memory_format=torch.contiguous_format)
+
+
+_LIB.impl("unpack_e2m1_t", _unpack_e2m1_t, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("minifloat::unpack_e2m1_t")
+def _(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    return packed.new_empty((cols, packed.shape[0]), dtype=torch.float8_e4m3fn)
+
+
+def unpack_e2m1_t(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    """`unpack_e2m1(packed, cols).t()` as a new contiguous float8_e4m3fn tensor [cols, rows], in
+    one opaque kernel: E2M1 codes packed two a byte [rows, ceil(cols/2)] (`pack_e2m1`) to the
+    transposed FP8 operand a backward GEMM reads."""
+    if packed.dim() != 2 or packed.dtype != torch.uint8:
+        raise ValueError(
+            f"unpack_e2m1_t takes 2-D uint8 codes, got {packed.dtype} {tuple(packed.shape)}"
+        )
+    if not 2 * packed.shape[1] - 1 <= cols <= 2 * packed.shape[1]:
+        raise ValueError(f"{packed.shape[1]} packed columns cannot hold {cols} values")
+    return torch.ops.minifloat.unpack_e2m1_t.default(packed, cols)
