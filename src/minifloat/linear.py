@@ -240,7 +240,8 @@ def _unstash(
     meta: tuple,
     tensor_scale: torch.Tensor | None = None,
 ) -> QOperand:
-    """The operand `_stash` saved (a transposed view again where it was one)."""
+    """The operand `_stash` saved: a transposed view again where it was one, except packed E2M1
+    operands, which come back unpacked straight into the transposed layout (contiguous)."""
     fmt, granularity, packed_cols, transposed, scale_format = meta
     if packed_cols is not None and transposed:
         # One opaque pass from the packed codes to the GEMM's layout. Under torch.compile this
