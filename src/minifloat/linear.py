@@ -29,7 +29,7 @@ from minifloat import counter_rng, delayed, occ, occ_gemm, recipes
 from minifloat.exact import to_dtype
 from minifloat.fsdp_weight import GatheredWeight
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
-from minifloat.kernels.operand import pack_e2m1, unpack_e2m1
+from minifloat.kernels.operand import pack_e2m1
 from minifloat.kernels.transpose import unpack_e2m1_t
 from minifloat.recipes import QuantRecipe, Recipe
 
@@ -173,7 +173,7 @@ class QuantLinearFunction(torch.autograd.Function):
             g_q = None
             if need_dx:
                 w_rhs = (
-                    _unstash(backend, w_rhs_data, w_rhs_scale, ctx.w_rhs_meta, w_rhs_ts)
+                    _unstash(w_rhs_data, w_rhs_scale, ctx.w_rhs_meta, w_rhs_ts)
                     if w_rhs_data is not None
                     else _weight_operand(backend, weight, recipe.dgrad.rhs, transpose=True)
                 )
@@ -183,10 +183,10 @@ class QuantLinearFunction(torch.autograd.Function):
                 )
                 dx = backend.scaled_mm(g_q, w_rhs, out_dtype=ctx.dx_dtype).to(ctx.x_dtype)
             if need_dw:
-                x_rhs = _unstash(backend, x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
+                x_rhs = _unstash(x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
                 dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g, _seed(seeds, "wgrad"))
                 if delta_data is not None:  # OCC's correction, unless folded into x_rhs
-                    delta_rhs = _unstash(backend, delta_data, delta_scale, ctx.delta_meta)
+                    delta_rhs = _unstash(delta_data, delta_scale, ctx.delta_meta)
                     comp = occ_gemm.compensation(recipe)
                     dw = dw + occ_gemm.wgrad_correction(backend, comp, dy, delta_rhs)
                 # A quantized all-gather has no hp weight: DGE scales the reduce-scattered
@@ -220,7 +220,8 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
 
     Saved in its storage layout: a transposed operand (a transposed view of the input's layout,
     see kernels/operand.py) is saved untransposed and transposed when backward uses it, in the
-    backward's own kernels. E2M1 values are packed two a byte along the storage rows.
+    backward's own kernels. E2M1 values of transposed operands (every saved E2M1 operand is
+    one) are packed two a byte along the storage rows.
     """
     if q is None:
         return None, None
@@ -228,13 +229,12 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
     if transposed:
         data = data.t()  # contiguous: the layout quantize wrote
     packed_cols = None
-    if q.fmt == "e2m1" and data.dtype == torch.float8_e4m3fn:
+    if transposed and q.fmt == "e2m1" and data.dtype == torch.float8_e4m3fn:
         data, packed_cols = backend.kernel(pack_e2m1, data)(data), data.shape[1]
     return data, (q.fmt, q.granularity, packed_cols, transposed, q.scale_format)
 
 
 def _unstash(
-    backend: Backend,
     data: torch.Tensor,
     scale: torch.Tensor,
     meta: tuple,
@@ -243,21 +243,19 @@ def _unstash(
     """The operand `_stash` saved: a transposed view again where it was one, except packed E2M1
     operands, which come back unpacked straight into the transposed layout (contiguous)."""
     fmt, granularity, packed_cols, transposed, scale_format = meta
-    if packed_cols is not None and transposed:
+    if packed_cols is not None:  # transposed (`_stash` packs only those)
         # One opaque pass from the packed codes to the GEMM's layout. Under torch.compile this
         # also keeps the save packed: the partitioner never recomputes what a non-fusible
         # backward op reads, so plain unpack ops here made it unpack in the forward and save
         # the unpacked byte (kernels/transpose.py).
         data = unpack_e2m1_t(data, packed_cols)
         return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format)
-    if packed_cols is not None:
-        data = backend.kernel(unpack_e2m1, data)(data, packed_cols)
     if transposed and torch.compiler.is_compiling():
         # Under torch.compile the transposed copy of a saved operand stays plain PyTorch: the
         # partitioner may then recompute the operand in backward from tensors it saves anyway
         # (inductor fuses the copy there). Through the backend's opaque transpose it would save
         # the operand itself (it never recomputes what a non-fusible op consumes): +5.4 GB at
-        # 1.3B under fp8-tensorwise (measured), and a separate unpack pass under fp4 recipes.
+        # 1.3B under fp8-tensorwise (measured).
         return QOperand(data.t().contiguous(), scale, fmt, granularity, tensor_scale, scale_format)
     data = data.t() if transposed else data
     return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format, transposed)
