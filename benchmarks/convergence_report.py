@@ -152,7 +152,11 @@ def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model
 
 def summarize(runs: dict[str, list[dict]], order: list[str], tokens_per_step: int, model: str):
     """One record per run of ``order`` (the first is the reference)."""
-    common = min(_train(rows)[-1]["step"] for rows in runs.values())
+    # The last step every run logged: a run stopped by a time limit logs its last step off
+    # the others' logging grid, so the smallest last step alone may match no other run's row.
+    logged = [{r["step"] for r in _train(rows)} for rows in runs.values()]
+    shared = set.intersection(*logged)
+    common = max(shared) if shared else min(max(steps) for steps in logged)
     ref = runs[order[0]]
     return [record(n, runs[n], ref, common, model, tokens_per_step) for n in order]
 

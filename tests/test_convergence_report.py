@@ -73,10 +73,25 @@ def test_fp4_recipes_study_plans_its_six_runs() -> None:
     out = subprocess.run(
         ["bash", str(root / "benchmarks" / "fp4_recipes.sh"), "plan"],
         capture_output=True, text=True, check=True, cwd=root,
-        env={"PATH": "/usr/bin:/bin", "PY": sys.executable},
+        # no done-runs file: a checkout's .carry/issue16_done.txt would drop its runs from plan
+        env={"PATH": "/usr/bin:/bin", "PY": sys.executable, "DONE_FILE": "/nonexistent"},
     ).stdout  # fmt: skip
     planned = {w.removesuffix("(cont.)") for w in out.split() if w.startswith("a_50M/")}
     assert planned == {
         f"a_50M/{r}" for r in ("bf16", "fp4", "nvfp4", "mxfp4", "nvfp4:rht=off", "nvfp4:sr=off")
     }
     assert "h_125M" not in out
+
+
+def test_common_step_is_the_last_one_every_run_logged(report: ModuleType) -> None:
+    # A run stopped by a time limit logs its interrupted step (2901) off the others' grid of
+    # 25: the train gap is taken at 2900, the last step both logged, not left empty at 2901.
+    def rows(losses: dict[int, float]) -> list[dict]:
+        return [{"step": s, "loss": v, "tokens_per_s": 1.0} for s, v in losses.items()]
+
+    runs = {"bf16": rows({2875: 2.0, 2900: 2.0, 2925: 1.9}),
+            "fp4": rows({2875: 2.2, 2900: 2.1, 2901: 1.0})}  # fmt: skip
+    records = report.summarize(runs, ["bf16", "fp4"], tokens_per_step=1, model="50M")
+    assert [r["common_step"] for r in records] == [2900, 2900]
+    assert records[1]["train_gap_pct"] == pytest.approx(5.0)
+    assert records[1]["tokens"] == 2901
