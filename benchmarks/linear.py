@@ -308,12 +308,13 @@ def main() -> None:
         shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
     print(environment(), flush=True)
     records = []
+    kw = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
+    name = ("linear_compiled" if args.compile else "linear") + (f"_{args.tag}" if args.tag else "")
     for k, n in shapes:
         records += bench_shape(k, n, args.recipes.split(","), args)
         torch.cuda.empty_cache()
-    kw = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
-    name = ("linear_compiled" if args.compile else "linear") + (f"_{args.tag}" if args.tag else "")
-    md, js = write_results(name, records, markdown(records, args.compile), **kw)
+        # rewritten after every shape: a run stopped by a time limit keeps what it measured
+        md, js = write_results(name, records, markdown(records, args.compile), **kw)
     print(md.read_text())
     print(f"wrote {md} and {js}")
 
