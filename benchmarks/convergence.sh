@@ -4,8 +4,9 @@
 # 300.0M tokens, bf16 / fp8-tensorwise / fp8-blockwise / fp4 / fp4 with a final-phase switch to
 # bf16 for the last 10 % of steps (run name fp4+switch=bf16+at=0.9: train --recipe fp4
 # --switch-recipe bf16 --switch-at 0.9, docs/training.md). Ablations: 50M preset, same batch,
-# 400 steps = 13.1M tokens (the 50M pilot's length), every run with --sqnr-every (per-layer
-# quantization SQNR).
+# 3,052 steps = 100.0M tokens (issue 15 asks >= 100M; the same runs as issue 16's 50M bf16 and
+# fp4, benchmarks/fp4_recipes.sh), every run with --sqnr-every (per-layer quantization SQNR).
+# Every run is compiled (`train --compile --compile-scope block`; COMPILE= for eager).
 #
 # Device commands (tool `run`, kind nvidia-h100-x1 or nvidia-h200, carry [".carry"], timeout_s 600):
 #   once, on the CPU machine:  .venv/bin/minifloat data export english --out .carry/english.xz
@@ -33,17 +34,12 @@
 # planning speed is that of the part it trains itself (the switch recipe's: bf16 for the
 # headline), as is the work `plan` counts for it.
 #
-# Planning speeds (tokens/s, eager, one H200): bf16 125M 450k (603k measured with --compile,
-# results/train_125M_h200_2026-11-22.md); the quantized recipes scaled by the 50M pilot's measured
-# ratios (results/convergence_h200_2026-11-22.md: fp8-tensorwise 0.56x, fp4-direct 0.49x, fp4
-# with OCC 0.056x of bf16). fp8-blockwise was not measured end to end: assumed like tensorwise.
-# The pilot's OCC ran before quantiles moved from CUDA kthvalue to one sort (commit e5238fb), so
-# OCC runs are likely faster than planned; each run's measured speed replaces the estimate after
-# its first chunk. With these, `plan` gives 5 leases (sessions of 30 device-minutes) for
-# everything but the fp4 headline, which cannot finish in a lease while its compensation GEMMs
-# are dense fp32 (docs/training.md, "Convergence study"). `run N fp4-125M` runs it for what a
-# lease allows (partial; the report compares all runs at the common step). NPROC=2 (kind
-# nvidia-h200-x2) runs each job as DDP on two GPUs with the same global batch: 3 leases.
+# Planning speeds: see the queue (TABLE) below; each run's measured speed replaces its estimate
+# after its first chunk. Finished runs (DONE_FILE) are skipped by `plan` and `run`. With them
+# `plan` gives 5 leases (sessions) for what is left after 2026-11-23, the fp4 headline included.
+# `run N fp4-125M` runs that one alone for what a lease allows (partial; the report compares all
+# runs at the common step). NPROC=2 (kind nvidia-h200-x2) runs each job as DDP on two GPUs with
+# the same global batch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -61,40 +57,44 @@ BATCH="${BATCH:-32}" SEQ="${SEQ:-1024}"         # global batch (sequences) and s
 TOKENS_PER_STEP=$((BATCH * SEQ))
 NPROC="${NPROC:-1}"                             # GPUs per run: >1 runs DDP under torchrun, with
                                                 # BATCH/NPROC per rank (kind nvidia-h200-x2)
-EXTRA="${EXTRA:-}"                              # more train flags (the CPU smoke test's --device;
-                                                # "--compile --compile-scope block": compiled runs,
-                                                # one block's compile time per chunk; not yet run
-                                                # on a GPU this way)
+EXTRA="${EXTRA:-}"                              # more train flags (the CPU smoke test's --device)
+# Compiled runs (each chunk compiles one block: ~10-40 s, inside OVERHEAD); COMPILE= runs eagerly.
+COMPILE="${COMPILE---compile --compile-scope block}"
 # Per group: model, steps, peak LR, eval/log/sqnr cadence.
 H_MODEL="${H_MODEL:-125M}" H_STEPS="${H_STEPS:-9156}" H_LR=6e-4 H_EVAL=1000 H_LOG=50 H_SQNR=500
-A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-400}" A_LR=1e-3 A_EVAL=250 A_LOG=25 A_SQNR=100
-# Queue order = priority. group recipe planning-tokens/s. DGE k is ablated on fp4-dge and the
-# per-tensor scaling also on fp4-direct: no OCC there, so ~10x cheaper, and each knob isolated.
+A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=25 A_SQNR=100
+# Queue order = priority. group recipe planning-tokens/s (compiled, one H200). Measured: the 50M
+# runs of 2026-11-23 (results/fp4_recipes_h200_2026-11-23.md, ablations_50M_h200_...: bf16 1.05M,
+# fp4-direct 607k, fp4-dge 610k, fp4 480k) and 125M train_e2e.py (bf16 619k, fp8-tensorwise 516k,
+# fp4 268k; results/train_e2e_125M_ours_lib_h200_2026-11-23.md); guesses: the other 50M FP4
+# variants as their measured base, fp8-blockwise 400k. DGE k is ablated on fp4-dge and the
+# per-tensor scaling also on fp4-direct, each knob isolated. Done runs (a_50M/bf16, fp4, fp4-dge)
+# are listed in .carry/issue8_done.txt and skipped.
 TABLE="
-a bf16 637000
-a fp4-direct 314000
-a fp4-dge 314000
-a fp4-w4a8 314000
-a fp4-w8a4 314000
-a fp4-dge:dge.k=3 314000
-a fp4-dge:dge.k=10 314000
-a fp4-direct:scaling=tensor 314000
-h bf16 450000
-h fp8-tensorwise 340000
-h fp8-blockwise 320000
-a fp4 36000
-a fp4-occ 36000
-a fp4:occ.alpha=0.999 36000
-a fp4:occ.alpha=0.97 36000
-a fp4:scaling=tensor 36000
-h fp4 30000
-h fp4+switch=bf16+at=0.9 450000
+a bf16 1050000
+a fp4-direct 600000
+a fp4-dge 600000
+a fp4-w4a8 600000
+a fp4-w8a4 600000
+a fp4-dge:dge.k=3 600000
+a fp4-dge:dge.k=10 600000
+a fp4-direct:scaling=tensor 600000
+h bf16 619000
+h fp8-tensorwise 516000
+h fp8-blockwise 400000
+a fp4 480000
+a fp4-occ 480000
+a fp4:occ.alpha=0.999 480000
+a fp4:occ.alpha=0.97 480000
+a fp4:scaling=tensor 480000
+h fp4 268000
+h fp4+switch=bf16+at=0.9 619000
 "
 # Smoke scale for a CPU check of this script (tiny model, stdlib corpus, a few steps).
 if [ -n "${SMOKE:-}" ]; then
   DATA=stdlib BATCH=4 SEQ=64 TOKENS_PER_STEP=256 H_MODEL=tiny A_MODEL=tiny A_STEPS=6
   H_STEPS="${SMOKE_STEPS:-12}" H_EVAL=6 A_EVAL=3 H_LOG=2 A_LOG=2 H_SQNR=4 A_SQNR=3
-  OVERHEAD=5 MIN_LEFT=15
+  OVERHEAD=5 MIN_LEFT=15 COMPILE=""
   TABLE=$'\nh bf16 400\na fp4-dge:dge.k=3 300\nh fp4 20\nh fp4+switch=bf16+at=0.5 400\n'
   EXTRA="--device cpu --tokenizer byte --data-max-bytes 300000 $EXTRA"
 fi
@@ -226,7 +226,7 @@ chunk() {
   local t0=$SECONDS
   echo "== $(date +%T) $grp $recipe: steps $step -> $stop of $steps (~$speed tok/s, ${left}s left)${branch:+ branched from $base}"
   # shellcheck disable=SC2086
-  timeout $(( left > 15 ? left - 10 : 5 )) "${launch[@]}" train "${args[@]}" $EXTRA \
+  timeout $(( left > 15 ? left - 10 : 5 )) "${launch[@]}" train "${args[@]}" $COMPILE $EXTRA \
     >>"$dir/train.log" 2>&1 </dev/null
   local rc=$? done_step
   tail -n 2 "$dir/train.log"
@@ -272,6 +272,8 @@ plan() {
   local n=0 per_call base; per_call="$(capacity "$BUDGET")"
   while read -r grp recipe speed; do
     [ -z "$grp" ] && continue
+    # finished runs (DONE_FILE, or a DONE mark on this machine) are not planned again
+    is_done "$grp" "$recipe" && { echo "done: $(key "$grp" "$recipe")"; continue; }
     speed="$(scaled "$speed")" base="$(base_of "$recipe")"
     if [ -n "$base" ] && [ -n "${index[$grp/$base]:-}" ]; then
       local j=${index[$grp/$base]}

@@ -13,19 +13,19 @@
 #     -> benchmarks/results/fp4_recipes_h200_<date>.{json,png}, _table.md (records as the
 #        convergence report's: recipe, model, tokens, val_loss, gap_pct, ...)
 #
-# Planning speeds (tokens/s, eager, one H200) are guesses where nothing was measured yet: bf16 as
-# the 50M pilot (637k); fp4 after the OCC redesign and the micro-block recipes (bf16 GEMMs of
-# dequantized operands plus their quantizers, docs/recipes.md) at 150k. Each run's measured speed
-# replaces its guess after its first chunk. EXTRA=--compile adds `train --compile` to every chunk.
+# Ran on 2026-11-23 (one H200, 5 calls): benchmarks/results/fp4_recipes_h200_2026-11-23.md.
+# Planning speeds (tokens/s, compiled per block, one H200): the first four were guesses then
+# (bf16 900k, FP4 recipes 300k), the last one nvfp4's measured speed; measured: bf16 1.05M, the
+# FP4 recipes 456-529k. Each run's measured speed replaces its guess after its first chunk.
 set -euo pipefail
 export STUDY=issue16 A_MODEL=50M A_STEPS=3052
 export A_NAME="fp4_recipes_${GPU:-h200}" REPORT_DIR="${REPORT_DIR:-benchmarks/results}"
 export QUEUE="
-a bf16 637000
-a fp4 150000
-a nvfp4 150000
-a mxfp4 150000
-a nvfp4:rht=off 150000
-a nvfp4:sr=off 150000
+a bf16 900000
+a fp4 300000
+a nvfp4 300000
+a mxfp4 300000
+a nvfp4:rht=off 300000
+a nvfp4:sr=off 450000
 "
 exec bash "$(dirname "$0")/convergence.sh" "$@"
