@@ -244,10 +244,10 @@ def _unstash(
     operands, which come back unpacked straight into the transposed layout (contiguous)."""
     fmt, granularity, packed_cols, transposed, scale_format = meta
     if packed_cols is not None:  # transposed (`_stash` packs only those)
-        # One opaque pass from the packed codes to the GEMM's layout. Under torch.compile this
-        # also keeps the save packed: the partitioner never recomputes what a non-fusible
-        # backward op reads, so plain unpack ops here made it unpack in the forward and save
-        # the unpacked byte (kernels/transpose.py).
+        # One opaque pass from the packed codes to the GEMM's layout (kernels/transpose.py).
+        # Under torch.compile the partitioner recomputes the operand (and its packing) in
+        # backward from tensors it saves anyway, so nothing quantized is saved at all
+        # (tests/test_transpose.py; kernels/operand.py says what once prevented that).
         data = unpack_e2m1_t(data, packed_cols)
         return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format)
     if transposed and torch.compiler.is_compiling():

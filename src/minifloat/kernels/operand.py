@@ -74,10 +74,15 @@ def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
     if fmt == "e2m1":
         # Grid spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6]: round(|q| / spacing) * spacing,
-        # written with multiplications by powers of two (exact in every compiled form).
+        # written with multiplications by powers of two (exact in every compiled form). The
+        # spacings come from the comparisons by arithmetic, not `torch.where` with constants:
+        # constant tensors are shared by every quantizer of a compiled graph, and the
+        # partitioner's "used above/below fusible" rule then bans recomputing the later
+        # quantizers in backward, so it saved their E2M1 operands (fp8-* saved none).
         mag = q.abs().clamp(max=6.0)
-        inv_step = torch.where(mag < 2.0, 2.0, torch.where(mag < 4.0, 1.0, 0.5))
-        step = torch.where(mag < 2.0, 0.5, torch.where(mag < 4.0, 1.0, 2.0))
+        ge2, ge4 = (mag >= 2.0).float(), (mag >= 4.0).float()
+        step = 0.5 * (1.0 + ge2) * (1.0 + ge4)  # 0.5, 1, 2
+        inv_step = 2.0 * (1.0 - 0.5 * ge2) * (1.0 - 0.5 * ge4)  # 2, 1, 0.5
         return torch.copysign(torch.round(mag * inv_step) * step, q).to(FP8_STORAGE[fmt])
     fmt_max = formats.get(fmt).max
     return q.clamp(-fmt_max, fmt_max).to(FP8_STORAGE[fmt])

@@ -55,11 +55,11 @@ def transpose_copy(x: torch.Tensor) -> torch.Tensor:
     return torch.ops.minifloat.transpose_copy.default(x)
 
 
-# Saved E2M1 operands (packed two a byte) meet their backward GEMM transposed. Unpacked and
-# transposed by plain PyTorch under torch.compile, the unpacked bytes are what the GEMM reads;
-# the partitioner never recomputes a value a non-fusible op reads in backward, so it unpacked in
-# the *forward* and saved the unpacked byte per entry (twice the packed bytes, and a pack plus
-# unpack pass per operand). As one opaque op, what backward reads is the packed tensor itself.
+# Saved E2M1 operands (packed two a byte) meet their backward GEMM transposed: one pass from the
+# packed codes to the GEMM's layout (a Triton kernel on CUDA). Session 6 made it opaque because
+# the compiled graph then saved packed rather than unpacked bytes; the cause of any E2M1 save
+# under compile was the E2M1 rounding's shared constants (kernels/operand.py), and since that fix
+# the partitioner saves no E2M1 operand at all (docs/hopper.md, session 7).
 _LIB.define("unpack_e2m1_t(Tensor packed, int cols) -> Tensor")
 
 
