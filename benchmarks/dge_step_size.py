@@ -14,7 +14,6 @@ weight's RMS, and the fraction of weights whose E2M1 value (row-scaled, the fpro
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -25,27 +24,24 @@ from minifloat.convert import convert
 from minifloat.data import BatchIterator, build_dataset
 from minifloat.models.llama import Llama, get_config
 from minifloat.quantize import quantize
+from minifloat.train.schedule import lr_at
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import write_results  # noqa: E402
 
 
-def _codes(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """E2M1 values of every linear weight, row-scaled (what fprop multiplies)."""
+def _linear_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weight of every linear layer but the head (kept in high precision by `convert`)."""
     return {
-        name: quantize(m.weight.detach().float(), "e2m1", "row").values
+        name: m.weight
         for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and name != "output"  # QuantLinear is one; head kept
+        if isinstance(m, torch.nn.Linear) and name != "output"  # QuantLinear is an nn.Linear
     }
 
 
-def _lr(step: int, steps: int, peak: float) -> float:
-    """5 % linear warm-up, then cosine to 10 % of peak (the convergence study's schedule)."""
-    warm = max(1, steps // 20)
-    if step < warm:
-        return peak * (step + 1) / warm
-    t = (step - warm) / max(1, steps - warm)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+def _codes(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """E2M1 values of the weights, row-scaled (what fprop multiplies)."""
+    return {n: quantize(w.detach().float(), "e2m1", "row").values for n, w in weights.items()}
 
 
 def train(recipe: str, args: argparse.Namespace, tokens) -> list[dict]:
@@ -57,21 +53,21 @@ def train(recipe: str, args: argparse.Namespace, tokens) -> list[dict]:
         convert(model, recipe)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     batches = BatchIterator(tokens, args.batch, args.seq, seed=0)
-    named = {n: m.weight for n, m in model.named_modules() if n in _codes(model)}
+    named = _linear_weights(model)
+    codes = _codes(named)
     rows = []
     for step in range(args.steps):
         inputs, targets = batches.next()
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, args.steps, args.lr)
+        for group in opt.param_groups:  # the convergence study's schedule
+            group["lr"] = lr_at(step, total_steps=args.steps, peak_lr=args.lr)
         before = {n: w.detach().clone() for n, w in named.items()}
-        codes = _codes(model)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             logits = model(inputs)
         loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        after = _codes(model)
+        after = _codes(named)
         rel = [
             ((w.detach() - before[n]).norm() / before[n].norm()).item() for n, w in named.items()
         ]
@@ -79,6 +75,7 @@ def train(recipe: str, args: argparse.Namespace, tokens) -> list[dict]:
         rows.append({"recipe": recipe, "step": step + 1, "loss": loss.item(),
                      "rel_update": statistics.fmean(rel),
                      "flip_frac": statistics.fmean(flips)})  # fmt: skip
+        codes = after
         if args.progress and (step + 1) % 50 == 0:
             print(f"{recipe} step {step + 1}: loss {loss.item():.4f}", flush=True)
     return rows
