@@ -4,8 +4,10 @@
 
 M = 16384 tokens (--tokens); (K, N) in (4096, 4096), (4096, 11008), (11008, 4096),
 (2048, 5632), (2048, 2048); `--shapes grid` times the small and mid-size layers of 125M-1.3B
-models, the measurement behind `minifloat.size_filter` (`--no-breakdown --no-torchao` keep it
-short). Every layer runs under bf16 autocast with fp32 master weights (as in training).
+models, the measurement a `minifloat.SizeRule` could be taken from (`--no-breakdown
+--no-torchao` keep it short; read its kernel-time column: one small layer is host-bound, and
+inside a compiled block quantizers fuse with their neighbours, docs/hopper.md session 8).
+Every layer runs under bf16 autocast with fp32 master weights (as in training).
 The end-to-end time of one forward + backward is the median of CUDA-event timings with the L2
 flushed; the breakdown times the backend calls linear.py makes (quantization, the three GEMMs,
 DGE, OCC) one group at a time. Saved bytes count every tensor autograd saves for the backward

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minifloat import formats
-from minifloat.dge import dge_derivative, dge_function
+from minifloat.dge import dge_derivative, dge_function, grid_position
 from minifloat.linear import QuantLinear
 
 GRID = formats.get("e2m1").grid.tolist()  # 0, .5, 1, 1.5, 2, 3, 4, 6
@@ -52,6 +52,17 @@ def test_one_over_k_on_grid_points(k):
     grid = torch.tensor(GRID + [-g for g in GRID[1:]], dtype=torch.float32)
     d = dge_derivative(grid, k=k)
     torch.testing.assert_close(d, torch.full_like(d, 1.0 / k))  # fp32 1/k, elementwise: exact
+
+
+def test_grid_position_is_minus_one_on_grid_points_and_zero_at_midpoints():
+    grid = torch.tensor(GRID[:-1] + [-g for g in GRID[1:-1]], dtype=torch.float32)
+    assert torch.equal(grid_position(grid), torch.full_like(grid, -1.0))
+    assert torch.equal(grid_position(torch.tensor([6.0, -6.0])), torch.ones(2))  # the top: [4, 6]
+    mids = torch.tensor([(a + b) / 2 for a, b in zip(GRID[:-1], GRID[1:], strict=True)])
+    assert torch.equal(grid_position(mids), torch.zeros_like(mids))
+    # f' is a function of |t| alone: the same |t| in different intervals gives the same f'
+    x = torch.tensor([0.125, 0.375, 2.25, 3.75])  # |t| = 0.5 in [0, .5], [2, 3] and [3, 4]
+    assert torch.equal(grid_position(x).abs(), torch.full((4,), 0.5))
 
 
 def test_never_exceeds_cap_and_hits_it_at_midpoints():

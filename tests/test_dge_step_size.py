@@ -21,4 +21,6 @@ def test_dge_changes_the_updates_not_the_first_forward(tmp_path: Path) -> None:
     assert by["fp4-direct", 1]["loss"] == by["fp4-dge", 1]["loss"]
     assert by["fp4-direct", 3]["loss"] != by["fp4-dge", 3]["loss"]
     assert all(0 < r["rel_update"] < 1 and 0 <= r["flip_frac"] <= 1 for r in records)
+    # AdamW moves every weight by about lr per step: in grid units, finite and positive
+    assert all(0 < r["update_mid"] < 1e4 and 0 < r["update_grid"] < 1e4 for r in records)
     assert "| fp4-dge |" in next(tmp_path.glob("dge_step_size_*.md")).read_text()

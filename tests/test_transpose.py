@@ -2,7 +2,7 @@
 unpack-and-transpose of packed E2M1 codes equals `unpack_e2m1(...).t()`, bit for bit (CPU,
 compiled, and the Triton kernels on a GPU); `QOperand.transposed`, which tells the Hopper
 backend which GEMM operands to copy, is true exactly for the transposed views; and what a
-compiled block saves for backward (no extra operands, E2M1 kept packed)."""
+compiled block saves for backward (no extra operands, nothing quantized under fp4)."""
 
 from __future__ import annotations
 

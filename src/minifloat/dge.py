@@ -25,7 +25,7 @@ from minifloat import formats
 from minifloat.exact import div_rn_by_scale
 from minifloat.formats import ElementFormat
 
-__all__ = ["dge_function", "dge_derivative", "dge_scale"]
+__all__ = ["dge_function", "dge_derivative", "dge_scale", "grid_position"]
 
 
 def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
@@ -62,6 +62,12 @@ def dge_function(
     a, delta, t = _intervals(x, fmt)
     mag = a + 0.5 * delta * (1.0 + torch.sign(t) * t.abs().pow(1.0 / k))
     return torch.copysign(mag, x)
+
+
+def grid_position(x_scaled: torch.Tensor, fmt: str | ElementFormat = "e2m1") -> torch.Tensor:
+    """t ∈ [-1, 1]: where |x| sits in its grid interval (-1 on the lower grid point, 0 at the
+    midpoint, 1 at the upper one), the variable of f and f′; float32 (float64 kept)."""
+    return _intervals(x_scaled.to(_working_dtype(x_scaled)), formats.get(fmt))[2]
 
 
 def dge_derivative(

@@ -15,9 +15,10 @@ Precision choices:
   and the GEMM writes half the bytes (a 1.3B profile showed the norms' backward reading fp32
   dq, dk, dv, dgate and dup).
 - Activations saved for backward stay quantized (the wgrad operand, transposed) plus their row
-  scales; the high-precision input is never saved. E2M1 operands are saved packed, two values a
-  byte. With OCC's E4M3 compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an
-  entry; occ_gemm.py).
+  scales; the high-precision input is never saved. Eagerly, E2M1 operands are saved packed, two
+  values a byte; under torch.compile row-scaled ones are left unpacked, and the partitioner
+  recomputes them in backward instead of saving them (see `_stash`). With OCC's E4M3
+  compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an entry; occ_gemm.py).
 """
 
 from __future__ import annotations
@@ -220,8 +221,14 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
 
     Saved in its storage layout: a transposed operand (a transposed view of the input's layout,
     see kernels/operand.py) is saved untransposed and transposed when backward uses it, in the
-    backward's own kernels. E2M1 values of transposed operands (every saved E2M1 operand is
-    one) are packed two a byte along the storage rows.
+    backward's own kernels. Eagerly, E2M1 values of transposed operands (every saved E2M1
+    operand is one) are packed two a byte along the storage rows.
+
+    Under torch.compile row- and tensor-scaled ones are not packed: the partitioner recomputes
+    the operand in backward from tensors it saves anyway (tests/test_transpose.py checks that
+    nothing quantized is saved), so packing there only added a pack and an unpack pass to the
+    backward. Without them a 1.3B fp4-dge step took 253.5 ms against 262.3 ms, same memory
+    (`benchmarks/results/train_e2e_1.3B_ours_nopack_h200_2026-11-24.md`).
     """
     if q is None:
         return None, None
@@ -229,7 +236,11 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
     if transposed:
         data = data.t()  # contiguous: the layout quantize wrote
     packed_cols = None
-    if transposed and q.fmt == "e2m1" and data.dtype == torch.float8_e4m3fn:
+    packable = transposed and q.fmt == "e2m1" and data.dtype == torch.float8_e4m3fn
+    # Micro-block operands (nvfp4, mxfp4) stay packed under compile too: unpacked, inductor's
+    # CPU code generator fails on their transposed copy (a loop-split assertion, torch 2.13),
+    # and their GEMMs run in bf16 on dequantized operands anyway (not measured either way).
+    if packable and (isinstance(q.granularity, tuple) or not torch.compiler.is_compiling()):
         data, packed_cols = backend.kernel(pack_e2m1, data)(data), data.shape[1]
     return data, (q.fmt, q.granularity, packed_cols, transposed, q.scale_format)
 
@@ -241,13 +252,11 @@ def _unstash(
     tensor_scale: torch.Tensor | None = None,
 ) -> QOperand:
     """The operand `_stash` saved: a transposed view again where it was one, except packed E2M1
-    operands, which come back unpacked straight into the transposed layout (contiguous)."""
+    operands (eager only), which come back unpacked straight into the transposed layout
+    (contiguous)."""
     fmt, granularity, packed_cols, transposed, scale_format = meta
     if packed_cols is not None:  # transposed (`_stash` packs only those)
         # One opaque pass from the packed codes to the GEMM's layout (kernels/transpose.py).
-        # Under torch.compile the partitioner recomputes the operand (and its packing) in
-        # backward from tensors it saves anyway, so nothing quantized is saved at all
-        # (tests/test_transpose.py; kernels/operand.py says what once prevented that).
         data = unpack_e2m1_t(data, packed_cols)
         return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format)
     if transposed and torch.compiler.is_compiling():
