@@ -6,7 +6,10 @@ each weight's gradient by f'(w/s), 0.2 on a grid point up to 3 near a midpoint; 
 a running RMS, so a constant factor would change nothing, but a changing one might. This trains
 the same model from the same initialization on the same batches under each recipe (CPU, the
 exact emulation) and records, per step and per quantized layer: the update's RMS relative to the
-weight's RMS, and the fraction of weights whose E2M1 value (row-scaled, the fprop operand) flips.
+weight's RMS, the fraction of weights whose E2M1 value (row-scaled, the fprop operand) flips,
+and the update's size in grid units by where the weight sat in its E2M1 interval (|t| < 0.25:
+near a midpoint, where f' is large; |t| > 0.75: near a grid point, where f' is 1/k..1), to test
+whether DGE under AdamW shrinks the steps of weights near grid points.
 
     python benchmarks/dge_step_size.py [--recipes bf16,fp4-direct,fp4-dge --steps 300]
 """
@@ -22,6 +25,7 @@ import torch
 
 from minifloat.convert import convert
 from minifloat.data import BatchIterator, build_dataset
+from minifloat.dge import grid_position
 from minifloat.models.llama import Llama, get_config
 from minifloat.quantize import quantize
 from minifloat.train.schedule import lr_at
@@ -42,6 +46,28 @@ def _linear_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _codes(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """E2M1 values of the weights, row-scaled (what fprop multiplies)."""
     return {n: quantize(w.detach().float(), "e2m1", "row").values for n, w in weights.items()}
+
+
+def _positions(weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """All weights' |t| in their E2M1 interval and their row scales, flattened (one vector)."""
+    ts, scales = [], []
+    for w in weights.values():
+        w = w.detach().float()
+        scale = quantize(w, "e2m1", "row").expand_scale()
+        ts.append(grid_position(w / scale).abs().flatten())
+        scales.append(scale.flatten())
+    return torch.cat(ts), torch.cat(scales)
+
+
+def _update_by_position(
+    before: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], lr: float
+) -> tuple[float, float]:
+    """Mean |Δw| in grid units (Δw / row scale) per unit of learning rate, for the weights that
+    sat near a midpoint (|t| < 0.25) and near a grid point (|t| > 0.75) before the step."""
+    t, scale = _positions(before)
+    dw = torch.cat([(w.detach() - before[n]).flatten() for n, w in weights.items()])
+    units = (dw / scale).abs() / lr
+    return units[t < 0.25].mean().item(), units[t > 0.75].mean().item()
 
 
 def train(recipe: str, args: argparse.Namespace, tokens) -> list[dict]:
@@ -68,13 +94,15 @@ def train(recipe: str, args: argparse.Namespace, tokens) -> list[dict]:
         loss.backward()
         opt.step()
         after = _codes(named)
+        upd_mid, upd_grid = _update_by_position(before, named, opt.param_groups[0]["lr"])
         rel = [
             ((w.detach() - before[n]).norm() / before[n].norm()).item() for n, w in named.items()
         ]
         flips = [(after[n] != codes[n]).float().mean().item() for n in named]
         rows.append({"recipe": recipe, "step": step + 1, "loss": loss.item(),
                      "rel_update": statistics.fmean(rel),
-                     "flip_frac": statistics.fmean(flips)})  # fmt: skip
+                     "flip_frac": statistics.fmean(flips),
+                     "update_mid": upd_mid, "update_grid": upd_grid})  # fmt: skip
         codes = after
         if args.progress and (step + 1) % 50 == 0:
             print(f"{recipe} step {step + 1}: loss {loss.item():.4f}", flush=True)
@@ -90,8 +118,13 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
         "autocast, AdamW 0.9/0.95, wd 0.1, 5 % warm-up then cosine to 10 %, same init and "
         "batches per recipe). Means over the window's steps and over the linear layers.",
         "",
-        "| recipe | steps | train loss | update RMS / weight RMS | E2M1 values flipped per step |",
-        "|---|---|---|---|---|",
+        "Update near midpoints / grid points: mean |Δw| / row scale / learning rate of the "
+        "weights with |t| < 0.25 / |t| > 0.75 before the step (t: the position in the E2M1 "
+        "interval, dge.grid_position), and their ratio.",
+        "",
+        "| recipe | steps | train loss | update RMS / weight RMS | E2M1 values flipped per step "
+        "| update near midpoints | near grid points | grid / mid |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for recipe in args.recipes.split(","):
         rows = [r for r in records if r["recipe"] == recipe]
@@ -99,10 +132,13 @@ def markdown(records: list[dict], args: argparse.Namespace) -> str:
             w = [r for r in rows if lo <= r["step"] <= hi]
             if not w:  # a window shorter than one step (few steps)
                 continue
+            mid = statistics.fmean(r["update_mid"] for r in w)
+            grid = statistics.fmean(r["update_grid"] for r in w)
             lines.append(
                 f"| {recipe} | {lo}-{hi} | {statistics.fmean(r['loss'] for r in w):.4f} | "
                 f"{statistics.fmean(r['rel_update'] for r in w):.2e} | "
-                f"{100 * statistics.fmean(r['flip_frac'] for r in w):.3f} % |"
+                f"{100 * statistics.fmean(r['flip_frac'] for r in w):.3f} % | "
+                f"{mid:.3f} | {grid:.3f} | {grid / mid:.3f} |"
             )
     return "\n".join(lines) + "\n"
 
