@@ -60,7 +60,7 @@ def test_grid_position_is_minus_one_on_grid_points_and_zero_at_midpoints():
     assert torch.equal(grid_position(torch.tensor([6.0, -6.0])), torch.ones(2))  # the top: [4, 6]
     mids = torch.tensor([(a + b) / 2 for a, b in zip(GRID[:-1], GRID[1:], strict=True)])
     assert torch.equal(grid_position(mids), torch.zeros_like(mids))
-    # f' is a function of |t| alone: the same |t| in different intervals gives the same f'
+    # the same relative place in intervals of different widths gives the same |t|
     x = torch.tensor([0.125, 0.375, 2.25, 3.75])  # |t| = 0.5 in [0, .5], [2, 3] and [3, 4]
     assert torch.equal(grid_position(x).abs(), torch.full((4,), 0.5))
 

@@ -252,8 +252,8 @@ def _unstash(
     tensor_scale: torch.Tensor | None = None,
 ) -> QOperand:
     """The operand `_stash` saved: a transposed view again where it was one, except packed E2M1
-    operands (eager only), which come back unpacked straight into the transposed layout
-    (contiguous)."""
+    operands (eagerly; micro-block ones also under compile), which come back unpacked straight
+    into the transposed layout (contiguous)."""
     fmt, granularity, packed_cols, transposed, scale_format = meta
     if packed_cols is not None:  # transposed (`_stash` packs only those)
         # One opaque pass from the packed codes to the GEMM's layout (kernels/transpose.py).
