@@ -36,7 +36,7 @@
 #
 # Planning speeds: see the queue (TABLE) below; each run's measured speed replaces its estimate
 # after its first chunk. Finished runs (DONE_FILE) are skipped by `plan` and `run`. With them
-# `plan` gives 5 leases (sessions) for what is left after 2026-11-23, the fp4 headline included.
+# `plan` gives 4 leases (sessions) for what is left after 2026-11-24, the fp4 headline included.
 # `run N fp4-125M` runs that one alone for what a lease allows (partial; the report compares all
 # runs at the common step). NPROC=2 (kind nvidia-h200-x2) runs each job as DDP on two GPUs with
 # the same global batch.
@@ -68,8 +68,10 @@ A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=
 # fp4-direct 607k, fp4-dge 610k, fp4 480k) and 125M train_e2e.py (bf16 619k, fp8-tensorwise 516k,
 # fp4 268k; results/train_e2e_125M_ours_lib_h200_2026-11-23.md); guesses: the other 50M FP4
 # variants as their measured base, fp8-blockwise 400k. DGE k is ablated on fp4-dge and the
-# per-tensor scaling also on fp4-direct, each knob isolated. Done runs (a_50M/bf16, fp4, fp4-dge)
-# are listed in .carry/issue8_done.txt and skipped.
+# per-tensor scaling also on fp4-direct, each knob isolated. The 50M FP4 runs of 2026-11-24
+# (ablations_50M_h200_2026-11-24.md) ran at 480k-700k tokens/s, ±20 % between calls for the same
+# recipe. Done runs (10 of the 13 50M ones after 2026-11-24) are listed in
+# .carry/issue8_done.txt and skipped.
 TABLE="
 a bf16 1050000
 a fp4-direct 600000
