@@ -74,7 +74,7 @@ A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=
 # .carry/issue8_done.txt and skipped. a fp4+switch=fp4-occ+at=0.3 (DGE for the first 30 % of
 # steps only) tests whether DGE's attraction to grid points, which helps early
 # (results/dge_step_size_position_cpu_2026-11-24.md), is what costs later; a_50M/fp4 finished in
-# an earlier lease, so it trains from step 0 (planned as if branched: its first chunk corrects).
+# an earlier lease, so it trains (and is planned) from step 0.
 TABLE="
 a bf16 1050000
 a fp4-direct 600000
@@ -126,10 +126,15 @@ switch_step_of() {
   "$PY" -c 'import sys; from minifloat.train.switch import switch_step
 print(switch_step(float(sys.argv[1]), int(sys.argv[2])))' "${2##*+at=}" "$(g "$1" STEPS)"
 }
+# Does switched run $2 of group $1 branch from its plain run? Only while that run is in the
+# queue and not finished (a finished one's checkpoint went with its machine).
+branches() {
+  local base; base="$(base_of "$2")"
+  [ -n "$base" ] && in_table "$1" "$base" && ! is_done "$1" "$base"
+}
 # Steps run $2 of group $1 trains itself: after the switch when it branches from its plain run.
 own_steps() {
-  local base; base="$(base_of "$2")"
-  if [ -n "$base" ] && in_table "$1" "$base"; then
+  if branches "$1" "$2"; then
     echo $(( $(g "$1" STEPS) - $(switch_step_of "$1" "$2") ))
   else
     g "$1" STEPS
@@ -198,8 +203,7 @@ chunk() {
   [ "$step" -ge "$steps" ] && { touch "$dir/DONE"; return 0; }
   pause="$(branch_pause "$grp" "$recipe" "$step")"
   [ "$pause" = "$step" ] && return 3
-  if [ -n "$base" ] && [ ! -f "$dir/checkpoint.pt" ] && in_table "$grp" "$base" \
-     && ! is_done "$grp" "$base"; then
+  if [ ! -f "$dir/checkpoint.pt" ] && branches "$grp" "$recipe"; then
     local at_step; at_step="$(progress "$RUNS/$(key "$grp" "$base")" | cut -d' ' -f1)"
     [ "$at_step" != "$(switch_step_of "$grp" "$recipe")" ] && return 4
     branch=(--branch-from "$RUNS/$(key "$grp" "$base")") step=$at_step
@@ -281,7 +285,7 @@ plan() {
     # finished runs (DONE_FILE, or a DONE mark on this machine) are not planned again
     is_done "$grp" "$recipe" && { echo "done: $(key "$grp" "$recipe")"; continue; }
     speed="$(scaled "$speed")" base="$(base_of "$recipe")"
-    if [ -n "$base" ] && [ -n "${index[$grp/$base]:-}" ]; then
+    if branches "$grp" "$recipe" && [ -n "${index[$grp/$base]:-}" ]; then
       local j=${index[$grp/$base]}
       rem[j]=$(( rem[j] + $(train_seconds "$grp" "$speed" "$recipe") )) recipes[j]+="+branch"
       continue

@@ -56,10 +56,9 @@ def transpose_copy(x: torch.Tensor) -> torch.Tensor:
 
 
 # Saved E2M1 operands (packed two a byte) meet their backward GEMM transposed: one pass from the
-# packed codes to the GEMM's layout (a Triton kernel on CUDA). Session 6 made it opaque because
-# the compiled graph then saved packed rather than unpacked bytes; the cause of any E2M1 save
-# under compile was the E2M1 rounding's shared constants (kernels/operand.py), and since that fix
-# the partitioner saves no E2M1 operand at all (docs/hopper.md, session 7).
+# packed codes to the GEMM's layout (a Triton kernel on CUDA). Packed are those saved eagerly and
+# the micro-block ones under compile; compiled row-scaled operands are recomputed in backward
+# instead and never packed (linear._stash; docs/hopper.md, sessions 7 and 8).
 _LIB.define("unpack_e2m1_t(Tensor packed, int cols) -> Tensor")
 
 
