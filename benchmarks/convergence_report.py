@@ -18,6 +18,10 @@ One JSON record per run (issue 15's report):
   both runs reached (the same held-out tokens, the same weights' age); None without one;
 - `train_gap_pct`: train-loss gap at `common_step`, the last step every run logged
   (`train_loss_at_common_step`);
+- `best_gap_pct`: validation-loss gap at `best_step`, the reference's lowest validation loss
+  among the steps both runs evaluated. It differs from `gap_pct` when the reference overfits
+  (validation loss rising again while train loss falls, as when a small corpus is seen many
+  times over): the final gap then measures memorization as much as the recipe;
 - `tokens_per_s`: the median over the run's log windows; `peak_mem_gib`: the largest peak any
   chunk of the run logged (None on the CPU); `skipped_steps`: steps the step guard skipped;
 - for a run branched from another (`train --branch-from`, docs/training.md: it trained only the
@@ -127,6 +131,7 @@ def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model
     train, val, ref_val = _train(rows), _val(rows), _val(ref_rows)
     both = sorted(set(val) & set(ref_val))
     gap_step = both[-1] if both else None
+    best_step = min(both, key=lambda s: ref_val[s]) if both else None
     mid, ref_mid = at_step(rows, common), at_step(ref_rows, common)
     speeds = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
     peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
@@ -139,6 +144,8 @@ def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model
         "val_step": max(val) if val else None,
         "gap_pct": None if gap_step is None else _gap(val[gap_step], ref_val[gap_step]),
         "gap_step": gap_step,
+        "best_gap_pct": None if best_step is None else _gap(val[best_step], ref_val[best_step]),
+        "best_step": best_step,
         "train_gap_pct": _gap(mid and mid["loss"], ref_mid and ref_mid["loss"]),
         "common_step": common,
         "train_loss_at_common_step": mid and mid["loss"],
@@ -208,15 +215,16 @@ def markdown(records: list[dict]) -> str:
         return "n/a" if v is None else format(v, fmt) + unit
 
     lines = [
-        "| run | tokens | train loss | val loss (step) | val gap (step) | train gap @ common "
-        "step | tokens/s | peak mem | skipped |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | tokens | train loss | val loss (step) | val gap (step) | val gap @ ref's best "
+        "(step) | train gap @ common step | tokens/s | peak mem | skipped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         lines.append(
             f"| {r['recipe']} | {r['tokens'] / 1e6:.1f}M | {r['train_loss']:.4f} | "
             f"{num(r['val_loss'], '.4f')} ({num(r['val_step'], 'd')}) | "
             f"{num(r['gap_pct'], '+.2f', '%')} ({num(r['gap_step'], 'd')}) | "
+            f"{num(r['best_gap_pct'], '+.2f', '%')} ({num(r['best_step'], 'd')}) | "
             f"{num(r['train_gap_pct'], '+.2f', '%')} ({r['common_step']}) | "
             f"{num(r['tokens_per_s'], ',.0f')} | {num(r['peak_mem_gib'], '.1f', ' GiB')} | "
             f"{r['skipped_steps']} |"

@@ -64,6 +64,22 @@ def test_report_of_real_runs_with_a_switch(tmp_path: Path, report: ModuleType) -
     assert "gap to bf16" in titles[1]
 
 
+def test_gap_at_the_references_best_validation_step(report: ModuleType) -> None:
+    # The reference overfits: its validation loss is lowest at step 2 and rises after; the
+    # final gap (step 3) and the gap at the reference's best step (2) must both be reported.
+    def rows(vals: dict[int, float]) -> list[dict]:
+        return [{"step": s, "loss": 1.0, "tokens_per_s": 1.0} for s in vals] + [
+            {"step": s, "val_loss": v} for s, v in vals.items()
+        ]
+
+    ref = rows({1: 3.0, 2: 2.0, 3: 2.5})
+    run = rows({1: 3.1, 2: 2.1, 3: 2.4})
+    rec = report.record("fp8", run, ref, common=3, model="tiny", tokens_per_step=1)
+    assert rec["gap_step"] == 3 and rec["gap_pct"] == pytest.approx(100 * (2.4 - 2.5) / 2.5)
+    assert rec["best_step"] == 2 and rec["best_gap_pct"] == pytest.approx(100 * 0.1 / 2.0)
+    assert "+5.00% (2)" in report.markdown([rec])
+
+
 def test_fp4_recipes_study_plans_its_six_runs() -> None:
     # issue 16's wrapper of convergence.sh: its queue at 50M, 3052 steps (100M tokens) each
     import subprocess
