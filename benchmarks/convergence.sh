@@ -11,9 +11,11 @@
 # Device commands (tool `run`, kind nvidia-h100-x1 or nvidia-h200, carry [".carry"], timeout_s 600):
 #   once, on the CPU machine:  .venv/bin/minifloat data export english --out .carry/english.xz
 #   each call:                 bash benchmarks/convergence.sh run N     (N = 1, 2, 3: call in lease)
-#   after each call, here:     mkdir -p runs/issue8 && tar xzf FILES_AT/issue8_runs.tar.gz \
-#                                -C runs/issue8 && cp FILES_AT/issue8_done.txt .carry/
-#   at the end, here (CPU):    bash benchmarks/convergence.sh report runs/issue8
+#   after each call, here:     K=benchmarks/results/runs_issue8; mkdir -p $K && tar xzf \
+#                                FILES_AT/issue8_runs.tar.gz -C $K --wildcards '*/metrics.jsonl' \
+#                                '*/DONE' && cp FILES_AT/issue8_done.txt benchmarks/results/
+#                              and commit both: a new machine (this one too) keeps no work tree
+#   at the end, here (CPU):    bash benchmarks/convergence.sh report benchmarks/results/runs_issue8
 # `bash benchmarks/convergence.sh plan` prints the estimates below (no GPU needed).
 #
 # Why this shape: a checkpoint lives only on the machine that wrote it (125M: ~1.2 GB, far over
@@ -22,8 +24,8 @@
 # scheduler below starts a run only if its estimated time fits in what is left of the lease
 # (3 - N + 1 calls of BUDGET s), resumes it on the next call with --resume, and sizes each chunk's
 # --stop-after from the speed the run measured so far (the estimate before that). --ckpt-every
-# bounds what a `timeout` kill loses. Finished runs go to issue8_done.txt, which travels back in
-# .carry so a fresh machine skips them.
+# bounds what a `timeout` kill loses. Finished runs go to issue8_done.txt, which comes back in
+# $OUT and is committed (with the runs' metrics), so a fresh machine skips them.
 #
 # A switched run (fp4+switch=bf16+at=0.9) is bit for bit its plain run (fp4) up to the switch
 # step S, so it does not train those steps again: the plain run's chunks stop at S (the chunk
@@ -35,8 +37,11 @@
 # headline), as is the work `plan` counts for it.
 #
 # Planning speeds: see the queue (TABLE) below; each run's measured speed replaces its estimate
-# after its first chunk. Finished runs (DONE_FILE) are skipped by `plan` and `run`. With them
-# `plan` gives 4 leases (sessions) for what is left after 2026-11-24, the fp4 headline included.
+# after its first chunk. Finished runs (DONE_FILE, committed with their metrics under
+# benchmarks/results/runs_$STUDY) are skipped by `plan` and `run`. With them `plan` gives 3
+# leases (sessions) for what is left after 2026-11-24 (session 9), the fp4 headline included;
+# 50M bf16 runs again because the 50M runs' metrics of the earlier sessions were lost with their
+# machine's work tree (their reports are committed), and the 50M report needs its curve.
 # `run N fp4-125M` runs that one alone for what a lease allows (partial; the report compares all
 # runs at the common step). NPROC=2 (kind nvidia-h200-x2) runs each job as DDP on two GPUs with
 # the same global batch.
@@ -47,7 +52,7 @@ PY="${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}" 
 OUT="${OUT:-gpu_out}"
 STUDY="${STUDY:-issue8}"                        # names the run dirs and the files of each call
 RUNS="${RUNS:-/tmp/minifloat_$STUDY}"           # run dirs with checkpoints (stay on the machine)
-DONE_FILE="${DONE_FILE:-.carry/${STUDY}_done.txt}"
+DONE_FILE="${DONE_FILE:-benchmarks/results/${STUDY}_done.txt}"  # committed: travels with the tree
 DATA="${DATA:-.carry/english.xz}"
 BUDGET="${BUDGET:-540}"                         # seconds of work per call (device limit: 600)
 CALLS_PER_LEASE="${CALLS_PER_LEASE:-3}"
@@ -70,8 +75,7 @@ A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=
 # variants as their measured base, fp8-blockwise 400k. DGE k is ablated on fp4-dge and the
 # per-tensor scaling also on fp4-direct, each knob isolated. The 50M FP4 runs of 2026-11-24
 # (ablations_50M_h200_2026-11-24.md) ran at 480k-700k tokens/s, ±20 % between calls for the same
-# recipe. Done runs (10 of the 13 50M ones after 2026-11-24) are listed in
-# .carry/issue8_done.txt and skipped. a fp4+switch=fp4-occ+at=0.3 (DGE for the first 30 % of
+# recipe. Done runs are listed in benchmarks/results/issue8_done.txt and skipped. a fp4+switch=fp4-occ+at=0.3 (DGE for the first 30 % of
 # steps only) tests whether DGE's attraction to grid points, which helps early
 # (results/dge_step_size_position_cpu_2026-11-24.md), is what costs later; a_50M/fp4 finished in
 # an earlier lease, so it trains (and is planned) from step 0.

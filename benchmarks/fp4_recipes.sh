@@ -18,7 +18,7 @@
 # (bf16 900k, FP4 recipes 300k), the last one nvfp4's measured speed; measured: bf16 1.05M, the
 # FP4 recipes 456-529k. Each run's measured speed replaces its guess after its first chunk.
 set -euo pipefail
-export STUDY=issue16 A_MODEL=50M A_STEPS=3052
+export STUDY=issue16 A_MODEL=50M A_STEPS=3052 DONE_FILE="${DONE_FILE:-.carry/issue16_done.txt}"
 export A_NAME="fp4_recipes_${GPU:-h200}" REPORT_DIR="${REPORT_DIR:-benchmarks/results}"
 export QUEUE="
 a bf16 900000
