@@ -286,6 +286,24 @@ def test_sqnr_every_logs_records_and_may_change_on_resume(tmp_path: Path, datase
     )
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sqnr_probe_stays_out_of_the_training_peak(tmp_path: Path, dataset) -> None:
+    # The probe runs the compiled blocks eagerly and needed 18.7 GiB where 125M fp8-tensorwise
+    # training peaks at 11.9 (issue 15's run): peak_mem_gib must be training's alone.
+    wide = {"dim": 512, "n_layers": 2, "n_heads": 8, "ffn_dim": 1408}
+    config = _config(tmp_path / "a", recipe="fp8-tensorwise", steps=4, device="cuda",
+                     model_overrides=wide, seq_len=256, batch_size=16, eval_every=0,
+                     compile=True, compile_scope="block")  # fmt: skip
+    plain = train(config, dataset=dataset, progress=False)
+    probed = train(dataclasses.replace(config, out_dir=str(tmp_path / "b"), sqnr_every=2),
+                   dataset=dataset, progress=False)  # fmt: skip
+    records = [json.loads(x) for x in probed.metrics_path.read_text().splitlines()]
+    probes = [r["probe_peak_mem_gib"] for r in records if "layer_sqnr" in r]
+    assert len(probes) == 2 and all(p > 0 for p in probes)
+    assert probed.peak_memory_bytes == pytest.approx(plain.peak_memory_bytes, rel=0.02)
+
+
 def test_sqnr_every_validation() -> None:
     assert TrainConfig().sqnr_every == 0
     with pytest.raises(ConfigError, match="sqnr-every must be >= 0"):

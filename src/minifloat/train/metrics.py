@@ -3,10 +3,11 @@
 Only rank 0 writes; other ranks get a disabled logger. The JSONL file (``metrics.jsonl`` in the
 run directory) has one JSON object per log step with the keys ``step``, ``recipe`` (the recipe
 that took the step: a final-phase switch changes it), ``loss``, ``lr``, ``grad_norm``,
-``tokens_per_s``, ``skipped``, on CUDA ``peak_mem_gib`` (the peak allocated memory since the run,
-or its resumed part, started) and, on evaluation steps, ``val_loss``. With
+``tokens_per_s``, ``skipped``, on CUDA ``peak_mem_gib`` (the peak allocated memory of training
+since the run, or its resumed part, started) and, on evaluation steps, ``val_loss``. With
 ``sqnr_every`` the diagnostic records ``{"step": ..., "layer_sqnr": {layer: {operand: dB}}}``
-(see diagnostics.py) are interleaved; readers select records by their keys.
+(see diagnostics.py; on CUDA also ``probe_peak_mem_gib``, the probe's own peak, which is kept out
+of ``peak_mem_gib``) are interleaved; readers select records by their keys.
 """
 
 from __future__ import annotations

@@ -166,6 +166,7 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.total_steps = cfg.total_steps(runtime.world_size)
         self.run_name = run_name(cfg.recipe, cfg.switch_recipe, cfg.switch_at)
+        self._train_peak = 0  # bytes: training's CUDA peak before the last reset (_peak_bytes)
         self.switch: RecipeSwitch | None = recipe_switch(cfg, self.total_steps)
         self.ckpt_steps = checkpoint_steps(cfg.ckpt_at, self.total_steps)
         self.branch_info: dict[str, Any] | None = None  # where the run branched (branch.py)
@@ -419,10 +420,24 @@ class Trainer:
         from minifloat.diagnostics import layer_sqnr_record
 
         probe = (self.dataset.val_tokens, self._eval_batch_size(), self.config.seq_len)
-        record = layer_sqnr_record(self.raw_model, *probe, self.runtime.device, step=self.step,
+        device = self.runtime.device
+        if device.type == "cuda":  # keep the probe's own peak out of training's peak_mem_gib
+            self._train_peak = self._peak_bytes()
+            torch.cuda.reset_peak_memory_stats(device)
+        record = layer_sqnr_record(self.raw_model, *probe, device, step=self.step,
                                    recipe=self.recipe)  # fmt: skip
+        if device.type == "cuda":
+            probe_peak = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            if record is not None:
+                record["probe_peak_mem_gib"] = probe_peak / 2**30
         if record is not None:
             self.logger.log(record)
+
+    def _peak_bytes(self) -> int:
+        """Training's peak allocated CUDA memory since the run (or this chunk) started: the
+        SQNR probe, which runs the model eagerly and can need more, is kept out of it."""
+        return max(self._train_peak, torch.cuda.max_memory_allocated(self.runtime.device))
 
     def _due(self, every: int) -> bool:
         return every > 0 and (self.step % every == 0)
@@ -438,6 +453,7 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint is already at step {self.step} of {self.total_steps}; nothing to do"
             )
+        self._train_peak = 0
         if self.runtime.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.runtime.device)
         resume_step = self.step if cfg.resume or self.branch is not None else None
@@ -546,7 +562,7 @@ class Trainer:
         if self.scaler.enabled:
             record["loss_scale"] = self.scaler.scale_value
         if self.runtime.device.type == "cuda":  # since the run (or this chunk of it) started
-            record["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.runtime.device) / 2**30
+            record["peak_mem_gib"] = self._peak_bytes() / 2**30
         return record
 
     def _finish(self, step_times: list[float]) -> TrainResult:
@@ -554,7 +570,7 @@ class Trainer:
         # Steady-state speed from the median step: robust to compilation, warm-up and noise.
         median = statistics.median(step_times) if step_times else 0.0
         device = self.runtime.device
-        peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        peak_mem = self._peak_bytes() if device.type == "cuda" else None
         return TrainResult(
             recipe=self.run_name,
             switch_recipe=cfg.switch_recipe,
