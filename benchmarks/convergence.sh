@@ -75,10 +75,11 @@ A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=
 # variants as their measured base, fp8-blockwise 400k. DGE k is ablated on fp4-dge and the
 # per-tensor scaling also on fp4-direct, each knob isolated. The 50M FP4 runs of 2026-11-24
 # (ablations_50M_h200_2026-11-24.md) ran at 480k-700k tokens/s, ±20 % between calls for the same
-# recipe. Done runs are listed in benchmarks/results/issue8_done.txt and skipped. a fp4+switch=fp4-occ+at=0.3 (DGE for the first 30 % of
-# steps only) tests whether DGE's attraction to grid points, which helps early
-# (results/dge_step_size_position_cpu_2026-11-24.md), is what costs later; a_50M/fp4 finished in
-# an earlier lease, so it trains (and is planned) from step 0.
+# recipe. Done runs are listed in benchmarks/results/issue8_done.txt and skipped.
+# a fp4+switch=fp4-occ+at=0.3 (DGE for the first 30 % of steps only) tests whether DGE's
+# attraction to grid points, which helps early (results/dge_step_size_position_cpu_2026-11-24.md),
+# is what costs later; a_50M/fp4 finished in an earlier lease, so it trains (and is planned) from
+# step 0.
 TABLE="
 a bf16 1050000
 a fp4-direct 600000
