@@ -63,6 +63,7 @@ from minifloat.train.errors import (
 )
 from minifloat.train.evaluate import cross_entropy, eval_batch_size, evaluate
 from minifloat.train.loss_scaler import LossScaler
+from minifloat.train.memory import PeakMemory
 from minifloat.train.metrics import LogWindow, MetricsLogger, ProgressDisplay, peak_flops
 from minifloat.train.result import TrainResult, final_loss
 from minifloat.train.run_dir import RunDirectory
@@ -166,7 +167,7 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.total_steps = cfg.total_steps(runtime.world_size)
         self.run_name = run_name(cfg.recipe, cfg.switch_recipe, cfg.switch_at)
-        self._train_peak = 0  # bytes: training's CUDA peak before the last reset (_peak_bytes)
+        self.memory = PeakMemory(runtime.device)  # training's peak, probes kept out
         self.switch: RecipeSwitch | None = recipe_switch(cfg, self.total_steps)
         self.ckpt_steps = checkpoint_steps(cfg.ckpt_at, self.total_steps)
         self.branch_info: dict[str, Any] | None = None  # where the run branched (branch.py)
@@ -420,24 +421,15 @@ class Trainer:
         from minifloat.diagnostics import layer_sqnr_record
 
         probe = (self.dataset.val_tokens, self._eval_batch_size(), self.config.seq_len)
-        device = self.runtime.device
-        if device.type == "cuda":  # keep the probe's own peak out of training's peak_mem_gib
-            self._train_peak = self._peak_bytes()
-            torch.cuda.reset_peak_memory_stats(device)
-        record = layer_sqnr_record(self.raw_model, *probe, device, step=self.step,
-                                   recipe=self.recipe)  # fmt: skip
-        if device.type == "cuda":
-            probe_peak = torch.cuda.max_memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            if record is not None:
-                record["probe_peak_mem_gib"] = probe_peak / 2**30
+        record, peak = self.memory.apart(  # its eager pass stays out of training's peak
+            lambda: layer_sqnr_record(
+                self.raw_model, *probe, self.runtime.device, step=self.step, recipe=self.recipe
+            )
+        )
         if record is not None:
+            if peak is not None:
+                record["probe_peak_mem_gib"] = peak / 2**30
             self.logger.log(record)
-
-    def _peak_bytes(self) -> int:
-        """Training's peak allocated CUDA memory since the run (or this chunk) started: the
-        SQNR probe, which runs the model eagerly and can need more, is kept out of it."""
-        return max(self._train_peak, torch.cuda.max_memory_allocated(self.runtime.device))
 
     def _due(self, every: int) -> bool:
         return every > 0 and (self.step % every == 0)
@@ -453,9 +445,7 @@ class Trainer:
             raise ConfigError(
                 f"checkpoint is already at step {self.step} of {self.total_steps}; nothing to do"
             )
-        self._train_peak = 0
-        if self.runtime.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.runtime.device)
+        self.memory.reset()
         resume_step = self.step if cfg.resume or self.branch is not None else None
         if self.branch is not None and self.runtime.is_main:
             self.branch.write_metrics(self.out_dir, self.step)
@@ -561,16 +551,15 @@ class Trainer:
             record["skip_reason"] = metrics["skip_reason"]
         if self.scaler.enabled:
             record["loss_scale"] = self.scaler.scale_value
-        if self.runtime.device.type == "cuda":  # since the run (or this chunk of it) started
-            record["peak_mem_gib"] = self._peak_bytes() / 2**30
+        if (peak := self.memory.bytes()) is not None:  # since the run (or this chunk) started
+            record["peak_mem_gib"] = peak / 2**30
         return record
 
     def _finish(self, step_times: list[float]) -> TrainResult:
         cfg = self.config
         # Steady-state speed from the median step: robust to compilation, warm-up and noise.
         median = statistics.median(step_times) if step_times else 0.0
-        device = self.runtime.device
-        peak_mem = self._peak_bytes() if device.type == "cuda" else None
+        peak_mem = self.memory.bytes()
         return TrainResult(
             recipe=self.run_name,
             switch_recipe=cfg.switch_recipe,
