@@ -30,7 +30,8 @@ One JSON record per run (issue 15's report):
 
 The plot shows the train-loss curves (validation losses as markers) over tokens, and beside
 them each run's relative gap to the reference over tokens (train loss as lines, validation loss
-as markers): the curves alone hide a 1 % gap. A switched run's switch is a dotted line.
+as markers): the curves alone hide a 1 % gap. A switched run's switch is a dotted line; a grey
+dashed line marks the reference's lowest validation loss.
 `--layer-sqnr` adds each run's per-layer quantization SQNR summary (first and last `layer_sqnr`
 record of `--sqnr-every`; mean, minimum and worst layer per operand) to its record.
 """
@@ -199,6 +200,10 @@ def plot(runs: dict[str, list[dict]], order: list[str], path: Path, *, model: st
     ax.set_ylabel("cross-entropy loss")
     gap.set_ylabel(f"relative gap to {order[0]} (%)")
     gap.axhline(0.0, color="black", linewidth=0.8)
+    if ref_val:  # where the reference's validation loss is lowest (best_gap_pct's step)
+        best = min(ref_val, key=ref_val.get) * million
+        for a in (ax, gap):
+            a.axvline(best, color="gray", linestyle="--", linewidth=0.8)
     for a, title in zip((ax, gap), titles, strict=True):
         a.set_xlabel("tokens (millions)")
         a.set_title(title, fontsize=9)
