@@ -126,13 +126,18 @@ def branch_info(rows: list[dict]) -> dict[str, Any]:
     return {"branched_from": Path(marker["branched_from"]).name, "branch_step": marker["step"]}
 
 
+def best_step(ref_val: dict[int, float], steps: list[int]) -> int | None:
+    """The step of `steps` where the reference's validation loss is lowest (None if none)."""
+    return min(steps, key=lambda s: ref_val[s]) if steps else None
+
+
 def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model: str,
            tokens_per_step: int) -> dict[str, Any]:  # fmt: skip
     """The JSON record of one run (see the module docstring)."""
     train, val, ref_val = _train(rows), _val(rows), _val(ref_rows)
     both = sorted(set(val) & set(ref_val))
     gap_step = both[-1] if both else None
-    best_step = min(both, key=lambda s: ref_val[s]) if both else None
+    best = best_step(ref_val, both)
     mid, ref_mid = at_step(rows, common), at_step(ref_rows, common)
     speeds = [r["tokens_per_s"] for r in train if r.get("tokens_per_s")]
     peaks = [r["peak_mem_gib"] for r in rows if r.get("peak_mem_gib") is not None]
@@ -145,8 +150,8 @@ def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model
         "val_step": max(val) if val else None,
         "gap_pct": None if gap_step is None else _gap(val[gap_step], ref_val[gap_step]),
         "gap_step": gap_step,
-        "best_gap_pct": None if best_step is None else _gap(val[best_step], ref_val[best_step]),
-        "best_step": best_step,
+        "best_gap_pct": None if best is None else _gap(val[best], ref_val[best]),
+        "best_step": best,
         "train_gap_pct": _gap(mid and mid["loss"], ref_mid and ref_mid["loss"]),
         "common_step": common,
         "train_loss_at_common_step": mid and mid["loss"],
@@ -200,10 +205,10 @@ def plot(runs: dict[str, list[dict]], order: list[str], path: Path, *, model: st
     ax.set_ylabel("cross-entropy loss")
     gap.set_ylabel(f"relative gap to {order[0]} (%)")
     gap.axhline(0.0, color="black", linewidth=0.8)
-    if ref_val:  # where the reference's validation loss is lowest (best_gap_pct's step)
-        best = min(ref_val, key=ref_val.get) * million
+    best = best_step(ref_val, list(ref_val))  # the reference's lowest validation loss
+    if best is not None:
         for a in (ax, gap):
-            a.axvline(best, color="gray", linestyle="--", linewidth=0.8)
+            a.axvline(best * million, color="gray", linestyle="--", linewidth=0.8)
     for a, title in zip((ax, gap), titles, strict=True):
         a.set_xlabel("tokens (millions)")
         a.set_title(title, fontsize=9)

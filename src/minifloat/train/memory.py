@@ -45,10 +45,11 @@ class PeakMemory:
         return max(self._before, torch.cuda.max_memory_allocated(self.device))
 
     def apart(self, fn: Callable[[], T]) -> tuple[T, int | None]:
-        """Run `fn` outside training's peak; returns its result and its own peak bytes."""
+        """Run `fn` outside training's peak; returns its result and the peak allocated while it
+        ran (memory resident from training included)."""
         if not self.enabled:
             return fn(), None
-        self._before = self.bytes() or 0
+        self._before = max(self._before, torch.cuda.max_memory_allocated(self.device))
         torch.cuda.reset_peak_memory_stats(self.device)
         try:
             result = fn()
