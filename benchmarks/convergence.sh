@@ -38,8 +38,8 @@
 #
 # Planning speeds: see the queue (TABLE) below; each run's measured speed replaces its estimate
 # after its first chunk. Finished runs (DONE_FILE, committed with their metrics under
-# benchmarks/results/runs_$STUDY) are skipped by `plan` and `run`. With them `plan` gives 3
-# leases (sessions) for what is left after 2026-11-24 (session 9), the fp4 headline included;
+# benchmarks/results/runs_$STUDY) are skipped by `plan` and `run`. With them `plan` gives 2
+# leases (sessions) for what is left after 2026-11-24 (session 10), the fp4 headline included;
 # 50M bf16 runs again because the 50M runs' metrics of the earlier sessions were lost with their
 # machine's work tree (their reports are committed), and the 50M report needs its curve.
 # `run N fp4-125M` runs that one alone for what a lease allows (partial; the report compares all
@@ -72,7 +72,7 @@ A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=
 # runs of 2026-11-23 (results/fp4_recipes_h200_2026-11-23.md, ablations_50M_h200_...: bf16 1.05M,
 # fp4-direct 607k, fp4-dge 610k, fp4 480k) and 125M train_e2e.py (bf16 619k, fp8-tensorwise 516k,
 # fp4 268k; results/train_e2e_125M_ours_lib_h200_2026-11-23.md); guesses: the other 50M FP4
-# variants as their measured base, fp8-blockwise 400k. DGE k is ablated on fp4-dge and the
+# variants as their measured base; fp8-blockwise 340k (its 125M run, 2026-11-24). DGE k is ablated on fp4-dge and the
 # per-tensor scaling also on fp4-direct, each knob isolated. The 50M FP4 runs of 2026-11-24
 # (ablations_50M_h200_2026-11-24.md) ran at 480k-700k tokens/s, ±20 % between calls for the same
 # recipe. Done runs are listed in benchmarks/results/issue8_done.txt and skipped.
@@ -91,7 +91,7 @@ a fp4-dge:dge.k=10 600000
 a fp4-direct:scaling=tensor 600000
 h bf16 619000
 h fp8-tensorwise 516000
-h fp8-blockwise 400000
+h fp8-blockwise 340000
 a fp4 480000
 a fp4-occ 480000
 a fp4:occ.alpha=0.999 480000
