@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import statistics
 import time
@@ -107,14 +108,12 @@ def train(
         return trainer.run()
     finally:
         trainer.close()
+        del trainer  # free its model now, not at some later collection: compiled blocks hold it
+        gc.collect()  # in reference cycles, and a later run here (compare) would count it
 
 
 def _progress_mode(progress: bool | str) -> str:
-    if progress is True:
-        return "auto"
-    if progress is False:
-        return "off"
-    return progress
+    return {True: "auto", False: "off"}.get(progress, progress)  # type: ignore[call-overload]
 
 
 class Trainer:
