@@ -51,6 +51,15 @@ def kernel_ms(fn: Callable[[], object], *, reps: int = 10) -> float | None:
     time is well above its kernel time is bound by Python and launch costs, not by the GPU.
     None where the profiler reports no CUDA kernels.
     """
+    return kernel_profile(fn, reps=reps)["kernel_ms"]
+
+
+def kernel_profile(fn: Callable[[], object], *, reps: int = 10, top: int = 8) -> dict:
+    """Per call of `fn`, from the profiler: `kernel_ms` (the sum of its CUDA kernels' times, None
+    where there are none), `kernels` (launches) and `top_kernels` ([name, ms, launches], the
+    `top` largest by time). User annotations (`record_function` ranges, such as the one every
+    optimizer.step() opens) also appear on the GPU timeline, over kernels that are counted
+    themselves: they are left out, or a step's kernel time counts twice."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -60,10 +69,18 @@ def kernel_ms(fn: Callable[[], object], *, reps: int = 10) -> float | None:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    if not kernels:
-        return None
-    return sum(e.device_time_total for e in kernels) / 1000.0 / reps
+    ms: dict[str, float] = {}
+    launches: dict[str, int] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+            ms[e.name] = ms.get(e.name, 0.0) + e.device_time_total / 1000.0 / reps
+            launches[e.name] = launches.get(e.name, 0) + 1
+    names = sorted(ms, key=ms.get, reverse=True)[:top]
+    return {
+        "kernel_ms": sum(ms.values()) if ms else None,
+        "kernels": sum(launches.values()) / reps,
+        "top_kernels": [[n[:100], round(ms[n], 3), launches[n] / reps] for n in names],
+    }
 
 
 def copy_bandwidth() -> float:

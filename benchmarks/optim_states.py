@@ -39,7 +39,7 @@ from minifloat.optim import OPTIM_STATE_PRESETS, AdamW, bytes_per_param, preset_
 from minifloat.sqnr import sqnr_db
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_results  # noqa: E402
+from common import kernel_profile, write_results  # noqa: E402
 
 # name -> (AdamW state kwargs, parameter dtype)
 CONFIGS: dict[str, tuple[dict, torch.dtype]] = {
@@ -237,7 +237,9 @@ def _sync(device: torch.device) -> None:
 
 def time_optimizer(preset: str, path: str, shapes: list[torch.Size], args) -> dict:
     """Median milliseconds of one AdamW step over parameters of `shapes` on args.device (steps
-    after `args.warmup` untimed ones; the first step, with compilation, is reported apart)."""
+    after `args.warmup` untimed ones; the first step, with compilation, is reported apart);
+    on CUDA also the profiler's kernel time, launches and top kernels per step (a step much
+    longer than its kernels is bound by the host, one close to them by the kernels)."""
     device = torch.device(args.device)
     dtype = torch.bfloat16 if preset_param_dtype(preset) == "bf16" else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
@@ -257,9 +259,14 @@ def time_optimizer(preset: str, path: str, shapes: list[torch.Size], args) -> di
             torch.cuda.reset_peak_memory_stats(device)
     timed = times[args.warmup :] or times
     numel = sum(p.numel() for p in params)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    profiled = kernel_profile(opt.step, reps=3) if device.type == "cuda" else {}
     return {
         "preset": preset,
         "path": path,
+        "kernel_ms": profiled.get("kernel_ms"),
+        "kernels_per_step": profiled.get("kernels", 0),
+        "top_kernels": profiled.get("top_kernels", []),
         "device": str(device),
         "model": args.model,
         "params": numel,
@@ -267,7 +274,7 @@ def time_optimizer(preset: str, path: str, shapes: list[torch.Size], args) -> di
         "step_ms": statistics.median(timed),
         "step_ms_min": min(timed),
         "first_step_ms": times[0],
-        "compiled_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
+        "compiled_graphs": graphs,
         "peak_mem_gb": torch.cuda.max_memory_allocated(device) / 1e9
         if device.type == "cuda"
         else None,
@@ -300,8 +307,9 @@ def step_time_table(records: list[dict]) -> str:
         f"{r0['tensors']} tensors) on {r0['device']}; median of timed steps (host clock "
         "after device sync).",
         "",
-        "| preset | path | ms/step | vs fp32 states | vs unfused | first step ms | graphs |",
-        "|---|---|---|---|---|---|---|",
+        "| preset | path | ms/step | kernel ms | kernels | vs fp32 states | vs unfused "
+        "| first step ms | graphs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     unfused = {r["preset"]: r["step_ms"] for r in records if r["path"] == "unfused"}
     for r in records:
@@ -309,10 +317,16 @@ def step_time_table(records: list[dict]) -> str:
         vs_unfused = (
             f"{r['step_ms'] / unfused[r['preset']]:.2f}x" if r["preset"] in unfused else "-"
         )
+        kms = "-" if r.get("kernel_ms") is None else f"{r['kernel_ms']:.2f}"
         lines.append(
-            f"| {r['preset']} | {r['path']} | {r['step_ms']:.2f} | {vs_fp32} | {vs_unfused} | "
+            f"| {r['preset']} | {r['path']} | {r['step_ms']:.2f} | {kms} | "
+            f"{r.get('kernels_per_step', 0):.0f} | {vs_fp32} | {vs_unfused} | "
             f"{r['first_step_ms']:.0f} | {r['compiled_graphs']} |"
         )
+    for r in records:
+        if r.get("top_kernels"):
+            lines += ["", f"Top kernels, {r['preset']} {r['path']} (ms/step, launches/step):", ""]
+            lines += [f"- `{n}`: {ms:.2f} ms, {k:.0f}" for n, ms, k in r["top_kernels"]]
     return "\n".join(lines)
 
 

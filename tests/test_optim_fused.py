@@ -152,6 +152,22 @@ def test_fma_rn_is_the_fma_of_eager_lerp_and_addcmul():
                       fma_rn(torch.tensor(0.1), specials.flip(0) - specials, specials))  # fmt: skip
 
 
+def test_fused_step_on_non_contiguous_parameters():
+    """A transposed (column-major) parameter: the fused path matches the unfused one bit for
+    bit there too (its state tensors follow the parameter's strides)."""
+    config = CONFIGS[0]
+    runs = []
+    for fused in (True, False):
+        params = _params(config[3])
+        params[0] = params[0].detach().t().requires_grad_()  # (96, 64), column-major
+        assert not params[0].is_contiguous()
+        opt = _make(params, config, fused)
+        _run(opt, params, range(3))
+        runs.append((opt, params))
+    (a, pa), (b, pb) = runs
+    _assert_same_state(a, b, pa, pb)
+
+
 def test_update_kernel_is_the_eager_function_off_cuda():
     assert update_kernel(torch.zeros(1)) is adamw_update
 
