@@ -113,7 +113,7 @@ def train(
 
 
 def _progress_mode(progress: bool | str) -> str:
-    return {True: "auto", False: "off"}.get(progress, progress)  # type: ignore[call-overload]
+    return "auto" if progress is True else "off" if progress is False else progress
 
 
 class Trainer:
