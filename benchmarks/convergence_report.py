@@ -22,6 +22,9 @@ One JSON record per run (issue 15's report):
   among the steps both runs evaluated. It differs from `gap_pct` when the reference overfits
   (validation loss rising again while train loss falls, as when a small corpus is seen many
   times over): the final gap then measures memorization as much as the recipe;
+- `min_val_loss` and `min_val_step`: the run's own lowest validation loss, and `min_gap_pct`,
+  its gap to the reference's lowest (each at its own step, all evaluations counted): the
+  comparison early stopping would make, fair to a run that overfits later than the reference;
 - `tokens_per_s`: the median over the run's log windows; `peak_mem_gib`: the largest peak any
   chunk of the run logged (None on the CPU); `skipped_steps`: steps the step guard skipped;
 - for a run branched from another (`train --branch-from`, docs/training.md: it trained only the
@@ -152,6 +155,9 @@ def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model
         "gap_step": gap_step,
         "best_gap_pct": None if best is None else _gap(val[best], ref_val[best]),
         "best_step": best,
+        "min_val_loss": min(val.values()) if val else None,
+        "min_val_step": min(val, key=val.get) if val else None,
+        "min_gap_pct": _gap(min(val.values()), min(ref_val.values())) if val and ref_val else None,
         "train_gap_pct": _gap(mid and mid["loss"], ref_mid and ref_mid["loss"]),
         "common_step": common,
         "train_loss_at_common_step": mid and mid["loss"],
@@ -226,8 +232,9 @@ def markdown(records: list[dict]) -> str:
 
     lines = [
         "| run | tokens | train loss | val loss (step) | val gap (step) | val gap @ ref's best "
-        "(step) | train gap @ common step | tokens/s | peak mem | skipped |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "(step) | lowest val loss (step): gap to ref's lowest | train gap @ common step | "
+        "tokens/s | peak mem | skipped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         lines.append(
@@ -235,6 +242,8 @@ def markdown(records: list[dict]) -> str:
             f"{num(r['val_loss'], '.4f')} ({num(r['val_step'], 'd')}) | "
             f"{num(r['gap_pct'], '+.2f', '%')} ({num(r['gap_step'], 'd')}) | "
             f"{num(r['best_gap_pct'], '+.2f', '%')} ({num(r['best_step'], 'd')}) | "
+            f"{num(r['min_val_loss'], '.4f')} ({num(r['min_val_step'], 'd')}): "
+            f"{num(r['min_gap_pct'], '+.2f', '%')} | "
             f"{num(r['train_gap_pct'], '+.2f', '%')} ({r['common_step']}) | "
             f"{num(r['tokens_per_s'], ',.0f')} | {num(r['peak_mem_gib'], '.1f', ' GiB')} | "
             f"{r['skipped_steps']} |"

@@ -78,6 +78,13 @@ def test_gap_at_the_references_best_validation_step(report: ModuleType) -> None:
     assert rec["gap_step"] == 3 and rec["gap_pct"] == pytest.approx(100 * (2.4 - 2.5) / 2.5)
     assert rec["best_step"] == 2 and rec["best_gap_pct"] == pytest.approx(100 * 0.1 / 2.0)
     assert "+5.00% (2)" in report.markdown([rec])
+    # Each run's own lowest (2.1 at step 2) against the reference's lowest (2.0).
+    assert (rec["min_val_loss"], rec["min_val_step"]) == (2.1, 2)
+    assert rec["min_gap_pct"] == pytest.approx(5.0)
+    late = rows({1: 3.1, 2: 2.2, 3: 1.9})  # overfits later than the reference: lowest at 3
+    rec = report.record("fp4", late, ref, common=3, model="tiny", tokens_per_step=1)
+    assert rec["min_val_step"] == 3 and rec["min_gap_pct"] == pytest.approx(-5.0)
+    assert "1.9000 (3): -5.00%" in report.markdown([rec])
 
 
 def test_fp4_recipes_study_plans_its_six_runs() -> None:
