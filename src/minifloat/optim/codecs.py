@@ -76,9 +76,13 @@ class StateFormat:
         amax = blocks.abs().amax(dim=1, keepdim=True)
         # All-zero blocks get scale 1 (DESIGN.md); a non-finite amax makes the scale
         # non-finite, so the whole block decodes to nan/inf and the step guard can see it.
-        scale = torch.where(amax > 0, amax / self.element_max, torch.ones_like(amax))
-        # div_rn: blocks / scale correctly rounded in compiled code too (optim/fused.py); it
-        # differs from `/` only for subnormal quotients, which round to a zero payload anyway.
+        # div_rn: Triton divides approximately (exact.py), eager and C++ correctly rounded.
+        raw = div_rn(amax, torch.full_like(amax, self.element_max))
+        scale = torch.where(amax > 0, raw, torch.ones_like(amax))
+        # div_rn: blocks / scale correctly rounded in compiled code too; it differs from `/`
+        # only for subnormal quotients, which round to a zero payload anyway. (div_rn_by_scale,
+        # one reciprocal per block in a kernel of its own, made the fused step slower:
+        # docs/optim.md.)
         scaled = div_rn(blocks, scale).clamp(-self.element_max, self.element_max)
         if self.stochastic:
             payload = stochastic_round_e4m3(scaled, generator=generator, noise=noise)
