@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
 from minifloat.models.llama import Llama, get_config
@@ -185,12 +186,22 @@ def main(argv: list[str] | None = None) -> None:
     timing.add_argument("--unfused", action="store_true", help="time the unfused path")
     timing.add_argument("--warmup", type=int, default=3, help="untimed steps (compile included)")
     timing.add_argument("--repeats", type=int, default=20, help="timed steps")
+    timing.add_argument(
+        "--inductor", action="append", default=[], metavar="KEY=VALUE",
+        help="an inductor config value for this process (repeatable), e.g. "
+        "realize_reads_threshold=64: how the fused step's kernels are cut is inductor's choice",
+    )  # fmt: skip
+    timing.add_argument("--tag", default="", help="suffix of the results files")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.step_time:
         paths = [p for p in ("fused", "unfused") if getattr(args, p)] or ["fused", "unfused"]
-        records = step_time(args, paths)
-        md, js = write_results("optim_step", records, step_time_table(records), out_dir=args.out)
+        with inductor_config.patch(inductor_options(args.inductor)):
+            records = step_time(args, paths)
+        for r in records:
+            r["inductor"] = args.inductor
+        name = "optim_step" + (f"_{args.tag}" if args.tag else "")
+        md, js = write_results(name, records, step_time_table(records), out_dir=args.out)
         print(md.read_text())
         print(f"wrote {md} and {js}")
         return
@@ -214,6 +225,25 @@ def main(argv: list[str] | None = None) -> None:
 
 
 # ---- step-time mode ------------------------------------------------------------------------
+
+
+def inductor_options(pairs: list[str]) -> dict[str, object]:
+    """`KEY=VALUE` strings as inductor config values (VALUE a Python literal, else a string);
+    an unknown key fails here, before any GPU time is spent."""
+    import ast
+
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--inductor {pair!r}: expected KEY=VALUE")
+        if not hasattr(inductor_config, key):
+            raise SystemExit(f"--inductor {pair!r}: no inductor config named {key!r}")
+        try:
+            options[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            options[key] = value
+    return options
 
 
 def param_shapes(args) -> list[torch.Size]:
@@ -302,10 +332,11 @@ def step_time(args, paths: list[str]) -> list[dict]:
 def step_time_table(records: list[dict]) -> str:
     """Markdown table of step-time records, fused against unfused per preset."""
     r0 = records[0]
+    options = ", ".join(r0.get("inductor") or []) or "defaults"
     lines = [
         f"Optimizer step time, {r0['model']} parameters ({r0['params'] / 1e9:.3f} B in "
         f"{r0['tensors']} tensors) on {r0['device']}; median of timed steps (host clock "
-        "after device sync).",
+        f"after device sync). Inductor config: {options}.",
         "",
         "| preset | path | ms/step | kernel ms | kernels | vs fp32 states | vs unfused "
         "| first step ms | graphs |",

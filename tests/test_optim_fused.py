@@ -276,11 +276,18 @@ def test_step_time_benchmark_runs_on_cpu(tmp_path):
     module = load_benchmark("optim_states")
     module.main(["--step-time", "--device", "cpu", "--model", "tiny", "--layers", "1",
                  "--dim", "64", "--presets", "fp32,fp8-fp16", "--fused", "--unfused",
-                 "--warmup", "1", "--repeats", "2", "--out", str(tmp_path)])  # fmt: skip
-    (js,) = tmp_path.glob("optim_step_*.json")
+                 "--warmup", "1", "--repeats", "2", "--out", str(tmp_path),
+                 "--inductor", "realize_reads_threshold=8", "--tag", "reads8"])  # fmt: skip
+    (js,) = tmp_path.glob("optim_step_reads8_*.json")
     records = json.loads(js.read_text())
     assert [(r["preset"], r["path"]) for r in records] == [
         ("fp32", "foreach"), ("fp8-fp16", "fused"), ("fp8-fp16", "unfused")
     ]  # fmt: skip
     assert all(r["step_ms"] > 0 and r["params"] > 0 for r in records)
     assert "| fp8-fp16 | fused |" in js.with_suffix(".md").read_text()
+    assert all(r["inductor"] == ["realize_reads_threshold=8"] for r in records)
+    assert module.inductor_options(["realize_reads_threshold=8", "max_autotune=False"]) == {
+        "realize_reads_threshold": 8, "max_autotune": False
+    }  # fmt: skip
+    with pytest.raises(SystemExit, match="no inductor config named"):
+        module.inductor_options(["no_such_knob=1"])
