@@ -38,10 +38,12 @@
 #
 # Planning speeds: see the queue (TABLE) below; each run's measured speed replaces its estimate
 # after its first chunk. Finished runs (DONE_FILE, committed with their metrics under
-# benchmarks/results/runs_$STUDY) are skipped by `plan` and `run`. With them `plan` gives 2
-# leases (sessions) for what is left after 2026-11-24 (session 10), the fp4 headline included;
-# 50M bf16 runs again because the 50M runs' metrics of the earlier sessions were lost with their
-# machine's work tree (their reports are committed), and the 50M report needs its curve.
+# benchmarks/results/runs_$STUDY) are skipped by `plan` and `run`. After session 11 every run
+# has finished but h/fp4, which reached step 9,091 of 9,156 (its lease ran out; its metrics
+# are committed and the report uses them): `plan` would train it again from step 0 (one lease,
+# ~1,230 s of work, tight: session 11 needed 1,770 s of calls), for its last 65 steps and final
+# evaluation only. The 50M metrics of sessions 8-9 were lost with their machine's work tree
+# (their reports are committed).
 # `run N fp4-125M` runs that one alone for what a lease allows (partial; the report compares all
 # runs at the common step). NPROC=2 (kind nvidia-h200-x2) runs each job as DDP on two GPUs with
 # the same global batch.
