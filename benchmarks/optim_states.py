@@ -21,6 +21,7 @@ Writes benchmarks/results/optim_step_<gpu>_<date>.md and .json (--out to change 
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import json
 import math
@@ -229,15 +230,15 @@ def main(argv: list[str] | None = None) -> None:
 
 def inductor_options(pairs: list[str]) -> dict[str, object]:
     """`KEY=VALUE` strings as inductor config values (VALUE a Python literal, else a string);
-    an unknown key fails here, before any GPU time is spent."""
-    import ast
-
+    an unknown key fails here, before any GPU time is spent. Dotted keys name nested values
+    (`triton.cudagraphs=True`)."""
+    known = inductor_config.get_config_copy()
     options: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise SystemExit(f"--inductor {pair!r}: expected KEY=VALUE")
-        if not hasattr(inductor_config, key):
+        if key not in known:
             raise SystemExit(f"--inductor {pair!r}: no inductor config named {key!r}")
         try:
             options[key] = ast.literal_eval(value)

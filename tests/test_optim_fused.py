@@ -286,8 +286,8 @@ def test_step_time_benchmark_runs_on_cpu(tmp_path):
     assert all(r["step_ms"] > 0 and r["params"] > 0 for r in records)
     assert "| fp8-fp16 | fused |" in js.with_suffix(".md").read_text()
     assert all(r["inductor"] == ["realize_reads_threshold=8"] for r in records)
-    assert module.inductor_options(["realize_reads_threshold=8", "max_autotune=False"]) == {
-        "realize_reads_threshold": 8, "max_autotune": False
+    assert module.inductor_options(["realize_reads_threshold=8", "triton.cudagraphs=False"]) == {
+        "realize_reads_threshold": 8, "triton.cudagraphs": False
     }  # fmt: skip
     with pytest.raises(SystemExit, match="no inductor config named"):
         module.inductor_options(["no_such_knob=1"])
