@@ -76,13 +76,11 @@ class StateFormat:
         amax = blocks.abs().amax(dim=1, keepdim=True)
         # All-zero blocks get scale 1 (DESIGN.md); a non-finite amax makes the scale
         # non-finite, so the whole block decodes to nan/inf and the step guard can see it.
-        # div_rn: Triton divides approximately (exact.py), eager and C++ correctly rounded.
+        # Both divisions through div_rn: Triton divides approximately (exact.py), so compiled
+        # code would otherwise differ from eager; div_rn differs from `/` only for subnormal
+        # quotients (a zero payload anyway). div_rn_by_scale measured slower here (docs/optim.md).
         raw = div_rn(amax, torch.full_like(amax, self.element_max))
         scale = torch.where(amax > 0, raw, torch.ones_like(amax))
-        # div_rn: blocks / scale correctly rounded in compiled code too; it differs from `/`
-        # only for subnormal quotients, which round to a zero payload anyway. (div_rn_by_scale,
-        # one reciprocal per block in a kernel of its own, made the fused step slower:
-        # docs/optim.md.)
         scaled = div_rn(blocks, scale).clamp(-self.element_max, self.element_max)
         if self.stochastic:
             payload = stochastic_round_e4m3(scaled, generator=generator, noise=noise)
