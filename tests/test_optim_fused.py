@@ -17,7 +17,8 @@ from minifloat.optim.fused import (
     adamw_scalars,
     adamw_update,
     draw_step_noise,
-    update_kernel,
+    select_update,
+    triton_supports,
 )
 
 # (exp_avg format, exp_avg_sq format, master_weights, parameter dtype)
@@ -37,7 +38,7 @@ def _params(dtype: torch.dtype) -> list[torch.Tensor]:
     return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
 
 
-def _run(opt: AdamW, params: list[torch.Tensor], steps: range) -> None:
+def _run(opt: AdamW, params: list[torch.Tensor], steps: range, device: str = "cpu") -> None:
     for step in steps:
         gen = torch.Generator().manual_seed(1000 + step)
         for p in params:
@@ -48,15 +49,16 @@ def _run(opt: AdamW, params: list[torch.Tensor], steps: range) -> None:
                 g[..., :40] = 0.0  # whole zero blocks (scale 1) and zeros beside live values
             if step == 2:
                 g = g * 1e-20  # second moments underflow: the decode floor takes over
-            p.grad = g.to(p.dtype)
+            p.grad = g.to(p.dtype).to(device)
         opt.step()
 
 
-def _make(params: list[torch.Tensor], config: tuple, fused: bool) -> AdamW:
+def _make(params: list[torch.Tensor], config: tuple, fused: bool, kernel: str = "auto") -> AdamW:
     m, v, master, _ = config
     groups = [{"params": params[:2]}, {"params": params[2:], "lr": 3e-3, "betas": (0.8, 0.99)}]
     kwargs = dict(exp_avg_dtype=m, exp_avg_sq_dtype=v, master_weights=master, small_numel=100)
-    return AdamW(groups, lr=1e-2, weight_decay=0.1, seed=3, fused=fused, **kwargs)
+    return AdamW(groups, lr=1e-2, weight_decay=0.1, seed=3, fused=fused, fused_kernel=kernel,
+                 **kwargs)  # fmt: skip
 
 
 def _assert_same_state(a: AdamW, b: AdamW, pa: list, pb: list) -> None:
@@ -168,15 +170,32 @@ def test_fused_step_on_non_contiguous_parameters():
     _assert_same_state(a, b, pa, pb)
 
 
-def test_update_kernel_is_the_eager_function_off_cuda():
-    assert update_kernel(torch.zeros(1)) is adamw_update
+def test_select_update_off_cuda_and_which_formats_the_triton_kernel_takes():
+    fmt = get_state_format
+    x = torch.zeros(4)
+    assert select_update(x, x, None, (fmt("fp8"), fmt("fp16"))) is adamw_update
+    with pytest.raises(ValueError, match="fused_kernel must be one of"):
+        select_update(x, x, None, (fmt("fp8"), fmt("fp16")), kernel="cuda")
+    with pytest.raises(ValueError, match="fused_kernel must be one of"):
+        AdamW([x.requires_grad_()], fused_kernel="triton")
+    assert not triton_supports((fmt("fp8"), fmt("fp16")), x, x, None)  # not on CUDA
+    if torch.cuda.is_available():
+        y = x.cuda()
+        assert triton_supports((fmt("fp8"), fmt("fp16")), y, y, None)
+        assert triton_supports((fmt("fp8"), fmt("fp8-sqrt")), y.bfloat16(), y, None)
+        assert not triton_supports((fmt("fp8-sr"), fmt("fp16")), y, y, None)  # stochastic
+        assert not triton_supports((fmt("bf16"), fmt("fp16")), y, y, None)  # unscaled
+        assert not triton_supports((fmt("fp8"), fmt("fp16")), y.half(), y, None)  # no master
+        wide = torch.zeros(4, 6, device="cuda")
+        assert not triton_supports((fmt("fp8"), fmt("fp16")), wide.t(), wide.t(), None)
 
 
 def _update_inputs(step: float, lr: float, *, device: str = "cpu",
-                   formats=("fp32", "fp8-sqrt-sr"), master: bool = True):  # fmt: skip
-    """One bf16 parameter's update inputs (with an fp32 master, or rounded stochastically),
-    with moments and gradients that put lerp's products on float32 midpoints (beta1 = 0.625),
-    so fma_rn's correction runs."""
+                   formats=("fp32", "fp8-sqrt-sr"), master: bool = True,
+                   param_dtype: torch.dtype = torch.bfloat16):  # fmt: skip
+    """One parameter's update inputs (bf16 with an fp32 master or rounded stochastically, or
+    fp32, its own weight), with moments and gradients that put lerp's products on float32
+    midpoints (beta1 = 0.625), so fma_rn's correction runs."""
     gen = torch.Generator().manual_seed(int(step))
     shape = (48, 100)  # 4800 elements: 37.5 blocks of 128, a ragged last block
     fmts = tuple(get_state_format(f) for f in formats)
@@ -190,7 +209,9 @@ def _update_inputs(step: float, lr: float, *, device: str = "cpu",
     weight = torch.randn(shape, generator=gen)
     noise = draw_step_noise(weight.numel(), shape, torch.device("cpu"), gen, formats=fmts,
                             weight_noise=not master, block_size=128)  # fmt: skip
-    tensors = (weight.to(torch.bfloat16), grad, weight if master else None, exp_avg, exp_avg_sq,
+    weight_noise = not master and param_dtype == torch.bfloat16
+    noise = noise if weight_noise else noise._replace(weight=None)
+    tensors = (weight.to(param_dtype), grad, weight if master else None, exp_avg, exp_avg_sq,
                noise)  # fmt: skip
     param, grad, master_t, exp_avg, exp_avg_sq, noise = torch.utils._pytree.tree_map(
         lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tensors
@@ -239,6 +260,83 @@ def test_cuda_compiled_update_is_bit_identical_to_eager(formats, master):
     _compare_compiled("cuda", formats, master)
 
 
+# (formats, master, parameter dtype): every weight mode and format the Triton kernel takes.
+TRITON_CASES = [
+    (("fp8", "fp16"), False, torch.float32),  # the fp8-fp16 preset on fp32 weights
+    (("fp8", "fp16"), True, torch.bfloat16),  # ... as an fp32 master of bf16 weights
+    (("fp8", "fp8-sqrt"), False, torch.bfloat16),  # lean: bf16 weights rounded stochastically
+    (("fp16", "fp8"), True, torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("formats", "master", "dtype"), TRITON_CASES,
+                         ids=lambda c: str(c).replace("torch.", ""))  # fmt: skip
+def test_cuda_triton_update_is_bit_identical_to_eager(formats, master, dtype):
+    """The hand-written kernel against the eager reference on CUDA: midpoint FMAs, underflowing
+    second moments, a ragged last block, a whole zero block and a NaN gradient."""
+    from minifloat.optim.fused_triton import adamw_update_triton
+
+    for step, lr in ((3.0, 1e-2), (4.0, 5e-3)):
+        results = []
+        for fn in (adamw_update, adamw_update_triton):
+            args, fmts = _update_inputs(step, lr, device="cuda", formats=formats, master=master,
+                                        param_dtype=dtype)  # fmt: skip
+            param, grad, master_t, (m_q, _), (v_q, _), *_ = args
+            assert triton_supports(fmts, param, grad, master_t)
+            grad.view(-1)[:128] = 0.0  # with zero payloads: an all-zero block (scale 1)
+            for q in (m_q, v_q):
+                q[0].view(torch.uint8).zero_()
+            if step == 4.0:
+                grad[20, 30] = float("nan")
+            m, v = fn(*args, formats=fmts, block_size=128)
+            results.append((param, master_t, *m, *v))
+        for a, b in zip(*results, strict=True):
+            assert (a is None and b is None) or (a.dtype == b.dtype and bits_equal(a, b)), step
+        assert results[0][2][0].float().abs().amax() == 0 and results[0][3][0] == 1.0  # zero block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("config", CONFIGS[:3], ids=lambda c: "-".join(map(str, c[:3])))
+def test_cuda_triton_and_compiled_steps_are_bit_identical(config):
+    """Whole optimizer steps, Triton kernel (auto) against the compiled function (inductor):
+    the same parameters, states and generator states after 5 steps."""
+    from minifloat.optim.fused_triton import adamw_update_triton
+
+    runs = []
+    for kernel in ("auto", "inductor"):
+        params = [p.detach().cuda().requires_grad_() for p in _params(config[3])]
+        opt = _make(params, config, True, kernel)
+        _run(opt, params, range(5), device="cuda")
+        runs.append((opt, params))
+    (a, pa), (b, pb) = runs
+    _assert_same_state(a, b, pa, pb)
+    state = a.state[pa[0]]
+    formats = (get_state_format(config[0]), get_state_format(config[1]))
+    chosen = select_update(pa[0], pa[0].grad, state.get("master"), formats)
+    assert chosen is adamw_update_triton
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fused_step_does_not_synchronize():
+    """The step launches without waiting for the GPU (no pageable copies, no .item()): under
+    torch's sync debug mode a synchronizing call raises."""
+    params = [p.detach().cuda().requires_grad_() for p in _params(torch.float32)]
+    opt = _make(params, CONFIGS[0], True)
+    _run(opt, params, range(1), device="cuda")  # states made, kernels compiled
+    for p in params:
+        p.grad = torch.randn_like(p)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("config", CONFIGS[:4], ids=lambda c: "-".join(map(str, c[:3])))
@@ -276,12 +374,14 @@ def test_step_time_benchmark_runs_on_cpu(tmp_path):
     module = load_benchmark("optim_states")
     module.main(["--step-time", "--device", "cpu", "--model", "tiny", "--layers", "1",
                  "--dim", "64", "--presets", "fp32,fp8-fp16", "--fused", "--unfused",
+                 "--fused-inductor",
                  "--warmup", "1", "--repeats", "2", "--out", str(tmp_path),
                  "--inductor", "realize_reads_threshold=8", "--tag", "reads8"])  # fmt: skip
     (js,) = tmp_path.glob("optim_step_reads8_*.json")
     records = json.loads(js.read_text())
     assert [(r["preset"], r["path"]) for r in records] == [
-        ("fp32", "foreach"), ("fp8-fp16", "fused"), ("fp8-fp16", "unfused")
+        ("fp32", "foreach"), ("fp8-fp16", "fused"), ("fp8-fp16", "fused-inductor"),
+        ("fp8-fp16", "unfused"),
     ]  # fmt: skip
     assert all(r["step_ms"] > 0 and r["params"] > 0 for r in records)
     assert "| fp8-fp16 | fused |" in js.with_suffix(".md").read_text()

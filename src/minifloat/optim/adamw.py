@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from minifloat.optim.codecs import StateFormat, get_state_format, stochastic_round_bf16
-from minifloat.optim.fused import adamw_scalars, draw_step_noise, update_kernel
+from minifloat.optim.fused import FUSED_KERNELS, adamw_scalars, draw_step_noise, select_update
 
 __all__ = ["AdamW"]
 
@@ -58,6 +58,10 @@ class AdamW(torch.optim.Optimizer):
     same bits on CPU. None (default): fused on CUDA; on CPU the unfused path, which runs eager
     there and is ~3x faster than the eager fused function (its exact FMA costs float64 passes).
     fp32-moment buckets always take the foreach path (torch.optim.AdamW's).
+    fused_kernel: "auto" (default) runs the fused update on CUDA as one hand-written Triton
+    kernel per parameter where it covers the formats (block-scaled, round to nearest: the
+    fp8-fp16 and lean presets; optim/fused_triton.py), else as the compiled function;
+    "inductor" always uses the compiled function. Both give the same bits.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class AdamW(torch.optim.Optimizer):
         small_numel: int = 4096,
         seed: int = 0,
         fused: bool | None = None,
+        fused_kernel: str = "auto",
     ) -> None:
         if min(lr, eps, weight_decay) < 0.0:
             raise ValueError(f"invalid lr={lr}, eps={eps} or weight_decay={weight_decay}")
@@ -84,6 +89,8 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(
                 f"master_weights must be one of {_MASTER_MODES}, got {master_weights!r}"
             )
+        if fused_kernel not in FUSED_KERNELS:
+            raise ValueError(f"fused_kernel must be one of {FUSED_KERNELS}, got {fused_kernel!r}")
         get_state_format(exp_avg_sq_dtype)
         if get_state_format(exp_avg_dtype).sqrt_domain:
             raise ValueError("sqrt-domain formats need values >= 0: use them for exp_avg_sq only")
@@ -96,6 +103,7 @@ class AdamW(torch.optim.Optimizer):
         self.small_numel = small_numel
         self.seed = seed
         self.fused = fused
+        self.fused_kernel = fused_kernel
         self._generators: dict[str, torch.Generator] = {}
 
     # ---- configuration per parameter -------------------------------------------------------
@@ -185,7 +193,8 @@ class AdamW(torch.optim.Optimizer):
         return loss
 
     def _update_fused(self, group: dict, params: list[torch.Tensor], *, step: float) -> None:
-        """Each parameter through `adamw_update` (compiled on CUDA); see optim/fused.py."""
+        """Each parameter through `adamw_update` (on CUDA its Triton kernel or compiled twin);
+        see optim/fused.py."""
         local0 = _local(params[0])
         scalars = adamw_scalars(
             lr=group["lr"],
@@ -195,7 +204,6 @@ class AdamW(torch.optim.Optimizer):
             step=step,
             device=local0.device,
         )
-        update = update_kernel(local0)
         for p in params:
             state = self.state[p]
             local = _local(p)
@@ -216,9 +224,11 @@ class AdamW(torch.optim.Optimizer):
                 weight_noise=weight_noise,
                 block_size=self.block_size,
             )
+            grad = _local(p.grad)
+            update = select_update(local, grad, master, formats, kernel=self.fused_kernel)
             m, v = update(
                 local,
-                _local(p.grad),
+                grad,
                 master,
                 (state["exp_avg"], state.get("exp_avg_scale")),
                 (state["exp_avg_sq"], state.get("exp_avg_sq_scale")),

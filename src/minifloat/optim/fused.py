@@ -3,8 +3,10 @@
 `adamw_update` decodes the stored moments, applies the AdamW update (the operation sequence of
 torch.optim.AdamW, as `AdamW._update_bucket` runs it) and re-encodes the moments with fresh
 per-block scales, then writes the weight. Written as elementwise ops and per-block reductions
-only, so `torch.compile` fuses it into a few kernels: on CUDA, eager callers go through the
-compiled twin (`update_kernel`), and the eager function is the reference. The unfused path
+only, so `torch.compile` fuses it into a few kernels. On CUDA, eager callers go through a
+hand-written Triton kernel of the same bits (optim/fused_triton.py) where it covers the state
+formats, else through the compiled twin (`select_update` picks); the eager function is the
+reference. The unfused path
 (decode, foreach update over a bucket, encode per tensor) stays as `AdamW(fused=False)`.
 
 Bit-exactness with the unfused path and between eager and compiled:
@@ -39,7 +41,8 @@ __all__ = [
     "adamw_scalars",
     "adamw_update",
     "draw_step_noise",
-    "update_kernel",
+    "select_update",
+    "triton_supports",
 ]
 
 
@@ -73,7 +76,9 @@ def adamw_scalars(
     device: torch.device,
 ) -> AdamWScalars:
     """The hyperparameters of one step, computed in Python doubles exactly as the unfused path
-    computes its scalars, as 0-d fp32 tensors on `device` (one host-to-device copy)."""
+    computes its scalars, as 0-d fp32 tensors on `device` (one host-to-device copy, from
+    pinned memory on CUDA: a copy from pageable memory makes the host wait for the whole
+    backward before it launches the update, measured as host time = step time at 1.3B)."""
     beta1, beta2 = betas
     values = (
         1.0 - lr * weight_decay,
@@ -84,7 +89,10 @@ def adamw_scalars(
         eps,
         -lr / (1.0 - beta1**step),
     )
-    return AdamWScalars(*torch.tensor(values, dtype=torch.float32).to(device).unbind())
+    host = torch.tensor(values, dtype=torch.float32)
+    if device.type == "cuda":
+        host = host.pin_memory()  # the caching host allocator keeps it until the copy is done
+    return AdamWScalars(*host.to(device, non_blocking=True).unbind())
 
 
 def draw_step_noise(
@@ -180,21 +188,56 @@ def adamw_update(
     return outs[0], outs[1]
 
 
-# Eager CUDA callers get fused kernels through this compiled twin; under the caller's
-# torch.compile (or on CPU) the function itself runs. dynamic=True: one graph serves every
-# parameter shape (static shapes would compile twice per configuration), so the graphs are
-# one per state format, parameter dtype, master and padding case. No fullgraph: should a process
-# build more configurations than dynamo's recompile limit, the rest run this function eagerly
-# (the same bits, slower) instead of failing; tests/test_optim_fused.py checks it traces whole.
+# Eager CUDA callers get fused kernels through this compiled twin (or the Triton kernel); under
+# the caller's torch.compile (or on CPU) the function itself runs. dynamic=True: one graph
+# serves every parameter shape (static shapes would compile twice per configuration), so the
+# graphs are one per state format, parameter dtype, master and padding case. No fullgraph:
+# should a process build more configurations than dynamo's recompile limit, the rest run this
+# function eagerly (the same bits, slower) instead of failing; tests/test_optim_fused.py checks
+# it traces whole.
 _COMPILED: dict[Callable, Callable] = {
     fn: torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
     for fn in (adamw_update,)
 }
 
+FUSED_KERNELS = ("auto", "inductor")
 
-def update_kernel(like: torch.Tensor) -> Callable:
-    """The compiled twin of `adamw_update` for eager CUDA calls; the function itself while
-    tracing or on other devices (the CPU emulation is the eager reference)."""
-    if like.is_cuda and not torch.compiler.is_compiling():
-        return _COMPILED[adamw_update]
-    return adamw_update
+
+def triton_supports(
+    formats: tuple[StateFormat, StateFormat],
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    master: torch.Tensor | None,
+) -> bool:
+    """Whether the hand-written Triton kernel (optim/fused_triton.py) takes this call: both
+    moments block-scaled and rounded to nearest (exp_avg not sqrt-domain), an fp32 weight (the
+    param or its master) or a bf16 param rounded stochastically, contiguous CUDA tensors."""
+    if not all(f.scaled and not f.stochastic for f in formats) or formats[0].sqrt_domain:
+        return False
+    if master is None and param.dtype not in (torch.float32, torch.bfloat16):
+        return False
+    tensors = (param, grad) if master is None else (param, grad, master)
+    return all(t.is_cuda and t.is_contiguous() for t in tensors)
+
+
+def select_update(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    master: torch.Tensor | None,
+    formats: tuple[StateFormat, StateFormat],
+    *,
+    kernel: str = "auto",
+) -> Callable:
+    """The implementation of `adamw_update` for one eager call (all take the same arguments
+    and give the same bits): the function itself off CUDA and while tracing (the caller's
+    compile fuses it); on CUDA the Triton kernel where `triton_supports` the call and `kernel`
+    is "auto" (measured 4-6x faster than the compiled twin, docs/optim.md), else the twin."""
+    if kernel not in FUSED_KERNELS:
+        raise ValueError(f"fused_kernel must be one of {FUSED_KERNELS}, got {kernel!r}")
+    if not param.is_cuda or torch.compiler.is_compiling():
+        return adamw_update
+    if kernel == "auto" and triton_supports(formats, param, grad, master):
+        from minifloat.optim.fused_triton import adamw_update_triton
+
+        return adamw_update_triton
+    return _COMPILED[adamw_update]
