@@ -10,10 +10,13 @@ spread of fp32 states (the run-to-run noise the low-precision states are judged 
 Writes benchmarks/results/optim_states_cpu_<date>.md and .json.
 
 Step-time mode: milliseconds per optimizer step on --device for the parameters of a LLaMA preset,
-fused (optim/fused.py: one compiled function per parameter on CUDA) against unfused (decode,
-foreach update, encode per tensor) low-precision states, and fp32 states as the baseline:
+low-precision states fused (optim/fused.py: on CUDA the Triton kernel where it applies, else
+the compiled function), fused through the compiled function only (--fused-inductor) and unfused
+(decode, foreach update, encode per tensor), against fp32 states as the baseline: minifloat's
+foreach path and, on CUDA, torch.optim.AdamW(fused=True), what the trainer uses for fp32 states:
 
-    python benchmarks/optim_states.py --step-time --device cuda --model 1.3B [--fused --unfused]
+    python benchmarks/optim_states.py --step-time --device cuda --model 1.3B \
+        [--fused --fused-inductor --unfused]
 
 Writes benchmarks/results/optim_step_<gpu>_<date>.md and .json (--out to change the folder).
 """
@@ -184,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     timing.add_argument("--dim", type=int, help="override dim (ffn_dim scales with it)")
     timing.add_argument("--presets", default="fp32,fp8-fp16,lean", help="optimizer-state presets")
     timing.add_argument("--fused", action="store_true", help="time the fused path")
+    timing.add_argument(
+        "--fused-inductor", action="store_true",
+        help="time the fused path through the compiled function only (no Triton kernel)",
+    )  # fmt: skip
     timing.add_argument("--unfused", action="store_true", help="time the unfused path")
     timing.add_argument("--warmup", type=int, default=3, help="untimed steps (compile included)")
     timing.add_argument("--repeats", type=int, default=20, help="timed steps")
@@ -196,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.step_time:
-        paths = [p for p in ("fused", "unfused") if getattr(args, p)] or ["fused", "unfused"]
+        chosen = {"fused": args.fused, "fused-inductor": args.fused_inductor,
+                  "unfused": args.unfused}  # fmt: skip
+        paths = [p for p, on in chosen.items() if on] or ["fused", "unfused"]
         with inductor_config.patch(inductor_options(args.inductor)):
             records = step_time(args, paths)
         for r in records:
@@ -277,7 +286,7 @@ def time_optimizer(preset: str, path: str, shapes: list[torch.Size], args) -> di
     params = [torch.randn(s, generator=gen, device=device).to(dtype) for s in shapes]
     for p in params:
         p.grad = (torch.randn(p.shape, generator=gen, device=device) * 1e-3).to(dtype)
-    opt = AdamW(params, lr=1e-4, fused=path == "fused", **OPTIM_STATE_PRESETS[preset])
+    opt = make_optimizer(params, preset, path)
     torch._dynamo.utils.counters.clear()
     times = []
     for i in range(args.warmup + args.repeats):
@@ -312,21 +321,33 @@ def time_optimizer(preset: str, path: str, shapes: list[torch.Size], args) -> di
     }
 
 
+def make_optimizer(params: list[torch.Tensor], preset: str, path: str) -> torch.optim.Optimizer:
+    """The optimizer a step-time row times: `path` is fused, fused-inductor or unfused for
+    low-precision presets; foreach (minifloat's) or torch-fused for fp32 states."""
+    if path == "torch-fused":
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1, fused=True)
+    kernel = "inductor" if path == "fused-inductor" else "auto"
+    fused = path in ("fused", "fused-inductor")
+    return AdamW(params, lr=1e-4, fused=fused, fused_kernel=kernel, **OPTIM_STATE_PRESETS[preset])
+
+
 def step_time(args, paths: list[str]) -> list[dict]:
-    """Time every preset on every path; fp32 states have one path (foreach) and are the
-    baseline of the `vs_fp32` ratio."""
+    """Time every preset on every path; fp32 states (minifloat's foreach path, and torch's
+    fused AdamW on CUDA) are the baselines of the `vs_fp32` and `vs_torch_fused` ratios."""
     shapes = param_shapes(args)
     records = []
+    fp32_paths = ["foreach", "torch-fused"] if args.device.startswith("cuda") else ["foreach"]
     for preset in args.presets.split(","):
         low_precision = OPTIM_STATE_PRESETS[preset]["exp_avg_dtype"] != "fp32"
-        for path in paths if low_precision else ["foreach"]:
+        for path in paths if low_precision else fp32_paths:
             rec = time_optimizer(preset, path, shapes, args)
             records.append(rec)
             print(f"{preset:10s} {path:8s} {rec['step_ms']:9.2f} ms/step "
                   f"(first {rec['first_step_ms']:.0f} ms)")  # fmt: skip
-    base = [r["step_ms"] for r in records if r["preset"] == "fp32"]
+    base = {r["path"]: r["step_ms"] for r in records if r["preset"] == "fp32"}
     for r in records:
-        r["vs_fp32"] = r["step_ms"] / base[0] if base else None
+        r["vs_fp32"] = r["step_ms"] / base["foreach"] if "foreach" in base else None
+        r["vs_torch_fused"] = r["step_ms"] / base["torch-fused"] if "torch-fused" in base else None
     return records
 
 
@@ -339,20 +360,21 @@ def step_time_table(records: list[dict]) -> str:
         f"{r0['tensors']} tensors) on {r0['device']}; median of timed steps (host clock "
         f"after device sync). Inductor config: {options}.",
         "",
-        "| preset | path | ms/step | kernel ms | kernels | vs fp32 states | vs unfused "
-        "| first step ms | graphs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| preset | path | ms/step | kernel ms | kernels | vs fp32 states | vs torch fused fp32 "
+        "| vs unfused | first step ms | graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     unfused = {r["preset"]: r["step_ms"] for r in records if r["path"] == "unfused"}
     for r in records:
         vs_fp32 = f"{r['vs_fp32']:.2f}x" if r["vs_fp32"] else "-"
+        vs_torch = f"{r['vs_torch_fused']:.2f}x" if r.get("vs_torch_fused") else "-"
         vs_unfused = (
             f"{r['step_ms'] / unfused[r['preset']]:.2f}x" if r["preset"] in unfused else "-"
         )
         kms = "-" if r.get("kernel_ms") is None else f"{r['kernel_ms']:.2f}"
         lines.append(
             f"| {r['preset']} | {r['path']} | {r['step_ms']:.2f} | {kms} | "
-            f"{r.get('kernels_per_step', 0):.0f} | {vs_fp32} | {vs_unfused} | "
+            f"{r.get('kernels_per_step', 0):.0f} | {vs_fp32} | {vs_torch} | {vs_unfused} | "
             f"{r['first_step_ms']:.0f} | {r['compiled_graphs']} |"
         )
     for r in records:

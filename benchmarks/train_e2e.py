@@ -8,7 +8,8 @@ One process, one GPU, the same model shape, seed and token batches for every row
 (`--impl ours`: minifloat.models.Llama; `hf`: a `transformers` LlamaForCausalLM of the same
 shape), converted with `minifloat.convert` (or torchao's `convert_to_float8_training`; the
 output head stays high precision in both), compiled with `torch.compile`, trained under bf16
-autocast with fp32 master weights and torch's fused AdamW. Each row runs `--warmup` steps
+autocast with fp32 master weights and torch's fused AdamW (`--optim-states PRESET`: minifloat's
+AdamW with that preset's state formats instead). Each row runs `--warmup` steps
 (compilation included) and `--steps` timed steps; the step time is the median of CUDA-event
 timings of whole steps (forward, loss, backward, optimizer). Rows named in `--profile` are then
 profiled for 3 steps: GPU kernel time per step split into GEMM / attention / everything else,
@@ -18,7 +19,8 @@ Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `
 32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
 benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `model`,
 `impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
-`peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details.
+`peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`resident_gib`:
+memory held between steps, so the peak minus it is what a step allocates and frees).
 """
 
 from __future__ import annotations
@@ -242,7 +244,7 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     model = build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers)
     net = prepare(model, row)
     compiled = compile_model(net, args.compile_scope, args.compile_mode)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    opt = make_optimizer(net, args.optim_states)
     step = make_step(compiled, opt)
     counters.clear()
     t0 = time.perf_counter()
@@ -254,11 +256,14 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
         step(batches[i % len(batches)])
     _sync(args.device)
     warmup_s = time.perf_counter() - t0
+    # Between steps (grads freed): weights, optimizer states and whatever a recipe keeps across
+    # steps (scale histories, cached quantized weights); the peak minus this is transient.
+    resident_gib = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
     timed = [_timed(step, batches[i % len(batches)]) for i in range(args.steps)]
     times = [ms for ms, _ in timed]
     step_ms = statistics.median(times)
     rec = {
-        "model": args.model, "impl": args.impl, "recipe": row,
+        "model": args.model, "impl": args.impl, "recipe": row, "optim_states": args.optim_states,
         "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
         "tokens_per_s": args.batch * args.seq / step_ms * 1000.0,
         "step_ms": step_ms, "step_ms_min": min(times), "step_ms_max": max(times),
@@ -267,6 +272,7 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
         "graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "resident_gib": resident_gib,
         "compile_mode": args.compile_mode or "default", "gpu": gpu_tag(),
         "date": args.date or date.today().isoformat(),
     }  # fmt: skip
@@ -279,6 +285,17 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     del step, opt, compiled, net
     _release()
     return rec
+
+
+def make_optimizer(net: nn.Module, optim_states: str) -> torch.optim.Optimizer:
+    """torch's fused AdamW for fp32 states (the trainer's choice on CUDA), else minifloat's
+    AdamW with the preset's state formats (fp32 parameters: the presets that keep them)."""
+    if optim_states == "fp32":
+        return torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.1, fused=True)
+    from minifloat.optim import OPTIM_STATE_PRESETS, AdamW
+
+    preset = OPTIM_STATE_PRESETS[optim_states]
+    return AdamW(net.parameters(), lr=1e-4, weight_decay=0.1, **preset)
 
 
 def _release() -> None:
@@ -307,24 +324,32 @@ def _x(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}x"
 
 
+def _optimizer_words(optim_states: str) -> str:
+    if optim_states == "fp32":
+        return "torch's fused AdamW (fp32 states)"
+    return f"minifloat AdamW with {optim_states} states"
+
+
 def markdown(records: list[dict], args) -> str:
     lines = [
         f"`{' '.join(sys.argv)}`",
         "",
         f"Model {args.model} ({args.impl}), batch {args.batch} x {args.seq}, vocab {args.vocab}, "
         f"torch.compile ({args.compile_scope}, mode {args.compile_mode or 'default'}), bf16 "
-        f"autocast, fused AdamW{f', {args.layers} layers' if args.layers else ''}; "
+        f"autocast, {_optimizer_words(args.optim_states)}"
+        f"{f', {args.layers} layers' if args.layers else ''}; "
         f"median of {args.steps} steps after {args.warmup} warm-up steps.",
         "",
         "| recipe | tokens/s | vs bf16 | vs torchao tensorwise | peak GiB | mem vs bf16 "
-        "| step ms | host ms | compile s | graphs / breaks |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| resident GiB | step ms | host ms | compile s | graphs / breaks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
             f"| {r['recipe']} | {r['tokens_per_s']:,.0f} | {_x(r['speedup_vs_bf16'])} | "
             f"{_x(r['speedup_vs_torchao_tensorwise'])} | {r['peak_mem_gib']:.1f} | "
-            f"{_x(r['mem_vs_bf16'])} | {r['step_ms']:.1f} | {r['host_ms']:.1f} | "
+            f"{_x(r['mem_vs_bf16'])} | {r.get('resident_gib', 0.0):.1f} | "
+            f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | "
             f"{r['compile_s']:.0f} | "
             f"{r['graphs']} / {r['graph_breaks']} |"
         )
@@ -350,6 +375,16 @@ def markdown(records: list[dict], args) -> str:
     return "\n".join(lines)
 
 
+def check_optim_states(name: str) -> None:
+    """Exit with one line for a preset this benchmark cannot run (its model has fp32 weights)."""
+    from minifloat.optim import OPTIM_STATE_PRESETS, preset_param_dtype
+
+    if name not in OPTIM_STATE_PRESETS:
+        raise SystemExit(f"--optim-states {name!r}: choose one of {', '.join(OPTIM_STATE_PRESETS)}")
+    if preset_param_dtype(name) != "fp32":
+        raise SystemExit(f"--optim-states {name!r} trains bf16 weights; this benchmark's are fp32")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="1.3B", choices=sorted(PRESETS))
@@ -373,11 +408,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--tag", default="")
     ap.add_argument("--date", default=None)
+    ap.add_argument(
+        "--optim-states", default="fp32",
+        help="optimizer-state preset: fp32 (torch's fused AdamW) or one that keeps fp32 "
+        "parameters (fp8-fp16, bf16: minifloat's AdamW)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     batch, seq, vocab = PRESETS[args.model]
     args.batch, args.seq, args.vocab = args.batch or batch, args.seq or seq, args.vocab or vocab
     args.profile = [r for r in args.profile.split(",") if r]
     rows = args.rows.split(",")
+    check_optim_states(args.optim_states)
     for row in rows:  # fail on a typo before spending GPU time
         name, _, rule = row.partition("@")
         if name in TORCHAO_ROWS and rule:
