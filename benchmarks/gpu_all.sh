@@ -34,7 +34,7 @@ run_stage() {
     e2e-125M) python3 benchmarks/train_e2e.py --model 125M --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
     e2e-hf) python3 benchmarks/train_e2e.py --model 1.3B --impl hf --out-dir "$OUT" "$@" \
               2>&1 | tail -60 ;;
-    optim) python3 benchmarks/optim_states.py --step-time --device cuda --fused --unfused \
+    optim) python3 benchmarks/optim_states.py --step-time --device cuda --fused --fused-inductor --unfused \
              --out "$OUT" "$@" 2>&1 | tail -30 ;;
     gradcomm) python3 benchmarks/grad_comm_codec.py --out "$OUT" "$@" 2>&1 | tail -30 ;;
     *) echo "unknown stage $stage"; return 2 ;;

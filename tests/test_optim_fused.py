@@ -186,6 +186,7 @@ def test_select_update_off_cuda_and_which_formats_the_triton_kernel_takes():
         assert not triton_supports((fmt("fp8-sr"), fmt("fp16")), y, y, None)  # stochastic
         assert not triton_supports((fmt("bf16"), fmt("fp16")), y, y, None)  # unscaled
         assert not triton_supports((fmt("fp8"), fmt("fp16")), y.half(), y, None)  # no master
+        assert not triton_supports((fmt("fp8"), fmt("fp16")), y, y, None, block_size=96)
         wide = torch.zeros(4, 6, device="cuda")
         assert not triton_supports((fmt("fp8"), fmt("fp16")), wide.t(), wide.t(), None)
 

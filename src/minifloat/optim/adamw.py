@@ -225,7 +225,9 @@ class AdamW(torch.optim.Optimizer):
                 block_size=self.block_size,
             )
             grad = _local(p.grad)
-            update = select_update(local, grad, master, formats, kernel=self.fused_kernel)
+            update = select_update(
+                local, grad, master, formats, kernel=self.fused_kernel, block_size=self.block_size
+            )
             m, v = update(
                 local,
                 grad,
