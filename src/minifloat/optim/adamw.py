@@ -29,7 +29,12 @@ from typing import Any
 import torch
 
 from minifloat.optim.codecs import StateFormat, get_state_format, stochastic_round_bf16
-from minifloat.optim.fused import FUSED_KERNELS, adamw_scalars, draw_step_noise, select_update
+from minifloat.optim.fused import (
+    adamw_scalars,
+    check_fused_kernel,
+    draw_step_noise,
+    select_update,
+)
 
 __all__ = ["AdamW"]
 
@@ -89,8 +94,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(
                 f"master_weights must be one of {_MASTER_MODES}, got {master_weights!r}"
             )
-        if fused_kernel not in FUSED_KERNELS:
-            raise ValueError(f"fused_kernel must be one of {FUSED_KERNELS}, got {fused_kernel!r}")
+        check_fused_kernel(fused_kernel)
         get_state_format(exp_avg_sq_dtype)
         if get_state_format(exp_avg_dtype).sqrt_domain:
             raise ValueError("sqrt-domain formats need values >= 0: use them for exp_avg_sq only")

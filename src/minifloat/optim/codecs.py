@@ -74,8 +74,9 @@ class StateFormat:
             hp = sqrt_eager(hp)  # torch.sqrt, with eager's bits when compiled (exact.py)
         blocks = _to_blocks(hp, block_size)
         amax = blocks.abs().amax(dim=1, keepdim=True)
-        # All-zero blocks get scale 1 (DESIGN.md); a non-finite amax makes the scale
-        # non-finite, so the whole block decodes to nan/inf and the step guard can see it.
+        # All-zero blocks get scale 1 (DESIGN.md). An inf amax makes the scale inf, so the
+        # whole block decodes to nan/inf; a NaN amax fails `amax > 0` and gets scale 1, and the
+        # NaN entries stay NaN: either way the step guard can see it.
         # Both divisions through div_rn: Triton divides approximately (exact.py), so compiled
         # code would otherwise differ from eager; div_rn differs from `/` only for subnormal
         # quotients (a zero payload anyway). div_rn_by_scale measured slower here (docs/optim.md).

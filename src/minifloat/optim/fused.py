@@ -36,10 +36,12 @@ from minifloat.exact import div_rn, fma_rn, sqrt_eager
 from minifloat.optim.codecs import StateFormat, draw_bf16_noise, stochastic_round_bf16
 
 __all__ = [
+    "FUSED_KERNELS",
     "AdamWScalars",
     "StepNoise",
     "adamw_scalars",
     "adamw_update",
+    "check_fused_kernel",
     "draw_step_noise",
     "select_update",
     "triton_supports",
@@ -203,6 +205,12 @@ _COMPILED: dict[Callable, Callable] = {
 FUSED_KERNELS = ("auto", "inductor")
 
 
+def check_fused_kernel(kernel: str) -> None:
+    """Raise ValueError (one line) unless `kernel` names one of FUSED_KERNELS."""
+    if kernel not in FUSED_KERNELS:
+        raise ValueError(f"fused_kernel must be one of {FUSED_KERNELS}, got {kernel!r}")
+
+
 def triton_supports(
     formats: tuple[StateFormat, StateFormat],
     param: torch.Tensor,
@@ -238,8 +246,7 @@ def select_update(
     compile fuses it); on CUDA the Triton kernel where `triton_supports` the call and `kernel`
     is "auto" (an fp8-fp16 step at 1.3B: 14.5 ms against the twin's 41.1, docs/optim.md),
     else the twin."""
-    if kernel not in FUSED_KERNELS:
-        raise ValueError(f"fused_kernel must be one of {FUSED_KERNELS}, got {kernel!r}")
+    check_fused_kernel(kernel)
     if not param.is_cuda or torch.compiler.is_compiling():
         return adamw_update
     if kernel == "auto" and triton_supports(formats, param, grad, master, block_size):
