@@ -4,16 +4,16 @@
         [--rows bf16,torchao-tensorwise,torchao-rowwise,fp8-tensorwise,fp4] [--profile fp4] \
         [--out-dir DIR] [--tag NAME]
 
-One process, one GPU, the same model shape, seed and token batches for every row: a LLaMA
-(`--impl ours`: minifloat.models.Llama; `hf`: a `transformers` LlamaForCausalLM of the same
-shape), converted with `minifloat.convert` (or torchao's `convert_to_float8_training`; the
-output head stays high precision in both), compiled with `torch.compile`, trained under bf16
-autocast with fp32 master weights and torch's fused AdamW (`--optim-states PRESET`: minifloat's
-AdamW with that preset's state formats instead). Each row runs `--warmup` steps
-(compilation included) and `--steps` timed steps; the step time is the median of CUDA-event
-timings of whole steps (forward, loss, backward, optimizer). Rows named in `--profile` are then
-profiled for 3 steps: GPU kernel time per step split into GEMM / attention / everything else,
-kernel launches per step and the top kernels.
+One process, one GPU, the same model shape, seed and token batches for every row: a LLaMA (`--impl
+ours`: minifloat.models.Llama; `hf`: a `transformers` LlamaForCausalLM of the same shape), converted
+with `minifloat.convert` (or torchao's `convert_to_float8_training`; the output head stays high
+precision in both), compiled with `torch.compile`, trained under bf16 autocast with fp32 master
+weights and torch's fused AdamW (`--optim-states fp32,fp8-fp16`: each row with each preset in this
+process, minifloat's AdamW for the low-precision ones). Each row runs `--warmup` steps (compilation
+included) and `--steps` timed steps; the step time is the median of CUDA-event timings of whole
+steps (forward, loss, backward, optimizer). Rows named in `--profile` are then profiled for 3 steps:
+GPU kernel time per step split into GEMM / attention / everything else, kernel launches per step and
+the top kernels.
 
 Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `125M` batch
 32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
@@ -237,14 +237,14 @@ def count_syncs(step, tokens: torch.Tensor) -> int:
     return sum("synchroniz" in str(w.message) for w in caught)
 
 
-def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
+def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp32") -> dict:
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     model = build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers)
     net = prepare(model, row)
     compiled = compile_model(net, args.compile_scope, args.compile_mode)
-    opt = make_optimizer(net, args.optim_states)
+    opt = make_optimizer(net, optim_states)
     step = make_step(compiled, opt)
     counters.clear()
     t0 = time.perf_counter()
@@ -263,7 +263,7 @@ def run_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     times = [ms for ms, _ in timed]
     step_ms = statistics.median(times)
     rec = {
-        "model": args.model, "impl": args.impl, "recipe": row, "optim_states": args.optim_states,
+        "model": args.model, "impl": args.impl, "recipe": row, "optim_states": optim_states,
         "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
         "tokens_per_s": args.batch * args.seq / step_ms * 1000.0,
         "step_ms": step_ms, "step_ms_min": min(times), "step_ms_max": max(times),
@@ -306,10 +306,15 @@ def _release() -> None:
 
 
 def with_ratios(records: list[dict]) -> list[dict]:
-    """Add speed and memory ratios against this run's bf16 and torchao tensorwise rows."""
-    base = {r["recipe"]: r for r in records}
+    """Add speed and memory ratios against this run's bf16 and torchao tensorwise rows (with
+    several --optim-states, the rows with the first preset), and each row's speed against the
+    same recipe with the first preset (`speedup_vs_first_states`)."""
+    base: dict[str, dict] = {}
+    for r in records:
+        base.setdefault(r["recipe"], r)
     bf16, tao = base.get("bf16"), base.get("torchao-tensorwise")
     for r in records:
+        r["speedup_vs_first_states"] = r["tokens_per_s"] / base[r["recipe"]]["tokens_per_s"]
         r["speedup_vs_bf16"] = r["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None
         r["mem_vs_bf16"] = (
             r["peak_mem_gib"] / bf16["peak_mem_gib"] if bf16 and bf16["peak_mem_gib"] else None
@@ -324,10 +329,12 @@ def _x(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}x"
 
 
-def _optimizer_words(optim_states: str) -> str:
-    if optim_states == "fp32":
+def _optimizer_words(optim_states: list[str]) -> str:
+    if optim_states == ["fp32"]:
         return "torch's fused AdamW (fp32 states)"
-    return f"minifloat AdamW with {optim_states} states"
+    if len(optim_states) == 1:
+        return f"minifloat AdamW with {optim_states[0]} states"
+    return "optimizer states per row (fp32: torch's fused AdamW, else minifloat's AdamW)"
 
 
 def markdown(records: list[dict], args) -> str:
@@ -340,14 +347,17 @@ def markdown(records: list[dict], args) -> str:
         f"{f', {args.layers} layers' if args.layers else ''}; "
         f"median of {args.steps} steps after {args.warmup} warm-up steps.",
         "",
-        "| recipe | tokens/s | vs bf16 | vs torchao tensorwise | peak GiB | mem vs bf16 "
-        "| resident GiB | step ms | host ms | compile s | graphs / breaks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| recipe | states | tokens/s | vs bf16 | vs torchao tensorwise | vs first states "
+        "| peak GiB | mem vs bf16 | resident GiB | step ms | host ms | compile s "
+        "| graphs / breaks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         lines.append(
-            f"| {r['recipe']} | {r['tokens_per_s']:,.0f} | {_x(r['speedup_vs_bf16'])} | "
-            f"{_x(r['speedup_vs_torchao_tensorwise'])} | {r['peak_mem_gib']:.1f} | "
+            f"| {r['recipe']} | {r.get('optim_states', 'fp32')} | {r['tokens_per_s']:,.0f} | "
+            f"{_x(r['speedup_vs_bf16'])} | "
+            f"{_x(r['speedup_vs_torchao_tensorwise'])} | {_x(r['speedup_vs_first_states'])} | "
+            f"{r['peak_mem_gib']:.1f} | "
             f"{_x(r['mem_vs_bf16'])} | {r.get('resident_gib', 0.0):.1f} | "
             f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | "
             f"{r['compile_s']:.0f} | "
@@ -375,14 +385,18 @@ def markdown(records: list[dict], args) -> str:
     return "\n".join(lines)
 
 
-def check_optim_states(name: str) -> None:
+def check_optim_states(names: list[str]) -> None:
     """Exit with one line for a preset this benchmark cannot run (its model has fp32 weights)."""
     from minifloat.optim import OPTIM_STATE_PRESETS, preset_param_dtype
 
-    if name not in OPTIM_STATE_PRESETS:
-        raise SystemExit(f"--optim-states {name!r}: choose one of {', '.join(OPTIM_STATE_PRESETS)}")
-    if preset_param_dtype(name) != "fp32":
-        raise SystemExit(f"--optim-states {name!r} trains bf16 weights; this benchmark's are fp32")
+    for name in names:
+        if name not in OPTIM_STATE_PRESETS:
+            choices = ", ".join(OPTIM_STATE_PRESETS)
+            raise SystemExit(f"--optim-states {name!r}: choose one of {choices}")
+        if preset_param_dtype(name) != "fp32":
+            raise SystemExit(
+                f"--optim-states {name!r} trains bf16 weights; this benchmark's are fp32"
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -410,14 +424,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--date", default=None)
     ap.add_argument(
         "--optim-states", default="fp32",
-        help="optimizer-state preset: fp32 (torch's fused AdamW) or one that keeps fp32 "
-        "parameters (fp8-fp16, bf16: minifloat's AdamW)",
+        help="optimizer-state presets, comma-separated, each row run with each: fp32 (torch's "
+        "fused AdamW) or one that keeps fp32 parameters (fp8-fp16, bf16: minifloat's AdamW)",
     )  # fmt: skip
     args = ap.parse_args(argv)
     batch, seq, vocab = PRESETS[args.model]
     args.batch, args.seq, args.vocab = args.batch or batch, args.seq or seq, args.vocab or vocab
     args.profile = [r for r in args.profile.split(",") if r]
     rows = args.rows.split(",")
+    args.optim_states = args.optim_states.split(",")
     check_optim_states(args.optim_states)
     for row in rows:  # fail on a typo before spending GPU time
         name, _, rule = row.partition("@")
@@ -437,17 +452,19 @@ def main(argv: list[str] | None = None) -> None:
     out = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
     records: list[dict] = []
     errors: list[dict] = []
-    for row in rows:
+    for row, states in [(row, states) for row in rows for states in args.optim_states]:
+        label = row if len(args.optim_states) == 1 else f"{row} ({states} states)"
         try:
-            records.append(run_row(args, row, batches))
+            records.append(run_row(args, row, batches, states))
             rec = records[-1]
-            print(f"{row}: {rec['tokens_per_s']:,.0f} tokens/s, {rec['peak_mem_gib']:.1f} GiB, "
+            print(f"{label}: {rec['tokens_per_s']:,.0f} tokens/s, {rec['peak_mem_gib']:.1f} GiB, "
                   f"warm-up {rec['warmup_s']:.0f} s", flush=True)  # fmt: skip
         except Exception as exc:  # one failing row must not lose the others
             errors.append({"model": args.model, "impl": args.impl, "recipe": row,
+                           "optim_states": states,
                            "error": f"{type(exc).__name__}: {exc}"[-3000:]})  # fmt: skip
             traceback.print_exc()
-            print(f"{row}: FAILED", flush=True)
+            print(f"{label}: FAILED", flush=True)
             _release()
         body = markdown(with_ratios(records), args)
         body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)

@@ -29,3 +29,27 @@ def test_optimizer_per_state_preset(bench):
 def test_bad_state_presets_fail_before_gpu_time(bench, name, message):
     with pytest.raises(SystemExit, match=message):
         bench.main(["--model", "tiny", "--device", "cpu", "--optim-states", name])
+
+
+def test_rows_with_two_state_presets_compare_within_the_run(bench):
+    """With `--optim-states fp32,fp8-fp16` each row runs with both; ratios to bf16 use the
+    first preset's rows, and each row is also compared with its recipe's first-preset row."""
+    import argparse
+
+    records = [
+        {"recipe": r, "optim_states": s, "tokens_per_s": t, "peak_mem_gib": m, "resident_gib": 1.0,
+         "step_ms": 1.0, "host_ms": 1.0, "compile_s": 1.0, "graphs": 1, "graph_breaks": 0}
+        for r, s, t, m in [("bf16", "fp32", 100.0, 50.0), ("bf16", "fp8-fp16", 98.0, 44.0),
+                           ("fp8-tensorwise", "fp32", 120.0, 40.0),
+                           ("fp8-tensorwise", "fp8-fp16", 117.0, 34.0)]
+    ]  # fmt: skip
+    out = bench.with_ratios(records)
+    assert [r["speedup_vs_bf16"] for r in out] == [1.0, 0.98, 1.2, 1.17]
+    assert [r["speedup_vs_first_states"] for r in out] == [1.0, 0.98, 1.0, 0.975]
+    assert out[1]["mem_vs_bf16"] == 44.0 / 50.0
+    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
+                              compile_scope="model", compile_mode=None, layers=None, steps=2,
+                              warmup=1, optim_states=["fp32", "fp8-fp16"])  # fmt: skip
+    table = bench.markdown(out, args)
+    assert "| fp8-tensorwise | fp8-fp16 | 117 | 1.17x | — | 0.97x |" in table
+    assert "optimizer states per row" in table
