@@ -10,6 +10,8 @@ checkpointing, which runs a forward again inside backward, record a step once.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from minifloat import formats
@@ -34,10 +36,16 @@ def history_scale(
 
     Divided with `exact.div_rn`, so it equals `quantize()`'s scale of that amax bit for bit.
     """
-    past = torch.nan_to_num(history[row], nan=0.0, posinf=0.0).amax()
-    ref = torch.where(past > 0, past, amax_now) * (2.0**cfg.margin)
+    # Few graph nodes on purpose: this chain sits between an input and its cast, and the
+    # partitioner stops recomputing casts more than 100 nodes after their input (its "too long"
+    # rule), which made it save the SwiGLU output's FP8 copy (docs/hopper.md, session 13).
+    h = history[row]
+    past = torch.where(h < math.inf, h, 0.0).amax()  # NaN and +inf entries count as 0
+    ref = torch.where(past > 0, past, amax_now)
+    if cfg.margin:
+        ref = ref * (2.0**cfg.margin)
     scale = div_rn(ref, torch.full_like(ref, formats.get(fmt).max))
-    return torch.where(scale > 0, scale, torch.ones_like(scale)).reshape(1, 1)
+    return torch.where(scale > 0, scale, 1.0).reshape(1, 1)
 
 
 def record(history: torch.Tensor, amaxes: torch.Tensor) -> None:

@@ -68,14 +68,17 @@ class QuantLinearFunction(torch.autograd.Function):
         comp = occ_gemm.compensation(recipe)
         with torch.autocast(x.device.type, enabled=False):
             clip = None if recipe.occ is None else occ.thresholds(x, recipe.occ)
-            s_x = s_w = amaxes = None
+            s_x = s_w = x_amax = w_amax = None
             if recipe.delayed is not None:  # scales from past steps; backward records this one
                 w_amax = weight.amax if isinstance(weight, GatheredWeight) else delayed.amax(weight)
-                amaxes = torch.stack([delayed.amax(x), w_amax])
+                # Kept apart, stacked in backward: a `torch.stack` here (unfusible) between x's
+                # amax and its cast made the partitioner save every FP8 input instead of
+                # recomputing it (+6.5 GiB at 1.3B; docs/hopper.md, session 13).
+                x_amax = delayed.amax(x)
                 s_x, s_w = (
-                    delayed.history_scale(amax_history, row, amaxes[row], spec.fmt, recipe.delayed)
-                    for row, spec in ((delayed.INPUT, recipe.fprop.lhs),
-                                      (delayed.WEIGHT, recipe.fprop.rhs))
+                    delayed.history_scale(amax_history, row, amax, spec.fmt, recipe.delayed)
+                    for row, amax, spec in ((delayed.INPUT, x_amax, recipe.fprop.lhs),
+                                            (delayed.WEIGHT, w_amax, recipe.fprop.rhs))
                 )  # fmt: skip
             seeds = None  # this step's draws, different on every data-parallel rank
             if rng_state is not None:
@@ -133,7 +136,8 @@ class QuantLinearFunction(torch.autograd.Function):
             None if w_rhs is None else w_rhs.scale,
             delta_data,
             None if delta_rhs is None else delta_rhs.scale,
-            amaxes,
+            x_amax,
+            w_amax,
             *_tensor_scales(x_rhs, w_rhs),
             seeds,
         )
@@ -153,7 +157,8 @@ class QuantLinearFunction(torch.autograd.Function):
             w_rhs_scale,
             delta_data,
             delta_scale,
-            amaxes,
+            x_amax,
+            w_amax,
             x_rhs_ts,
             w_rhs_ts,
             seeds,
@@ -163,7 +168,7 @@ class QuantLinearFunction(torch.autograd.Function):
         with torch.autocast(dy.device.type, enabled=False):
             s_g = None
             if recipe.delayed is not None:
-                amaxes = torch.cat([amaxes, delayed.amax(dy).reshape(1)])
+                amaxes = torch.stack([x_amax, w_amax, delayed.amax(dy)])
                 g_fmt = recipe.dgrad.lhs.fmt
                 s_g = delayed.history_scale(
                     ctx.amax_history, delayed.GRAD_OUTPUT, amaxes[2], g_fmt, recipe.delayed
