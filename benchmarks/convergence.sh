@@ -68,7 +68,8 @@ EXTRA="${EXTRA:-}"                              # more train flags (the CPU smok
 # Compiled runs (each chunk compiles one block: ~10-40 s, inside OVERHEAD); COMPILE= runs eagerly.
 COMPILE="${COMPILE---compile --compile-scope block}"
 # Per group: model, steps, peak LR, eval/log/sqnr cadence.
-H_MODEL="${H_MODEL:-125M}" H_STEPS="${H_STEPS:-9156}" H_LR=6e-4 H_EVAL=1000 H_LOG=50 H_SQNR=500
+H_MODEL="${H_MODEL:-125M}" H_STEPS="${H_STEPS:-9156}" H_LR=6e-4 H_EVAL="${H_EVAL:-1000}" H_LOG=50
+H_SQNR="${H_SQNR:-500}"
 A_MODEL="${A_MODEL:-50M}" A_STEPS="${A_STEPS:-3052}" A_LR=1e-3 A_EVAL=250 A_LOG=25 A_SQNR=100
 # Queue order = priority. group recipe planning-tokens/s (compiled, one H200). Measured: the 50M
 # runs of 2026-11-23 (results/fp4_recipes_h200_2026-11-23.md, ablations_50M_h200_...: bf16 1.05M,
