@@ -382,7 +382,8 @@ run() {
 report() {
   local dir="${1:-runs/$STUDY}" date; date="$(date +%F)"
   local h_order a_order
-  h_order="$(awk '$1 == "h" {print $2}' <<<"$TABLE" | paste -sd,)"
+  # report order (the first run is the reference): H_ORDER, else the queue's
+  h_order="${H_ORDER:-$(awk '$1 == "h" {print $2}' <<<"$TABLE" | paste -sd,)}"
   a_order="$(awk '$1 == "a" {print $2}' <<<"$TABLE" | paste -sd,)"
   for grp in h a; do
     local model runs name order=""; model="$(g "$grp" MODEL)" runs="$dir/${grp}_$(g "$grp" MODEL)"

@@ -22,6 +22,7 @@
 # 470k tokens/s; the switched run trains its last 306 steps in bf16).
 set -euo pipefail
 export STUDY=issue15s H_MODEL=125M H_STEPS=3052 H_EVAL=250 H_SQNR=1000
+export H_ORDER="bf16,fp8-tensorwise,fp4,fp4+switch=bf16+at=0.9"  # report: bf16 the reference
 export H_NAME="switch_125M_100M_${GPU:-h200}" REPORT_DIR="${REPORT_DIR:-benchmarks/results}"
 export QUEUE="
 h fp4 282000
