@@ -20,7 +20,12 @@
 #
 # Planning speeds: the headline's measured trainer speeds (fp4 282k, bf16 532k, fp8-tensorwise
 # 470k tokens/s; the switched run trains its last 306 steps in bf16).
+#
+# SEED=N (N > 0) runs bf16, fp4 and the switched run again with `train --seed N` (another
+# initialization and data order) as study issue15s_seedN (its own done list, run directories and
+# report, switch_125M_100M_seedN_*): whether the switched run's lead over bf16 outlasts the seed.
 set -euo pipefail
+SEED="${SEED:-0}"
 export STUDY=issue15s H_MODEL=125M H_STEPS=3052 H_EVAL=250 H_SQNR=1000
 export H_ORDER="bf16,fp8-tensorwise,fp4,fp4+switch=bf16+at=0.9"  # report: bf16 the reference
 export H_NAME="switch_125M_100M_${GPU:-h200}" REPORT_DIR="${REPORT_DIR:-benchmarks/results}"
@@ -30,4 +35,9 @@ h fp4+switch=bf16+at=0.9 532000
 h bf16 532000
 h fp8-tensorwise 470000
 "
+if [ "$SEED" != 0 ]; then
+  export STUDY="issue15s_seed$SEED" EXTRA="${EXTRA:+$EXTRA }--seed $SEED"
+  export H_ORDER="bf16,fp4,fp4+switch=bf16+at=0.9" H_NAME="switch_125M_100M_seed${SEED}_${GPU:-h200}"
+  QUEUE="$(grep -v fp8-tensorwise <<<"$QUEUE")"
+fi
 exec bash "$(dirname "$0")/convergence.sh" "$@"
