@@ -118,3 +118,25 @@ def test_common_step_is_the_last_one_every_run_logged(report: ModuleType) -> Non
     assert [r["common_step"] for r in records] == [2900, 2900]
     assert records[1]["train_gap_pct"] == pytest.approx(5.0)
     assert records[1]["tokens"] == 2901
+
+
+@pytest.mark.parametrize("seed", ["0", "1"])
+def test_switch_study_plans_its_runs(seed: str) -> None:
+    # issue 15's 100M-token switch study: fp4 with its switched run branched from it (one
+    # lease), bf16, and fp8-tensorwise unless SEED names a rerun of the first three
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        ["bash", str(root / "benchmarks" / "switch_short.sh"), "plan"],
+        capture_output=True, text=True, check=True, cwd=root,
+        env={"PATH": "/usr/bin:/bin", "PY": sys.executable, "DONE_FILE": "/nonexistent",
+             "PYTHONPATH": str(root / "src"), "SEED": seed},
+    ).stdout  # fmt: skip
+    planned = {w.removesuffix("(cont.)") for w in out.split() if w.startswith("h_125M/")}
+    want = {"h_125M/fp4+branch", "h_125M/bf16"}
+    if seed == "0":
+        want.add("h_125M/fp8-tensorwise")
+    assert planned == want, out
+    assert "=> 1 leases" in out
