@@ -24,6 +24,9 @@
 # SEED=N (N > 0) runs bf16, fp4 and the switched run again with `train --seed N` (another
 # initialization and data order) as study issue15s_seedN (its own done list, run directories and
 # report, switch_125M_100M_seedN_*): whether the switched run's lead over bf16 outlasts the seed.
+# Seeds 1 and 2 ran (one lease each); benchmarks/seed_summary.py combines the reports:
+#   python benchmarks/seed_summary.py benchmarks/results/switch_125M_100M{,_seed1,_seed2}_h200_<date>.json \
+#     --name switch_125M_100M_seeds_h200_<date>
 set -euo pipefail
 SEED="${SEED:-0}"
 export STUDY=issue15s H_MODEL=125M H_STEPS=3052 H_EVAL=250 H_SQNR=1000
