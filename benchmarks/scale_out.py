@@ -20,9 +20,17 @@ Recipes: any minifloat recipe, or ``torchao-float8-tensorwise``: minifloat's ``b
 torchao's float8 training layers swapped in through the trainer's ``model_transform`` hook (torchao
 is no dependency of minifloat; it is imported for that recipe only).
 
+``--quantized-all-gather`` has FSDP2 all-gather the QuantLinear weights already quantized
+(``TrainConfig.quantized_all_gather``; minifloat.fsdp_quantized), in a run directory of its own
+(``<model>_<recipe>+qag``) next to the plain run of the recipe. It is refused for the torchao
+recipe (its float8 layers are no QuantLinear) and for recipes the quantized all-gather cannot
+reproduce (autocast-only ones such as bf16, OCC's fp4; ``fsdp_plan.plan_for`` says why).
+
 Measured per run: tokens/s per GPU and MFU over the steady-state steps only (after the first
 ``--warmup-steps``, minus the first ``--rewarm-steps`` of every resumed chunk, whose new process
-compiles again); peak GPU memory (max over ranks and chunks); every step's training loss.
+compiles again); peak GPU memory (max over ranks and chunks); every step's training loss; the
+bytes the FSDP2 weight all-gathers move per step (``allgather_bytes_per_step``, counted from the
+parameters' shapes and what each all-gather sends; see there).
 ``benchmarks/scale_out.sh`` drives the runs on the GPU machine, one <= 10-minute job at a time.
 """
 
@@ -56,18 +64,29 @@ from minifloat.train.metrics import peak_flops  # noqa: E402
 from scale_out_report import (  # noqa: E402, F401 - re-exported: tests and callers use them here
     BASELINE_RECIPE,
     DONE_NAME,
+    QAG_SUFFIX,
     RECORDS_NAME,
     TORCHAO_RECIPE,
     timed_steps,
     write_report,
 )
 
-__all__ = ["TORCHAO_RECIPE", "main", "timed_steps", "torchao_float8_tensorwise", "write_report"]
+__all__ = [
+    "TORCHAO_RECIPE",
+    "allgather_bytes_per_step",
+    "main",
+    "timed_steps",
+    "torchao_float8_tensorwise",
+    "write_report",
+]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 SHARDED_NAME = "checkpoint.dcp"  # --ckpt-format sharded: a directory, one shard file per rank
 # FP8 tensor cores need both GEMM dims of a layer in multiples of 16 (torchao asserts it).
 FLOAT8_ALIGN = 16
+# The trainer (train/model.py) calls minifloat.distributed.apply_fsdp without
+# reshard_after_forward, so its default holds: True (tests/test_scale_out.py checks it).
+RESHARD_AFTER_FORWARD = True
 
 
 # ---- the torchao comparison recipe -------------------------------------------------------------
@@ -114,8 +133,41 @@ def _recipe_parts(name: str) -> tuple[str, bool]:
 # ---- run: one chunk under torchrun -------------------------------------------------------------
 
 
-def run_dir(runs: Path, model: str, recipe: str) -> Path:
-    return Path(runs) / f"{model}_{recipe}"
+def run_dir(runs: Path, model: str, recipe: str, quantized_all_gather: bool = False) -> Path:
+    """A run's directory: ``<model>_<recipe>``, plus ``+qag`` for a quantized all-gather run."""
+    return Path(runs) / f"{model}_{recipe}{QAG_SUFFIX if quantized_all_gather else ''}"
+
+
+# ---- all-gather bytes --------------------------------------------------------------------------
+
+
+def allgather_bytes_per_step(model: nn.Module, blocks: Sequence[nn.Module], world_size: int, *,
+                             micro_batches: int) -> tuple[int, dict[str, int]]:  # fmt: skip
+    """Bytes the FSDP2 weight all-gathers of one training step move, and one all-gather of the
+    whole model as ``minifloat.fsdp_quantized.all_gather_bytes`` splits it.
+
+    ``model`` is the trained (sharded) model and ``blocks`` the modules apply_fsdp sharded one
+    by one before the root. Bytes are counted as ``all_gather_bytes`` does: summed over the
+    ranks' all-gather inputs (= the size of the gathered parameters), QuantLinear weights as
+    they are sent ("quantized": fp32 under the plain all-gather; values + travelling scales
+    under the quantized one), every other parameter at its dtype ("other": fp32 here).
+
+    Per micro-batch, with reshard_after_forward=True (RESHARD_AFTER_FORWARD, the trainer's
+    setting): a block's parameters are gathered for its forward and again for its backward; the
+    root's own parameters (embedding, final norm, output head) once, because FSDP2 does not
+    reshard the root after forward. Parameters are resharded after every backward, so each of
+    the ``micro_batches`` (grad_accum) gathers anew. Not counted: FSDP2's padding of shards
+    whose dim 0 is not divisible by the world size, the 4-byte amax all-reduces of tensor and
+    column scales (no all-gathers), and the evaluation forwards at the run's last step.
+    """
+    from minifloat.fsdp_quantized import all_gather_bytes
+
+    whole = all_gather_bytes(model, world_size)
+    in_blocks = sum(b["quantized"] + b["other"]
+                    for b in (all_gather_bytes(block, world_size) for block in blocks))  # fmt: skip
+    root = whole["quantized"] + whole["other"] - in_blocks
+    gathers = 2 if RESHARD_AFTER_FORWARD else 1
+    return micro_batches * (gathers * in_blocks + root), whole
 
 
 def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainConfig:
@@ -141,6 +193,7 @@ def _train_config(args: argparse.Namespace, out: Path, *, start: int) -> TrainCo
         compile=args.compile,
         parallel="fsdp",
         grad_comm=args.grad_comm,
+        quantized_all_gather=args.quantized_all_gather,
         eval_every=0,  # evaluation only at the last step (the trainer always does that one)
         eval_batches=args.eval_batches,
         log_every=1,  # one metrics record per step: the report needs every step's time
@@ -255,6 +308,7 @@ def _start_record(args: argparse.Namespace, config: TrainConfig, dataset: Any, s
         "chunk_steps": args.chunk_steps,
         "compile": cfg.compile,
         "grad_comm": cfg.grad_comm,
+        "quantized_allgather": cfg.quantized_all_gather,
         "start_step": start,
         "stop_step": cfg.stop_after or cfg.steps,
         "setup_s": time.time() - started,
@@ -278,9 +332,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _model_transform(
+    use_torchao: bool,
+) -> tuple[Callable[[nn.Module], None], list[str], list[nn.Module]]:
+    """The trainer's model_transform hook for a run: swaps torchao's float8 layers in (the
+    torchao recipe) and keeps the model and its FSDP blocks for the all-gather count.
+
+    Returns (hook, the swapped layers' names, [model, *blocks] once the hook has run). The hook
+    sees the converted model before FSDP, so `find_repeated_blocks` finds the very blocks
+    apply_fsdp then shards one by one.
+    """
+    swapped: list[str] = []
+    built: list[nn.Module] = []
+
+    def transform(model: nn.Module) -> None:
+        from minifloat.blocks import find_repeated_blocks
+
+        if use_torchao:
+            swapped.extend(torchao_float8_tensorwise(model))
+        built[:] = [model, *find_repeated_blocks(model)]
+
+    return transform, swapped, built
+
+
 def _run_chunk(args: argparse.Namespace, device: torch.device, started: float) -> int:
     main = dist.get_rank() == 0
-    out = run_dir(args.runs, args.model, args.recipe)
+    out = run_dir(args.runs, args.model, args.recipe, args.quantized_all_gather)
     box: list[Any] = [None]
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -299,16 +376,17 @@ def _run_chunk(args: argparse.Namespace, device: torch.device, started: float) -
     dataset = _load_dataset_rank0_first(config, args.progress != "off")
     if main:
         _append_record(out, _start_record(args, config, dataset, start, device, started))
-    swapped: list[str] = []
     _, use_torchao = _recipe_parts(args.recipe)
-    transform: Callable[[nn.Module], Any] | None = None
-    if use_torchao:
-        transform = lambda model: swapped.extend(torchao_float8_tensorwise(model))  # noqa: E731
+    transform, swapped, built = _model_transform(use_torchao)
     result = train(config, dataset=dataset, progress=args.progress, model_transform=transform)
     peaks: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(peaks, result.peak_memory_bytes)
     if not main:
         return 0
+    per_step, whole = allgather_bytes_per_step(
+        built[0], built[1:], dist.get_world_size(), micro_batches=config.resolved().grad_accum
+    )
+    built.clear()
     known = [p for p in peaks if p is not None]
     end = {
         "event": "end",
@@ -321,12 +399,17 @@ def _run_chunk(args: argparse.Namespace, device: torch.device, started: float) -
         "final_val_loss": result.final_val_loss,
         "skipped_steps": result.skipped_steps,
         "float8_layers": len(swapped) if use_torchao else None,
+        # The torchao recipe's weights are fp32 Float8Linear parameters, all-gathered in fp32
+        # (its tensorwise config leaves enable_fsdp_float8_all_gather off): "other" bytes.
+        "allgather_bytes_per_step": per_step,
+        "allgather_model_bytes": whole,
     }
     _append_record(out, end)
     if result.steps >= config.steps:
         (out / DONE_NAME).write_text(f"{result.steps}\n")
+    name = args.recipe + (QAG_SUFFIX if args.quantized_all_gather else "")
     print(
-        f"scale_out: {args.model} {args.recipe} steps {start}->{result.steps} of {config.steps} "
+        f"scale_out: {args.model} {name} steps {start}->{result.steps} of {config.steps} "
         f"in {end['wall_s']:.0f} s; {'complete' if result.steps >= config.steps else 'continues'}"
     )
     return 0
@@ -370,6 +453,8 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     add("--lr", type=float, default=None)
     add("--seed", type=int, default=0)
     add("--grad-comm", default="fp32", choices=("fp32", "bf16"), help="FSDP reduce dtype")
+    add("--quantized-all-gather", action="store_true",
+        help="all-gather QuantLinear weights quantized (run dir <model>_<recipe>+qag)")  # fmt: skip
     add("--eval-batches", type=int, default=2, help="validation batches at the last step (0: none)")
     add("--model-override", dest="model_overrides", type=parse_override, action="append",
         metavar="KEY=VALUE", help="change a preset field, e.g. dim=64 (repeatable)")  # fmt: skip
@@ -405,6 +490,31 @@ def _check_run_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
             recipes.get(args.recipe)
         except (KeyError, ValueError) as exc:
             parser.error(str(exc))
+    if args.quantized_all_gather:
+        _check_quantized_all_gather(parser, args.recipe)
+
+
+def _check_quantized_all_gather(parser: argparse.ArgumentParser, recipe: str) -> None:
+    """Refuse, before torchrun's ranks build anything, a recipe the quantized all-gather cannot
+    run: the library's own check (fsdp_plan.plan_for) with the run's recipe."""
+    from minifloat import fsdp_plan, recipes
+    from minifloat.recipes import QuantRecipe
+
+    if recipe == TORCHAO_RECIPE:
+        parser.error(
+            f"--quantized-all-gather does not apply to {TORCHAO_RECIPE}: its float8 layers are "
+            "torchao's Float8Linear, not minifloat's QuantLinear"
+        )
+    resolved = recipes.get(recipe)
+    if not isinstance(resolved, QuantRecipe):
+        parser.error(
+            f"--quantized-all-gather needs a quantized recipe: {recipe} has no QuantLinear "
+            "layers, so every weight is all-gathered at its own dtype either way"
+        )
+    try:
+        fsdp_plan.plan_for(resolved)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

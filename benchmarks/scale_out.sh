@@ -18,6 +18,15 @@
 #   continues where the last job stopped, about 4 times:
 #     run(kind="nvidia-h200-x2", carry=[".carry", ".whl"], timeout_s=600,
 #         command="MODEL=1.3B bash benchmarks/scale_out.sh")
+#   Quantized weight all-gather (issue #17), 1.3B on 2 GPUs: QAG=1 queues each of fp8-tensorwise,
+#   fp8-rowwise and fp4-dge plain and with --quantized-all-gather (NAME+qag, run directory
+#   1.3B_NAME+qag), whole runs, so that the report sets every +qag run against its plain run of
+#   the same job series; runs already DONE in RUNS are skipped. fp4 (OCC) is not in the list:
+#   the quantized all-gather refuses OCC (it would need the weight quantized a second time), and
+#   scale_out.py refuses fp4+qag, bf16+qag and torchao+qag at once. About 3 jobs:
+#     run(kind="nvidia-h200-x2", carry=[".carry"], timeout_s=600,
+#         command="MODEL=1.3B QAG=1 bash benchmarks/scale_out.sh")
+#   Any recipe list can hold +qag entries, e.g. RECIPES=fp8-rowwise,fp8-rowwise+qag.
 #   Issue each next call at once: a machine stays warm ~30 s after a call, and a fresh one has
 #   lost runs/ (checkpoints; finished runs stay in the $OUT archives) and starts a run again.
 #   Unsure of the estimates below? A first probe job: MEASURE=20 RUNS=runs/probe.
@@ -31,9 +40,10 @@
 # smaller chunk (e.g. fp4:60) or add EXTRA="--ckpt-every 50" (a save costs ~40 s at 1.3B with
 # the full format; sharded saves are faster, see below).
 #
-# Knobs (environment): MODEL (7B | 1.3B | any preset), RECIPES (comma list of NAME[:CHUNK_STEPS];
-# CHUNK_STEPS 0, the default, = the whole run in one go without a checkpoint; default lists in
-# the `case` below),
+# Knobs (environment): MODEL (7B | 1.3B | any preset), RECIPES (comma list of
+# NAME[+qag][:CHUNK_STEPS]; +qag: the run with --quantized-all-gather; CHUNK_STEPS 0, the
+# default, = the whole run in one go without a checkpoint; default lists in the `case` below),
+# QAG=1 (default list: $QAG_STUDY below, the plain and +qag runs of the quantized all-gather),
 # NGPU (all visible GPUs), BATCH (per GPU), SEQ (2048), WARMUP (20), MEASURE (200), JOB_S (570),
 # MIN_START_S (do not start a run or chunk with less time left; after a run's first chunk, that
 # chunk's wall time + 30 s is used if larger), MAX_CHUNKS (per recipe per job;
@@ -72,6 +82,10 @@
 #   fp4: ~2 s per step, 220 steps do not fit one job: chunks of 110 steps (~4 min of steps +
 #   ~3 min for start, compile, loading and saving the 16.4 GB checkpoint) = ~7 min each.
 #   Whole 1.3B study: ~4 jobs, ~28 device minutes.
+#   QAG=1 at 1.3B: fp4-dge trains at ~0.8x bf16 (train_e2e, docs/hopper.md), ~0.4 s per step,
+#   so like the fp8 runs ~4 min each, no checkpoint; 6 runs, two per job: ~3 jobs, ~27 minutes.
+#   ESTIMATE; the +qag runs' speed is what they measure. The all-gather bytes per step come
+#   from the parameter shapes (scale_out.py allgather_bytes_per_step), not from a profiler.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 T0=$SECONDS
@@ -86,11 +100,13 @@ JOB_S="${JOB_S:-570}"
 MAX_CHUNKS="${MAX_CHUNKS:-1000}"
 EXTRA="${EXTRA:-}"
 FAST="bf16,fp8-tensorwise,fp8-rowwise,torchao-float8-tensorwise"
+QAG_STUDY="fp8-tensorwise,fp8-tensorwise+qag,fp8-rowwise,fp8-rowwise+qag,fp4-dge,fp4-dge+qag"
 case "$MODEL" in
   7B) DEF_GPUS=8 DEF_BATCH=4 DEF_MIN_START=420 DEF_RECIPES="$FAST,fp4:45" DEF_CKPT=sharded ;;
   1.3B) DEF_GPUS=2 DEF_BATCH=8 DEF_MIN_START=240 DEF_RECIPES="$FAST,fp4:110" DEF_CKPT=full ;;
   *) DEF_GPUS=2 DEF_BATCH=8 DEF_MIN_START=120 DEF_RECIPES="$FAST,fp4" DEF_CKPT=full ;;
 esac
+[ -n "${QAG:-}" ] && DEF_RECIPES="$QAG_STUDY"
 CKPT_FORMAT="${CKPT_FORMAT:-$DEF_CKPT}"
 RECIPES="${RECIPES:-$DEF_RECIPES}"
 NGPU="${NGPU:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}"
@@ -124,10 +140,12 @@ PY
 }
 status=0
 for spec in ${RECIPES//,/ }; do
-  recipe="${spec%%:*}"
+  recipe="${spec%%:*}"  # NAME or NAME+qag: also the run directory's suffix (scale_out.py)
   chunk=$([ "$spec" = "$recipe" ] && echo 0 || echo "${spec#*:}")
+  name="${recipe%+qag}"
   flags=(--chunk-steps "$chunk" --ckpt-format "$CKPT_FORMAT")
   [ "$chunk" = 0 ] && flags+=(--no-checkpoint)
+  [ "$name" != "$recipe" ] && flags+=(--quantized-all-gather)
   dir="$RUNS/${MODEL}_${recipe}"
   for ((i = 0; i < MAX_CHUNKS; i++)); do
     [ -f "$dir/DONE" ] && break
@@ -137,7 +155,7 @@ for spec in ${RECIPES//,/ }; do
     fi
     # Keep ~30 s for the report and the archive after the last chunk.
     timeout --kill-after=20 $(($(left) - 30)) torchrun --standalone --nproc-per-node "$NGPU" \
-      benchmarks/scale_out.py run --model "$MODEL" --recipe "$recipe" --data "$DATA" \
+      benchmarks/scale_out.py run --model "$MODEL" --recipe "$name" --data "$DATA" \
       --seq-len "$SEQ" --batch-size "$BATCH" --warmup-steps "$WARMUP" \
       --measure-steps "$MEASURE" --runs "$RUNS" "${flags[@]}" $EXTRA
     rc=$?

@@ -3,6 +3,10 @@
 Reads the run directories `benchmarks/scale_out.py run` wrote (the trainer's metrics.jsonl and
 the chunk records of scale_out.jsonl) and writes `scale_out_<gpu>_<date>.md`, its `.json` twin
 and an overlaid loss-curve PNG. `python benchmarks/scale_out.py report` is the entry point.
+
+A run with the quantized weight all-gather (`run --quantized-all-gather`, directory
+`<model>_<recipe>+qag`) is a row of its own; where the plain run of the same model, GPU count
+and recipe is there too, the row gives its tokens/s and all-gather bytes relative to that run.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from minifloat.train.metrics import mfu  # noqa: E402
 __all__ = [
     "BASELINE_RECIPE",
     "DONE_NAME",
+    "QAG_SUFFIX",
     "RECORDS_NAME",
     "TORCHAO_RECIPE",
+    "add_qag_ratios",
     "load_run",
     "summarize",
     "timed_steps",
@@ -34,6 +40,7 @@ RECORDS_NAME = "scale_out.jsonl"  # one "start" and one "end" record per chunk (
 DONE_NAME = "DONE"  # written into a run directory when the run has all its steps
 BASELINE_RECIPE = "bf16"
 TORCHAO_RECIPE = "torchao-float8-tensorwise"  # bf16 + torchao's float8 layers (scale_out.py)
+QAG_SUFFIX = "+qag"  # run directory and label of a run with the quantized weight all-gather
 
 
 def load_run(path: Path) -> dict[str, Any]:
@@ -110,7 +117,33 @@ def summarize(run: dict[str, Any], *, rewarm: int) -> dict[str, Any]:
         "chunks": len(run["ends"]),
         "chunk_wall_s": [round(e["wall_s"], 1) for e in run["ends"]],
         "float8_layers": last_end.get("float8_layers"),
+        # Runs recorded before these fields existed: plain all-gather, bytes unknown.
+        "quantized_allgather": bool(info.get("quantized_allgather", False)),
+        "allgather_bytes_per_step": last_end.get("allgather_bytes_per_step"),
+        "allgather_model_bytes": last_end.get("allgather_model_bytes"),
     }
+
+
+def _label(record: dict[str, Any]) -> str:
+    return record["recipe"] + (QAG_SUFFIX if record["quantized_allgather"] else "")
+
+
+def add_qag_ratios(records: list[dict[str, Any]]) -> None:
+    """Give every record ``qag_tokens_per_s_vs_plain`` and ``qag_allgather_bytes_vs_plain``:
+    a quantized all-gather run's tokens/s per GPU and all-gather bytes per step over those of
+    the plain run of the same model, GPU count and recipe; None for plain runs and where
+    either run lacks the number."""
+    ratios = {
+        "qag_tokens_per_s_vs_plain": "tokens_per_s_per_gpu",
+        "qag_allgather_bytes_vs_plain": "allgather_bytes_per_step",
+    }
+    plain = {(r["model"], r["gpus"], r["recipe"]): r for r in records
+             if not r["quantized_allgather"]}  # fmt: skip
+    for r in records:
+        ref = plain.get((r["model"], r["gpus"], r["recipe"])) if r["quantized_allgather"] else None
+        for key, field in ratios.items():
+            mine, theirs = r[field], ref[field] if ref else None
+            r[key] = mine / theirs if mine and theirs else None
 
 
 def _curve(run: dict[str, Any], record: dict[str, Any]) -> TrainResult:
@@ -120,7 +153,7 @@ def _curve(run: dict[str, Any], record: dict[str, Any]) -> TrainResult:
     vals = tuple((s, steps[s]["val_loss"]) for s in sorted(steps) if "val_loss" in steps[s])
     out_dir = Path(run["name"])
     return TrainResult(
-        recipe=f"{record['recipe']} ({record['model']}, {record['gpus']} GPUs)",
+        recipe=f"{_label(record)} ({record['model']}, {record['gpus']} GPUs)",
         model=record["model"],
         num_params=run["info"]["num_params"],
         steps=record["steps"],
@@ -146,22 +179,28 @@ def _table(records: list[dict[str, Any]]) -> str:
     base = {
         (r["model"], r["gpus"]): r["tokens_per_s_per_gpu"]
         for r in records
-        if r["recipe"] == BASELINE_RECIPE
+        if r["recipe"] == BASELINE_RECIPE and not r["quantized_allgather"]
     }
     lines = [
-        "| model | recipe | GPUs | tokens/s per GPU | vs bf16 | MFU | peak memory GiB "
-        "| steps | steps timed | step ms (median) | final loss | val loss | skipped | chunks |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | recipe | GPUs | tokens/s per GPU | vs bf16 | QAG | QAG vs plain | MFU "
+        "| peak memory GiB | all-gather MB/step | steps | steps timed | step ms (median) "
+        "| final loss | val loss | skipped | chunks |",
+        "|---|---|---:|---:|---:|:-:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in records:
         ref = base.get((r["model"], r["gpus"]))
         speed = r["tokens_per_s_per_gpu"]
         ratio = speed / ref if speed and ref else None
+        qag_ratio = r.get("qag_tokens_per_s_vs_plain")
+        qag = "yes" if r["quantized_allgather"] else "no"
         steps = f"{r['steps']}" + ("" if r["complete"] else f" of {r['total_steps']}, incomplete")
         lines.append(
             f"| {r['model']} | {r['recipe']} | {r['gpus']} | {_fmt(speed, ',.0f')} "
-            f"| {_fmt(ratio, '.2f', suffix='x')} | {_fmt(r['mfu'], '.1f', 100, ' %')} "
-            f"| {_fmt(r['peak_mem_gib'], '.1f')} | {steps} | {r['steps_measured']} "
+            f"| {_fmt(ratio, '.2f', suffix='x')} | {qag} "
+            f"| {_fmt(qag_ratio, '.2f', suffix='x') if r['quantized_allgather'] else '—'} "
+            f"| {_fmt(r['mfu'], '.1f', 100, ' %')} | {_fmt(r['peak_mem_gib'], '.1f')} "
+            f"| {_fmt(r['allgather_bytes_per_step'], ',.1f', 1e-6)} "
+            f"| {steps} | {r['steps_measured']} "
             f"| {_fmt(r['step_ms_median'], '.0f')} | {_fmt(r['final_loss'], '.4f')} "
             f"| {_fmt(r['final_val_loss'], '.4f')} | {r['skipped_steps']} "
             f"| {r['chunks']} |"
@@ -189,7 +228,14 @@ def _markdown(runs: list[dict[str, Any]], records: list[dict[str, Any]], *, rewa
         "chunk (recompilation). tokens/s per GPU = tokens of the timed steps / their summed "
         "step times; MFU = model FLOPs (6N + attention) x tokens/s per GPU / dense bf16 peak "
         "(989 TFLOP/s on H100/H200), for every recipe; peak memory = max_memory_allocated, "
-        "maximum over ranks and chunks. Final loss: mean of the last 10 steps."
+        "maximum over ranks and chunks. Final loss: mean of the last 10 steps. "
+        "QAG: FSDP2 all-gathers the QuantLinear weights quantized (`--quantized-all-gather`; "
+        "1 byte a parameter for FP8, 0.5 for E2M1, plus travelling scales) instead of in fp32; "
+        "QAG vs plain = its tokens/s per GPU over the plain run of the recipe. all-gather "
+        "MB/step = 10^6 bytes the weight all-gathers of one step move, summed over the ranks' "
+        "inputs: each block's parameters twice per micro-batch (forward, and again in backward: "
+        "FSDP2 reshards after forward), the root's (embedding, final norm, head) once; other "
+        "parameters at their stored dtype (fp32)."
     )
     parts = [
         f"# Scale-out training benchmark ({day})",
@@ -226,11 +272,13 @@ def write_report(runs_root: Path, results_dir: Path, *, rewarm: int,
         raise SystemExit(f"scale_out report: no runs under {runs_root}")
     runs = [load_run(p) for p in paths]
     # bf16 first (the reference), then the order the recipes are usually listed in.
-    order = ["bf16", "fp8-tensorwise", "fp8-rowwise", "fp4", TORCHAO_RECIPE]
+    order = ["bf16", "fp8-tensorwise", "fp8-rowwise", "fp4", "fp4-dge", TORCHAO_RECIPE]
     runs.sort(key=lambda r: (r["info"]["model"], r["info"]["gpus"],
                              order.index(r["info"]["recipe"]) if r["info"]["recipe"] in order
-                             else len(order), r["info"]["recipe"]))  # fmt: skip
+                             else len(order), r["info"]["recipe"],
+                             bool(r["info"].get("quantized_allgather"))))  # fmt: skip
     records = [summarize(run, rewarm=rewarm) for run in runs]
+    add_qag_ratios(records)
     day = day or datetime.date.today().isoformat()
     stem = f"scale_out_{runs[0]['info']['gpu_tag']}_{day}"
     results_dir.mkdir(parents=True, exist_ok=True)

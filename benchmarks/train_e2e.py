@@ -21,6 +21,18 @@ benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `
 `impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
 `peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`resident_gib`:
 memory held between steps, so the peak minus it is what a step allocates and frees).
+
+FSDP2 rows (issue 17): a row `RECIPE+fsdp` shards the model with `minifloat.distributed.apply_fsdp`
+(each block, then the root; fp32 parameters all-gathered, bf16 autocast, fp32 reduce-scatter, the
+trainer's setup) and `RECIPE+qag` also all-gathers the quantized weights already quantized
+(`apply_fsdp(quantized_all_gather=True)`, then `precompute_weight_scales` after every optimizer
+step, as the trainer does; torchao rows: `enable_fsdp_float8_all_gather` and torchao's
+`precompute_float8_dynamic_scale_for_fsdp`). Blocks are compiled in place before sharding
+(torchtitan's order). Launched plainly the process group has one rank (the all-gathers are
+local copies: what the option costs besides the network); under torchrun each rank trains the
+same batches and rank 0 writes the results. Records add `parallel` (none / fsdp),
+`quantized_allgather`, `world_size` and, for +qag rows, `speedup_vs_fsdp` (against the same
+recipe's +fsdp row of this run).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import os
 import statistics
 import sys
 import time
@@ -59,6 +72,7 @@ TORCHAO_ROWS = {"torchao-tensorwise": "tensorwise", "torchao-rowwise": "rowwise"
 DEFAULT_ROWS = ["bf16", *TORCHAO_ROWS] + [
     "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "fp4-direct", "fp4-dge", "fp4",
 ]  # fmt: skip
+FSDP_MODES = ("fsdp", "qag")  # row suffixes: +fsdp, +qag (FSDP2 with the quantized all-gather)
 GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "matmul", "splitk")
 ATTENTION_WORDS = ("flash", "fmha", "attention", "attn")
 
@@ -99,10 +113,17 @@ def _float8_eligible(module: nn.Module, fqn: str) -> bool:
     )
 
 
-def prepare(net: nn.Module, row: str) -> nn.Module:
+def split_row(row: str) -> tuple[str, str | None]:
+    """`RECIPE[@RULE][+fsdp|+qag]` -> (`RECIPE[@RULE]`, "fsdp" / "qag" / None)."""
+    base, plus, mode = row.rpartition("+")
+    return (base, mode) if plus and mode in FSDP_MODES else (row, None)
+
+
+def prepare(net: nn.Module, row: str, *, fsdp_float8_all_gather: bool = False) -> nn.Module:
     """Apply the row's precision recipe to `net` in place; returns it. A row RECIPE@RULE
     converts with a size rule: RULE is `torchao` (torchao's tensorwise bounds) or IN:OUT[,...]
-    (minifloat.SizeRule.parse), e.g. fp8-tensorwise@torchao."""
+    (minifloat.SizeRule.parse), e.g. fp8-tensorwise@torchao. `fsdp_float8_all_gather`: torchao
+    rows all-gather their float8 weights under FSDP2 (its `enable_fsdp_float8_all_gather`)."""
     row, _, rule = row.partition("@")
     if rule:
         size_rule = TORCHAO_TENSORWISE if rule == "torchao" else SizeRule.parse(rule)
@@ -112,6 +133,8 @@ def prepare(net: nn.Module, row: str) -> nn.Module:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = Float8LinearConfig.from_recipe_name(TORCHAO_ROWS[row])
+        if fsdp_float8_all_gather:
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
         convert_to_float8_training(net, config=config, module_filter_fn=_float8_eligible)
     elif recipes.get(row).quantized:
         convert(net, row)
@@ -129,18 +152,68 @@ def compile_model(net: nn.Module, scope: str, mode: str | None) -> nn.Module:
     return net
 
 
+def init_process_group(device: str) -> tuple[int, int]:
+    """(rank, world size): torchrun's process group, or one of a single rank when launched
+    plainly (FSDP2 rows need one); on CUDA each rank takes its LOCAL_RANK's GPU."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            import socket
+
+            with socket.socket() as sock:  # a free port for the one-rank group
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port), LOCAL_RANK="0")  # fmt: skip
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard_model(net: nn.Module, args, mode: str, torchao: bool) -> nn.Module:
+    """FSDP2 as the trainer does it: compile each block in place (scope block), fully_shard each
+    block and the root, compile the whole model after (scope model); returns the module to
+    call. mode "qag": minifloat's quantized weight all-gather (torchao rows: set in prepare)."""
+    from minifloat.blocks import find_repeated_blocks
+    from minifloat.distributed import apply_fsdp
+
+    if args.compile_scope == "block":
+        for block in find_repeated_blocks(net):
+            block.compile(mode=args.compile_mode)
+    apply_fsdp(net, quantized_all_gather=mode == "qag" and not torchao)
+    return torch.compile(net, mode=args.compile_mode) if args.compile_scope == "model" else net
+
+
+def after_step_fn(net: nn.Module, mode: str | None, torchao: bool):
+    """What follows each optimizer step: the quantized all-gathers' amax precompute (one
+    all-reduce for every tensor-scaled weight; minifloat's or torchao's), else nothing."""
+    if mode != "qag":
+        return None
+    if torchao:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        return lambda: precompute_float8_dynamic_scale_for_fsdp(net)
+    from minifloat.fsdp_quantized import precompute_weight_scales
+
+    return lambda: precompute_weight_scales(net)
+
+
 def _logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     out = net(tokens)
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def make_step(net: nn.Module, opt: torch.optim.Optimizer):
+def make_step(net: nn.Module, opt: torch.optim.Optimizer, after_step=None):  # noqa: ANN001
     def step(tokens: torch.Tensor) -> None:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
             logits = _logits(net, tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         opt.step()
+        if after_step is not None:
+            after_step()
         opt.zero_grad(set_to_none=True)
 
     return step
@@ -241,11 +314,17 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    base, mode = split_row(row)
+    torchao = base in TORCHAO_ROWS
+    world = init_process_group(args.device)[1] if mode else 1
     model = build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers)
-    net = prepare(model, row)
-    compiled = compile_model(net, args.compile_scope, args.compile_mode)
+    net = prepare(model, base, fsdp_float8_all_gather=mode == "qag")
+    if mode:
+        compiled = shard_model(net, args, mode, torchao)
+    else:
+        compiled = compile_model(net, args.compile_scope, args.compile_mode)
     opt = make_optimizer(net, optim_states)
-    step = make_step(compiled, opt)
+    step = make_step(compiled, opt, after_step_fn(net, mode, torchao))
     counters.clear()
     t0 = time.perf_counter()
     step(batches[0])
@@ -273,6 +352,8 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
         "graph_breaks": sum(counters["graph_break"].values()),
         "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "resident_gib": resident_gib,
+        "parallel": "fsdp" if mode else "none", "quantized_allgather": mode == "qag",
+        "world_size": world,
         "compile_mode": args.compile_mode or "default", "gpu": gpu_tag(),
         "date": args.date or date.today().isoformat(),
     }  # fmt: skip
@@ -322,6 +403,10 @@ def with_ratios(records: list[dict]) -> list[dict]:
         r["speedup_vs_torchao_tensorwise"] = (
             r["tokens_per_s"] / tao["tokens_per_s"] if tao else None
         )
+        name, mode = split_row(r["recipe"])
+        plain = base.get(f"{name}+fsdp") if mode == "qag" else None
+        if plain is not None:
+            r["speedup_vs_fsdp"] = r["tokens_per_s"] / plain["tokens_per_s"]
     return records
 
 
@@ -363,6 +448,11 @@ def markdown(records: list[dict], args) -> str:
             f"{r['compile_s']:.0f} | "
             f"{r['graphs']} / {r['graph_breaks']} |"
         )
+    qag = [r for r in records if "speedup_vs_fsdp" in r]
+    if qag:
+        ratios = ", ".join(f"{r['recipe']} {_x(r['speedup_vs_fsdp'])}" for r in qag)
+        lines += ["", "Quantized weight all-gather against the plain FSDP2 row of the same recipe "
+                  f"({records[0].get('world_size', 1)} rank(s)): {ratios}"]  # fmt: skip
     profiled = [r for r in records if "kernel_ms" in r]
     if profiled:
         lines += ["", "GPU kernel time per step (profiler, 3 steps):", "",
@@ -435,7 +525,10 @@ def main(argv: list[str] | None = None) -> None:
     args.optim_states = args.optim_states.split(",")
     check_optim_states(args.optim_states)
     for row in rows:  # fail on a typo before spending GPU time
-        name, _, rule = row.partition("@")
+        name, mode = split_row(row)
+        if mode == "qag" and name in TORCHAO_ROWS and TORCHAO_ROWS[name] != "tensorwise":
+            raise SystemExit(f"row {row}: torchao all-gathers float8 weights for tensorwise only")
+        name, _, rule = name.partition("@")
         if name in TORCHAO_ROWS and rule:
             raise SystemExit(f"row {row}: a size rule applies to minifloat recipes only")
         if name not in TORCHAO_ROWS:
@@ -468,8 +561,10 @@ def main(argv: list[str] | None = None) -> None:
             _release()
         body = markdown(with_ratios(records), args)
         body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)
-        md, _ = write_results(name, records + errors, body, **out)
-    print(md.read_text())
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 writes
+            md, _ = write_results(name, records + errors, body, **out)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(md.read_text())
 
 
 if __name__ == "__main__":

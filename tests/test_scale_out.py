@@ -4,6 +4,7 @@ checkpoints, and the report built from what the runs recorded."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -141,12 +142,113 @@ def test_chunk_start_reads_markers_and_fresh_discards_them(scale_out, tmp_path: 
     [
         (["--recipe", "bf16", "--no-checkpoint", "--chunk-steps", "4"], "needs --chunk-steps 0"),
         (["--recipe", "fp3"], "unknown recipe"),
+        (["--recipe", "torchao-float8-tensorwise", "--quantized-all-gather"],
+         "does not apply to torchao-float8-tensorwise"),
+        (["--recipe", "bf16", "--quantized-all-gather"], "needs a quantized recipe"),
+        (["--recipe", "fp4", "--quantized-all-gather"], "OCC"),
     ],
-)
+)  # fmt: skip
 def test_run_rejects_bad_arguments(scale_out, capsys, extra: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as info:
         scale_out.main(["run", *TINY, *extra])
-    assert info.value.code == 2 and message in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and message in err.splitlines()[-1]  # one line says why
+
+
+# ---- quantized weight all-gather ---------------------------------------------------------------
+
+QAG_RECIPE = "fp8-tensorwise"  # E4M3, one tensor scale (all-reduced, not all-gathered)
+
+
+@pytest.fixture(scope="module")
+def qag_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fp8-tensorwise with the plain and with the quantized all-gather, 3 steps each."""
+    root = tmp_path_factory.mktemp("scale_out_qag")
+    short = ["--warmup-steps", "1", "--measure-steps", "2", "--no-checkpoint", "--runs", "qag"]
+    _torchrun(root, "--recipe", QAG_RECIPE, *short)
+    _torchrun(root, "--recipe", QAG_RECIPE, "--quantized-all-gather", *short)
+    return root / "qag"
+
+
+def _param_counts(vocab_size: int) -> tuple[int, int, int]:
+    """(parameters in the blocks, of them in the blocks' linear weights, outside the blocks)
+    of the TINY model, counted on a plain Llama."""
+    model = Llama(get_config("tiny", dim=32, n_layers=1, n_heads=2, ffn_dim=64,
+                             vocab_size=vocab_size))  # fmt: skip
+    in_blocks = sum(p.numel() for p in model.layers.parameters())
+    linear = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, nn.Linear))
+    return in_blocks, linear, sum(p.numel() for p in model.parameters()) - in_blocks
+
+
+@pytest.mark.slow
+def test_quantized_all_gather_run_records_fewer_bytes(qag_runs: Path) -> None:
+    plain = _records(qag_runs / f"tiny_{QAG_RECIPE}")
+    qag = _records(qag_runs / f"tiny_{QAG_RECIPE}+qag")
+    assert [r["quantized_allgather"] for r in (plain[0], qag[0])] == [False, True]
+    assert plain[0]["recipe"] == qag[0]["recipe"] == QAG_RECIPE
+    in_blocks, linear, root = _param_counts(plain[0]["vocab_size"])
+    # fp32 all-gathers: the blocks twice (forward, backward re-gather), the root once.
+    assert plain[-1]["allgather_bytes_per_step"] == 4 * (2 * in_blocks + root)
+    # FP8: 1 byte instead of 4 per linear weight parameter, in both gathers of a block; the
+    # tensor scale does not travel, so at most a 4-byte scale per weight row comes on top.
+    fp8 = 4 * (2 * in_blocks + root) - 2 * 3 * linear
+    sent = qag[-1]["allgather_bytes_per_step"]
+    assert fp8 <= sent <= fp8 + 2 * 4 * linear // 32  # rows of >= 32 parameters here
+    assert 0.3 < sent / plain[-1]["allgather_bytes_per_step"] < 0.75
+    model_bytes = qag[-1]["allgather_model_bytes"]
+    assert model_bytes["fp32"] == 4 * linear and model_bytes["quantized"] < model_bytes["fp32"]
+    assert plain[-1]["allgather_model_bytes"]["quantized"] == 4 * linear
+    # The quantized all-gather sends what the GEMMs would have quantized anyway: same losses.
+    losses = [[r["loss"] for r in _metrics(run)] for run in qag_runs.iterdir()]
+    assert losses[0] == losses[1] and len(losses[0]) == 3
+
+
+@pytest.mark.slow
+def test_report_shows_quantized_all_gather_columns(qag_runs: Path, tmp_path: Path,
+                                                   scale_out) -> None:  # fmt: skip
+    md, js, _ = scale_out.write_report(qag_runs, tmp_path, rewarm=1, day="2026-01-03")
+    records = json.loads(js.read_text())["records"]
+    assert [r["quantized_allgather"] for r in records] == [False, True]  # plain run first
+    plain, qag = records
+    ratio = qag["allgather_bytes_per_step"] / plain["allgather_bytes_per_step"]
+    assert qag["qag_allgather_bytes_vs_plain"] == pytest.approx(ratio)
+    speed = qag["tokens_per_s_per_gpu"] / plain["tokens_per_s_per_gpu"]
+    assert qag["qag_tokens_per_s_vs_plain"] == pytest.approx(speed)
+    assert plain["qag_tokens_per_s_vs_plain"] is None
+    lines = md.read_text().splitlines()
+    header = next(line for line in lines if line.startswith("| model |"))
+    assert "| QAG | QAG vs plain |" in header and "| all-gather MB/step |" in header
+    rows = [line for line in lines if line.startswith(f"| tiny | {QAG_RECIPE} | 2 |")]
+    assert len(rows) == 2 and "| no |" in rows[0] and "| yes |" in rows[1]
+    assert f"| {speed:.2f}x |" in rows[1]
+    assert f"| {plain['allgather_bytes_per_step'] / 1e6:,.1f} |" in rows[0]
+
+
+def test_allgather_bytes_count_micro_batches_and_the_backward_regather(scale_out) -> None:
+    model = _small_model(ffn_dim=64)
+    in_blocks = sum(p.numel() for p in model.layers.parameters())
+    root = sum(p.numel() for p in model.parameters()) - in_blocks
+    per_step, whole = scale_out.allgather_bytes_per_step(
+        model, list(model.layers), 2, micro_batches=3
+    )
+    assert per_step == 3 * 4 * (2 * in_blocks + root)
+    assert whole["quantized"] == 0 and whole["other"] == 4 * (in_blocks + root)  # no QuantLinear
+
+
+def test_trainer_fsdp_reshards_after_forward(scale_out) -> None:
+    """The per-step count assumes apply_fsdp's default, which the trainer does not override."""
+    from minifloat.distributed import apply_fsdp
+
+    default = inspect.signature(apply_fsdp).parameters["reshard_after_forward"].default
+    assert default is scale_out.RESHARD_AFTER_FORWARD is True
+    source = (Path(__file__).resolve().parents[1] / "src/minifloat/train/model.py").read_text()
+    assert "reshard_after_forward" not in source
+
+
+def test_run_dir_names_the_quantized_all_gather_run(scale_out, tmp_path: Path) -> None:
+    assert scale_out.run_dir(tmp_path, "1.3B", "fp8-rowwise").name == "1.3B_fp8-rowwise"
+    qag = scale_out.run_dir(tmp_path, "1.3B", "fp8-rowwise", quantized_all_gather=True)
+    assert qag.name == "1.3B_fp8-rowwise+qag"
 
 
 def _small_model(ffn_dim: int) -> Llama:
