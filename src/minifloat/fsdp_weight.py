@@ -43,7 +43,8 @@ from minifloat.dge import dge_scale
 from minifloat.kernels import Backend, QOperand, get_backend
 from minifloat.recipes import OperandSpec
 
-__all__ = ["ShardedWeight", "GatheredWeight", "GatherMeta", "sharded_dge_hook"]
+__all__ = ["ShardedWeight", "GatheredWeight", "GatherMeta", "sharded_dge_hook", "gathered_operand",
+           "gathered_amax"]  # fmt: skip
 
 _aten = torch.ops.aten
 # Ops whose results stay a ShardedWeight: FSDP2's padding, views and copies of the shard and
@@ -225,17 +226,54 @@ class ShardedWeight(torch.Tensor):
             target = out
             if not isinstance(target, GatheredWeight):
                 raise TypeError(f"expected a GatheredWeight to update, got {type(out).__name__}")
-            target._meta = meta
+            target.set_meta(meta)
             return None
         rows = outputs[0].shape[0]
         weight = GatheredWeight(tuple(outputs), meta, (rows, meta.cols), param_dtype)
         return weight, tuple(outputs)
 
 
+# What QuantLinearFunction asks of a GatheredWeight, as ops rather than Python attribute reads:
+# under torch.compile, dynamo traced `weight.operand(...)` into reads of the payload tensors,
+# which became the graph's inputs in place of the weight, so the compiled graph gave the weight
+# no gradient (the quantized weights did not train; docs/distributed.md, session 14). Called as
+# ops, the weight itself is the graph's input (GatheredWeight is a traceable subclass: dynamo
+# and AOTAutograd see through it by __tensor_flatten__) and its __torch_dispatch__ answers them.
+# Library-defined (a few us of host time per call; kernels/transpose.py says why).
+_LIB = torch.library.Library("minifloat", "FRAGMENT")
+_LIB.define("gathered_operand(Tensor weight, bool transpose) -> (Tensor, Tensor)")
+_LIB.define("gathered_amax(Tensor weight) -> Tensor")
+
+
+def _needs_gathered(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    raise RuntimeError("minifloat::gathered_* take a GatheredWeight (FSDP2's quantized all-gather)")
+
+
+for _name in ("gathered_operand", "gathered_amax"):
+    _LIB.impl(_name, _needs_gathered, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"minifloat::{_name}", _needs_gathered, lib=_LIB)
+
+
+def gathered_operand(weight: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, scale) of the all-gathered weight operand: fprop's (`transpose=False`) or
+    dgrad's wᵀ (`transpose=True`, for recipes whose dgrad quantizes the weight anew: values a
+    transposed view, as `quantize_operand(..., transpose=True)` gives); equal to quantizing the
+    full weight, bit for bit."""
+    return torch.ops.minifloat.gathered_operand.default(weight, transpose)
+
+
+def gathered_amax(weight: torch.Tensor) -> torch.Tensor:
+    """The all-gathered weight's amax over all ranks (fp8-delayed records it)."""
+    return torch.ops.minifloat.gathered_amax.default(weight)
+
+
 class GatheredWeight(torch.Tensor):
     """The unsharded [N, K] weight as FSDP2 all-gathered it: quantized payload and scales, no
-    high-precision values. `QuantLinearFunction` takes its operands through `operand`; other
-    ops on it raise (a plain layer cannot use a quantized weight)."""
+    high-precision values. `QuantLinearFunction` takes its operands through `gathered_operand`
+    (and fp8-delayed its amax through `gathered_amax`); other ops on it raise (a plain layer
+    cannot use a quantized weight). A traceable wrapper subclass: its inner tensors are the
+    payload, the replicated scales and the amax; everything else (plan, columns, backend) is
+    constant metadata that compiled graphs guard on."""
 
     _payload: tuple[torch.Tensor, ...]
     _meta: GatherMeta
@@ -247,16 +285,49 @@ class GatheredWeight(torch.Tensor):
         )
 
     def __init__(self, payload, meta, shape, dtype, requires_grad=False) -> None:  # noqa: ANN001
-        self._payload = payload
+        self._payload = tuple(payload)
+        self.set_meta(meta)
+
+    def set_meta(self, meta: GatherMeta) -> None:
+        """New metadata for the same payload buffers (FSDP2's later all-gathers refill them)."""
         self._meta = meta
+        for i, t in enumerate(self._payload):
+            setattr(self, f"_p{i}", t)
+        for i, t in enumerate(meta.replicated):
+            if t is not None:
+                setattr(self, f"_r{i}", t)
+        if meta.amax is not None:
+            self._amax = meta.amax
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def __tensor_flatten__(self) -> tuple[list[str], tuple]:
+        meta = self._meta
+        present = tuple(i for i, t in enumerate(meta.replicated) if t is not None)
+        names = [f"_p{i}" for i in range(len(self._payload))] + [f"_r{i}" for i in present]
+        names += ["_amax"] if meta.amax is not None else []
+        ctx = (meta.plan, meta.cols, meta.backend, len(self._payload), len(meta.replicated),
+               present, self.dtype)  # fmt: skip
+        return names, ctx
+
+    @staticmethod
+    def __tensor_unflatten__(inner, ctx, outer_size, outer_stride) -> GatheredWeight:  # noqa: ANN001
+        plan, cols, backend, n_payload, n_replicated, present, dtype = ctx
+        payload = tuple(inner[f"_p{i}"] for i in range(n_payload))
+        replicated = [inner[f"_r{i}"] if i in present else None for i in range(n_replicated)]
+        meta = GatherMeta(plan, replicated, inner.get("_amax"), cols, backend)
+        return GatheredWeight(payload, meta, outer_size, dtype)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        """Aliases (FSDP's as_strided, nn.Parameter's detach) share the payload; *_like give
-        plain tensors; anything else is an error."""
+        """The two gathered_* ops; aliases (FSDP's as_strided, nn.Parameter's detach) share the
+        payload; *_like give plain tensors; anything else is an error."""
         this = args[0]
+        if func is torch.ops.minifloat.gathered_operand.default:
+            q = this.operand(get_backend(this._meta.backend, this.device), transpose=args[1])
+            return q.data, q.scale
+        if func is torch.ops.minifloat.gathered_amax.default:
+            return this._meta.amax
         if func in (_aten.detach.default, _aten.alias.default, _aten.as_strided.default):
             if func is _aten.as_strided.default and tuple(args[1]) != tuple(this.shape):
                 raise RuntimeError("a GatheredWeight can only be viewed whole")
@@ -277,10 +348,16 @@ class GatheredWeight(torch.Tensor):
         """The weight's amax over all ranks (gathered with fp8-delayed recipes, else None)."""
         return self._meta.amax
 
-    def operand(self, backend: Backend, spec: OperandSpec, *, transpose: bool = False) -> QOperand:
-        """The weight quantized per `spec` (of wᵀ if `transpose`), as the all-gather brought it:
-        equal to `backend.quantize(full weight, spec, transpose=transpose)` bit for bit."""
+    def operand(
+        self, backend: Backend, spec: OperandSpec | None = None, *, transpose: bool = False
+    ) -> QOperand:
+        """The weight quantized per `spec` (of wᵀ if `transpose`; None: the plan's operand for
+        that direction), as the all-gather brought it: equal to `backend.quantize(full weight,
+        spec, transpose=transpose)` bit for bit. Eager code; compiled code calls
+        `gathered_operand`."""
         meta = self._meta
+        if spec is None:
+            spec = next(g.spec for g in meta.plan.operands if g.transpose == transpose)
         index = meta.plan.find(spec, transpose)
         start = sum(1 + g.gathers_scale for g in meta.plan.operands[:index])
         g = meta.plan.operands[index]

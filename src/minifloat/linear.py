@@ -28,7 +28,7 @@ from torch import nn
 
 from minifloat import counter_rng, delayed, occ, occ_gemm, recipes
 from minifloat.exact import to_dtype
-from minifloat.fsdp_weight import GatheredWeight
+from minifloat.fsdp_weight import GatheredWeight, gathered_amax, gathered_operand
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.operand import pack_e2m1
 from minifloat.kernels.transpose import unpack_e2m1_t
@@ -70,7 +70,8 @@ class QuantLinearFunction(torch.autograd.Function):
             clip = None if recipe.occ is None else occ.thresholds(x, recipe.occ)
             s_x = s_w = x_amax = w_amax = None
             if recipe.delayed is not None:  # scales from past steps; backward records this one
-                w_amax = weight.amax if isinstance(weight, GatheredWeight) else delayed.amax(weight)
+                gathered = isinstance(weight, GatheredWeight)
+                w_amax = gathered_amax(weight) if gathered else delayed.amax(weight)
                 # Kept apart, stacked in backward: a `torch.stack` here (unfusible) between x's
                 # amax and its cast made the partitioner save every FP8 input instead of
                 # recomputing it (+6.5 GiB at 1.3B; docs/hopper.md, session 13).
@@ -216,8 +217,9 @@ def _weight_operand(
 ) -> QOperand:
     """The weight quantized per `spec`: as FSDP2 all-gathered it already quantized
     (fsdp_weight.GatheredWeight, the same values and scales), else quantized here."""
-    if isinstance(weight, GatheredWeight):
-        return weight.operand(backend, spec, transpose=transpose)
+    if isinstance(weight, GatheredWeight):  # an op, so that compiled graphs keep w's gradient
+        values, w_scale = gathered_operand(weight, transpose)
+        return QOperand(values, w_scale, spec.fmt, spec.granularity, transposed=transpose)
     return backend.quantize(weight, spec, transpose=transpose, scale=scale)
 
 
