@@ -4,12 +4,18 @@ device, under torch.compile? (Issue 17; the CPU test is tests/test_fsdp_quantize
     python benchmarks/qag_equality.py --model 1.3B --layers 2 --recipes fp8-tensorwise --steps 3
     torchrun --nproc-per-node 2 benchmarks/qag_equality.py ...     # every rank checks its own
 
-The same model (train_e2e.build_model: fixed seed, fp32 weights), each block compiled in place,
-sharded by `apply_fsdp` with and without `quantized_all_gather`, trains `--steps` steps on the
-same batches (bf16 autocast, SGD-like update p -= lr * grad so that both runs move alike); at
-every step every parameter's full gradient is compared bit for bit. DGE recipes' weight
-gradients differ by fp32 rounding (the factor is applied after the reduce-scatter), so they are
-compared by max relative error, and only at the first step. Writes `--out`/qag_equality.json.
+The same model (train_e2e.build_model: fixed seed, fp32 weights), each block compiled in place
+(`--no-compile`: eager), sharded by `apply_fsdp` with and without `quantized_all_gather`, trains
+`--steps` steps on the same batches (bf16 autocast, SGD-like update p -= lr * grad so that both
+runs move alike); at every step every parameter's full gradient is compared bit for bit. DGE
+recipes' weight gradients differ by fp32 rounding (the factor is applied after the
+reduce-scatter), so they are compared by max relative error, and only at the first step.
+
+Diagnostics: `--modes` lists the runs, compared with the first: `none` (not sharded, one rank
+only), `fsdp`, `qag`, and `qag-requantize` (the quantized all-gather quantizing the shard at every
+all-gather, as before session 15, not once per step). With `--check-payloads` every all-gather
+of the quantized runs records its bytes, and the report says whether a shard's re-gather sent
+other bytes than its first all-gather of the same step. Writes `--out`/qag_equality.json.
 """
 
 from __future__ import annotations
@@ -25,48 +31,97 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_e2e  # noqa: E402
 from minifloat import recipes  # noqa: E402
-from minifloat.fsdp_quantized import precompute_weight_scales  # noqa: E402
+from minifloat.blocks import find_repeated_blocks  # noqa: E402
+from minifloat.fsdp_quantized import precompute_quantized_weights  # noqa: E402
+from minifloat.fsdp_weight import ShardedWeight  # noqa: E402
 
 
-def run(args: argparse.Namespace, recipe: str, quantized: bool) -> list[tuple[float, dict]]:
-    """(loss, full gradients) of each step of one run."""
+class _Payloads:
+    """Records the bytes each quantized all-gather sends: per step, per shard, the calls."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.calls: dict[tuple[int, int], list[list[torch.Tensor]]] = {}
+
+    def wrap(self, original, requantize: bool):  # noqa: ANN001, ANN202
+        # FSDP2 checks the hook's signature: spelled out
+        def pre_all_gather(shard, mesh, outer_size, outer_stride, module, mp_policy):  # noqa: ANN001, ANN202
+            if requantize:
+                shard._quantized = None
+            tensors, meta = original(shard, mesh, outer_size, outer_stride, module, mp_policy)
+            key = (self.step, id(shard))
+            self.calls.setdefault(key, []).append([t.detach().clone() for t in tensors])
+            return tensors, meta
+
+        return pre_all_gather
+
+    def differing(self) -> list[dict]:
+        """Shards whose later all-gathers in a step sent other bytes than the first."""
+        out = []
+        for (step, shard), calls in self.calls.items():
+            for i, later in enumerate(calls[1:], 1):
+                same = [torch.equal(a, b) for a, b in zip(calls[0], later, strict=True)]
+                if not all(same):
+                    out.append({"step": step, "shard": shard, "call": i, "tensors_equal": same})
+        return out
+
+
+def run(args: argparse.Namespace, recipe: str, mode: str) -> tuple[list, list]:
+    """(loss, full gradients) of each step of one run, and the payload report."""
     torch._dynamo.reset()
     batch, seq, vocab = train_e2e.PRESETS[args.model]
     net = train_e2e.build_model(args.model, "ours", vocab, seq, args.device, args.layers)
     net = train_e2e.prepare(net, recipe)
-    opts = argparse.Namespace(compile_scope="block", compile_mode=None)
-    model = train_e2e.shard_model(net, opts, "qag" if quantized else "fsdp", torchao=False)
+    quantized = mode.startswith("qag")
+    opts = argparse.Namespace(compile_scope="block" if args.compile else "none", compile_mode=None)
+    if mode == "none":
+        for block in find_repeated_blocks(net) if args.compile else ():
+            block.compile()
+        model = net
+    else:
+        model = train_e2e.shard_model(net, opts, "qag" if quantized else "fsdp", torchao=False)
+    payloads = _Payloads()
+    original = ShardedWeight.fsdp_pre_all_gather
+    if quantized and (args.check_payloads or mode == "qag-requantize"):
+        ShardedWeight.fsdp_pre_all_gather = payloads.wrap(original, mode == "qag-requantize")
     gen = torch.Generator().manual_seed(0)
     out = []
-    for _ in range(args.steps):
-        tokens = torch.randint(0, vocab, (args.batch, seq + 1), generator=gen).to(args.device)
-        with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        out.append(
-            (loss.item(), {n: p.grad.full_tensor().cpu() for n, p in net.named_parameters()})
-        )
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= args.lr * p.grad
-        if quantized:
-            precompute_weight_scales(net)
-        net.zero_grad(set_to_none=True)
-    return out
+    try:
+        for step in range(args.steps):
+            payloads.step = step
+            tokens = torch.randint(0, vocab, (args.batch, seq + 1), generator=gen).to(args.device)
+            with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+                logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss.backward()
+            full = {n: _full(p.grad).cpu() for n, p in net.named_parameters()}
+            out.append((loss.item(), full))
+            with torch.no_grad():
+                for p in net.parameters():
+                    p -= args.lr * p.grad
+            if quantized:
+                precompute_quantized_weights(net)
+            net.zero_grad(set_to_none=True)
+    finally:
+        ShardedWeight.fsdp_pre_all_gather = original
+    return out, payloads.differing()
 
 
-def compare(recipe: str, plain: list, gathered: list) -> dict:
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def compare(recipe: str, ref: list, other: list) -> dict:
     dge = recipes.get(recipe).dge is not None
     steps = []
-    for i, ((loss_a, ga), (loss_b, gb)) in enumerate(zip(plain, gathered, strict=True)):
+    for i, ((loss_a, ga), (loss_b, gb)) in enumerate(zip(ref, other, strict=True)):
         if dge and i > 0:
             break
         differ = [n for n in ga if not torch.equal(ga[n], gb[n])]
         worst = max(((gb[n] - ga[n]).abs().max() / ga[n].abs().max()).item() for n in ga)
-        steps.append({"step": i, "loss_plain": loss_a, "loss_quantized": loss_b,
+        steps.append({"step": i, "loss_ref": loss_a, "loss": loss_b,
                       "params_differing": len(differ), "of": len(ga), "max_rel_err": worst,
-                      "first_differing": differ[:3]})  # fmt: skip
+                      "differing": differ})  # fmt: skip
     exact = all(s["params_differing"] == 0 for s in steps)
     return {"recipe": recipe, "bit_exact": exact, "steps": steps,
             "within_dge_tol": dge and all(s["max_rel_err"] <= 1e-5 for s in steps)}  # fmt: skip
@@ -81,15 +136,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--modes", default="fsdp,qag", help="runs, each compared with the first")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--check-payloads", action="store_true")
+    ap.add_argument(
+        "--emulate-precision-casts", action="store_true",
+        help="inductor rounds fused bf16 intermediates as eager does (a whole-model drift test)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
+    if args.emulate_precision_casts:  # this process only: a diagnostic, not the library's state
+        torch._inductor.config.emulate_precision_casts = True
     rank, world = train_e2e.init_process_group(args.device)
+    modes = args.modes.split(",")
+    if "none" in modes and world > 1:
+        raise SystemExit("mode none (unsharded) needs one rank")
     results = []
     for recipe in args.recipes.split(","):
-        res = compare(recipe, run(args, recipe, False), run(args, recipe, True))
-        results.append(res | {"model": args.model, "layers": args.layers, "world_size": world,
-                              "device": args.device})  # fmt: skip
-        print(json.dumps(results[-1]), flush=True)
+        runs = {mode: run(args, recipe, mode) for mode in modes}
+        ref, _ = runs[modes[0]]
+        for mode in modes[1:]:
+            grads, payloads = runs[mode]
+            res = compare(recipe, ref, grads)
+            res |= {"mode": mode, "reference": modes[0], "compiled": args.compile,
+                    "regathers_differing": payloads, "model": args.model, "layers": args.layers,
+                    "world_size": world, "device": args.device}  # fmt: skip
+            results.append(res)
+            print(json.dumps(res), flush=True)
     if rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "qag_equality.json").write_text(json.dumps(results, indent=1) + "\n")

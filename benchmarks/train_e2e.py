@@ -25,7 +25,7 @@ memory held between steps, so the peak minus it is what a step allocates and fre
 FSDP2 rows (issue 17): a row `RECIPE+fsdp` shards the model with `minifloat.distributed.apply_fsdp`
 (each block, then the root; fp32 parameters all-gathered, bf16 autocast, fp32 reduce-scatter, the
 trainer's setup) and `RECIPE+qag` also all-gathers the quantized weights already quantized
-(`apply_fsdp(quantized_all_gather=True)`, then `precompute_weight_scales` after every optimizer
+(`apply_fsdp(quantized_all_gather=True)`, then `precompute_quantized_weights` after every optimizer
 step, as the trainer does; torchao rows: `enable_fsdp_float8_all_gather` and torchao's
 `precompute_float8_dynamic_scale_for_fsdp`). Blocks are compiled in place before sharding
 (torchtitan's order). Launched plainly the process group has one rank (the all-gathers are
@@ -195,9 +195,9 @@ def after_step_fn(net: nn.Module, mode: str | None, torchao: bool):
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         return lambda: precompute_float8_dynamic_scale_for_fsdp(net)
-    from minifloat.fsdp_quantized import precompute_weight_scales
+    from minifloat.fsdp_quantized import precompute_quantized_weights
 
-    return lambda: precompute_weight_scales(net)
+    return lambda: precompute_quantized_weights(net)
 
 
 def _logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import nn
 
 from gloo_ranks import WORLD, spawn
@@ -25,9 +26,9 @@ from minifloat.distributed import apply_fsdp
 from minifloat.fsdp_quantized import (
     all_gather_bytes,
     enable_quantized_all_gather,
-    precompute_weight_scales,
+    precompute_quantized_weights,
 )
-from minifloat.fsdp_weight import GatheredWeight, ShardedWeight
+from minifloat.fsdp_weight import GatheredWeight, ShardedWeight, _quantized_key
 from minifloat.kernels import EmulatedBackend
 from minifloat.linear import QuantLinear
 
@@ -162,11 +163,23 @@ def _counting_all_reduces(record: list):  # noqa: ANN202
 
 
 def _precompute(model: nn.Module, recipe: str) -> None:
-    """precompute_weight_scales: every weight that needs global amaxes, in one all-reduce."""
+    """precompute_quantized_weights: every weight quantized, its global amaxes in one
+    all-reduce (none for row and block scales)."""
     record: list = []
     with _counting_all_reduces(record):
-        assert precompute_weight_scales(model) == AMAX_WEIGHTS[recipe]
+        assert precompute_quantized_weights(model) == 4
     assert len(record) == min(1, AMAX_WEIGHTS[recipe]), (recipe, record)
+
+
+def _counting_quantizations(record: list):  # noqa: ANN202
+    """fsdp_plan.quantize_weight that records each shard it quantizes."""
+    original = fsdp_plan.quantize_weight
+
+    def quantize_weight(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        record.append(args[2].shape)
+        return original(*args, **kwargs)
+
+    return mock.patch.object(fsdp_plan, "quantize_weight", quantize_weight)
 
 
 def _matches_unsharded_worker(rank: int) -> None:
@@ -176,19 +189,21 @@ def _matches_unsharded_worker(rank: int) -> None:
         assert isinstance(model.layers[0].up.weight._local_tensor, ShardedWeight)
         dge = recipes.get(recipe).dge is not None
         # Step 0: nothing precomputed; step 1: precomputed after the update; step 2:
-        # precomputed before it (stale): the all-gathers all-reduce per weight again.
+        # precomputed before it (stale): the forward's all-gathers quantize (and all-reduce
+        # amaxes) per weight again. The backward's re-gathers send the forward's bytes.
         for step in range(3):
-            _check_operands(model, ref)
             xs, ts = _data(model.head.in_features, step)
             record: list = []
             reduces: list = []
+            quantized: list = []
             counting = mock.patch.object(ShardedWeight, "fsdp_pre_all_gather", _counting(record))
-            with counting, _counting_all_reduces(reduces):
+            with counting, _counting_all_reduces(reduces), _counting_quantizations(quantized):
                 y = model(xs[rank])
                 F.cross_entropy(y, ts[rank]).backward()
             _check_bytes(record, model, recipe)
-            # one per weight and all-gather (forward and backward) unless precomputed
-            assert len(reduces) == (0 if step == 1 else 2 * AMAX_WEIGHTS[recipe]), (recipe, step)
+            # once per weight and step (the forward's all-gather) unless precomputed
+            assert len(reduces) == (0 if step == 1 else AMAX_WEIGHTS[recipe]), (recipe, step)
+            assert len(quantized) == (0 if step == 1 else 4), (recipe, step)
             assert torch.equal(y, ref(xs[rank])), (recipe, step)  # before ref's history moves
             _reference_grads(ref, xs, ts, rank, recipe)
             for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
@@ -198,6 +213,7 @@ def _matches_unsharded_worker(rank: int) -> None:
                     assert err <= DGE_GRAD_REL_TOL, (recipe, name, err.item())
                 else:
                     assert torch.equal(grad, p_ref.grad), (recipe, step, name)
+            _check_operands(model, ref)  # an all-gather now sends what quantizing w gives
             if step == 1:
                 _precompute(model, recipe)  # then changed by the update: stale
             with torch.no_grad():
@@ -219,12 +235,13 @@ def _matches_unsharded_worker(rank: int) -> None:
         assert len(histories) == (4 if recipe == "fp8-delayed" else 0)
         assert all(torch.equal(a, b) for a, b in histories)
     _optimizer_step_makes_amaxes_stale(rank)
+    _kept_shard_serves_one_forward(rank)
     _dge_refuses_accumulation(rank)
 
 
 def _optimizer_step_makes_amaxes_stale(rank: int) -> None:
     """minifloat's AdamW (unfused and fused) writes the shards through `to_local()`, not the
-    DTensor: amaxes precomputed before its step must not be used after it."""
+    DTensor: shards quantized (and amaxes reduced) before its step must not be sent after it."""
     from minifloat.optim import AdamW
 
     for fused in (False, True):
@@ -243,6 +260,21 @@ def _optimizer_step_makes_amaxes_stale(rank: int) -> None:
             with _counting_all_reduces(reduces):
                 model(xs[rank])
             assert len(reduces) == (4 if stale else 0), (fused, stale)
+
+
+def _kept_shard_serves_one_forward(rank: int) -> None:
+    """A precomputed shard is sent by the next forward and its backward's re-gather; a second
+    forward quantizes again, written or not: compiled writes (a compiled optimizer update, a
+    compiled backward's fp8-delayed history record) move no version counter to tell."""
+    for recipe in ("fp8-tensorwise", "fp8-delayed"):
+        model = apply_fsdp(_net(recipe), quantized_all_gather=True)
+        xs, ts = _data(64, 0)
+        precompute_quantized_weights(model)
+        for expected in (0, 4):  # after the precompute; then without one (no write between)
+            quantized: list = []
+            with _counting_quantizations(quantized):
+                F.cross_entropy(model(xs[rank]), ts[rank]).backward()
+            assert len(quantized) == expected, (recipe, expected, len(quantized))
 
 
 def _dge_refuses_accumulation(rank: int) -> None:
@@ -291,9 +323,9 @@ def _checkpoint_worker(rank: int) -> None:
 
 def _trainer_resume_worker(rank: int, root: str) -> None:
     # The trainer with --quantized-all-gather (meta-device init, sharded checkpoints): stopping
-    # after 2 steps and resuming gives the losses of an uninterrupted run bit for bit. With
-    # fp8-tensorwise the uninterrupted run's third step uses the amaxes precomputed after the
-    # second; the resumed one all-reduces them per weight: the same scales.
+    # after 2 steps and resuming gives the losses of an uninterrupted run bit for bit. The
+    # uninterrupted run's third step sends the shards quantized after the second; the resumed
+    # one quantizes them in its first all-gathers (fp8-tensorwise: all-reducing per weight).
     from minifloat.train.build import load_dataset
     from minifloat.train.config import TrainConfig
     from minifloat.train.trainer import Trainer, train
@@ -314,7 +346,10 @@ def _trainer_resume_worker(rank: int, root: str) -> None:
         shard = trainer.raw_model.layers[0].attention.wq.weight._local_tensor
         assert isinstance(shard, ShardedWeight)
         full = trainer.run()
-        assert (shard._amaxes is not None) == (recipe == "fp8-tensorwise")  # precomputed
+        layer = trainer.raw_model.layers[0].attention.wq
+        # quantized after the last step (fresh, or sent since by an evaluation forward)
+        kept, plan = shard._quantized, fsdp_plan.plan_for(layer.recipe)
+        assert kept.key == _quantized_key(layer, shard, plan)
         half = train(dataclasses.replace(config, stop_after=2), dataset=dataset, progress=False)
         rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
         assert half.losses == full.losses[:2] and rest.losses == full.losses, (recipe, rest)
@@ -346,7 +381,7 @@ def _compiled_worker(rank: int) -> None:
                     n: p.grad.full_tensor() for n, p in model.named_parameters()
                 }  # every parameter has a gradient: .grad is None would raise here
                 if quantized:
-                    precompute_weight_scales(model)
+                    precompute_quantized_weights(model)
                 with torch.no_grad():
                     for p in model.parameters():
                         p -= 0.5 * p.grad
@@ -443,3 +478,31 @@ class _OneRankMesh:
 
     def size(self) -> int:
         return 1
+
+
+# ---- the precompute's batched quantization equals one shard at a time ---------------------------
+
+BATCH_SHAPES = [(64, 96), (32, 96), (128, 256)]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_compiled_batch_equals_one_at_a_time(recipe):
+    # precompute_quantized_weights quantizes a block's shards in one compiled call on the GPU;
+    # the all-gathers one shard at a time, eagerly. Both must send the same bits.
+    plan = fsdp_plan.plan_for(recipes.get(recipe))
+    backend = EmulatedBackend()
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(256, 256)] * 2 if recipe == "fp8-blockwise" else BATCH_SHAPES
+    ws = [torch.randn(s, generator=gen) * 10 ** torch.randn(1, generator=gen) for s in shapes]
+    ws[0][0, :3] = torch.tensor([0.0, -448.0 * 8, 1e-9])  # zero, a large and a tiny entry
+    history = torch.rand(3, 16, generator=gen) if plan.delayed is not None else None
+    plans, histories = [plan] * len(ws), [history] * len(ws)
+    amaxes = fsdp_plan.shard_amaxes_many(backend, plans, ws)
+    compiled = torch.compile(fsdp_plan.quantize_weights, fullgraph=True)
+    got = compiled(backend, plans, ws, amaxes, histories)
+    for w, a, one in zip(ws, amaxes, got, strict=True):
+        want = fsdp_plan.quantize_weight(backend, plan, w, a, history)
+        leaves = [pytree.tree_leaves(x) for x in (one, want)]
+        assert [u is None for u in leaves[0]] == [v is None for v in leaves[1]], recipe
+        pairs = zip(*leaves, strict=True)
+        assert all(u is None or torch.equal(u, v) for u, v in pairs), recipe

@@ -25,7 +25,8 @@ all-reduced amax is NaN (or inf) where any rank's is, as the amax of the whole w
 
 The amaxes a weight all-reduces (`shard_amaxes`: tensor, column and fp8-delayed's) go through
 one all-reduce per weight (`global_amaxes`), or, precomputed after the optimizer step for every
-weight at once, through one per step (`fsdp_quantized.precompute_weight_scales`).
+weight at once, through one per step (`fsdp_quantized.precompute_quantized_weights`, which also
+quantizes every shard then: `quantize_weights`, one compiled call per block on the GPU).
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ __all__ = [
     "split_amaxes",
     "global_amaxes",
     "quantize_shard",
+    "quantize_weight",
+    "quantize_weights",
+    "shard_amaxes_many",
     "gathered_operand",
     "payload_bytes",
     "global_amax",
@@ -256,6 +260,58 @@ def quantize_shard(
     if replicated is None:
         payload.append(scale)
     return payload, replicated, scale
+
+
+def quantize_weight(
+    backend: Backend,
+    plan: GatherPlan,
+    w: torch.Tensor,
+    amaxes: list[torch.Tensor],
+    history: torch.Tensor | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], torch.Tensor | None, torch.Tensor]:
+    """Every operand `plan` sends of the shard `w`, quantized: (tensors to all-gather, each
+    operand's replicated scale or None, fp8-delayed's global weight amax or None, the fprop
+    operand's scale in the weight's layout (DGE needs it)). `amaxes`: `shard_amaxes` reduced by
+    `global_amaxes`; `history`: the layer's amax history (fp8-delayed, else None). Plain
+    PyTorch (no collectives), so that `quantize_weights` can compile many at once."""
+    amax, operand_amaxes = split_amaxes(plan, amaxes)
+    delayed_scale = None
+    if plan.delayed is not None:
+        delayed_scale = delayed_weight_scale(history, amax, plan.operands[0].spec.fmt, plan.delayed)
+    tensors: list[torch.Tensor] = []
+    replicated: list[torch.Tensor | None] = []
+    fprop_scale = None
+    for i, g in enumerate(plan.operands):
+        payload, rep, scale = quantize_shard(
+            backend, w, g, amax=operand_amaxes[i], delayed_scale=delayed_scale if i == 0 else None
+        )
+        tensors += payload
+        replicated.append(rep)
+        fprop_scale = scale if i == 0 else fprop_scale
+    return tensors, replicated, amax, fprop_scale
+
+
+def shard_amaxes_many(
+    backend: Backend, plans: list[GatherPlan], ws: list[torch.Tensor]
+) -> list[list[torch.Tensor]]:
+    """`shard_amaxes` of several shards (one compiled call for a block's weights on the GPU)."""
+    return [shard_amaxes(backend, plan, w) for plan, w in zip(plans, ws, strict=True)]
+
+
+def quantize_weights(
+    backend: Backend,
+    plans: list[GatherPlan],
+    ws: list[torch.Tensor],
+    amaxes: list[list[torch.Tensor]],
+    histories: list[torch.Tensor | None],
+) -> list[tuple]:
+    """`quantize_weight` of several shards. Compiled as one function (a block's weights), the
+    quantizers are the same plain PyTorch as one by one, so the results are the same bits
+    (elementwise maps and max reductions; tests/test_fsdp_quantized.py compares them)."""
+    return [
+        quantize_weight(backend, plan, w, a, h)
+        for plan, w, a, h in zip(plans, ws, amaxes, histories, strict=True)
+    ]
 
 
 def gathered_operand(

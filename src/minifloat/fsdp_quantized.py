@@ -9,13 +9,16 @@ values, which FSDP2 then all-gathers quantized (1 byte a parameter for FP8 weigh
 E2M1, plus scales; fsdp_plan.py says what and why). state_dict() still holds plain fp32 tensors
 (DTensors of plain local shards once sharded), so checkpoints do not depend on this option.
 
-Tensor- and column-scaled weights (fp8-tensorwise, fp8-delayed, fp8-rowwise's dgrad operand)
-need the amax of the whole weight: one small all-reduce per weight and all-gather. After the
-optimizer step, `precompute_weight_scales(model)` all-reduces the amaxes of every such weight
-at once (torchao's pattern), and the all-gathers use them until a weight changes:
+Each shard is quantized once per step and kept (fsdp_weight.py): the backward's re-gather sends
+the forward's bytes. Left to the all-gathers, the forward's quantizes each weight on its own,
+and tensor- and column-scaled weights (fp8-tensorwise, fp8-delayed, fp8-rowwise's dgrad
+operand) all-reduce the amax of the whole weight there, one small all-reduce each. After the
+optimizer step, `precompute_quantized_weights(model)` does it for every weight at once: one
+all-reduce of all the amaxes (torchao's pattern for its scales) and, on the GPU, one compiled
+call per block of weights that quantizes them all; the all-gathers then only send:
 
     optimizer.step()
-    precompute_weight_scales(model)  # collective: every rank, same place
+    precompute_quantized_weights(model)  # collective: every rank, same place
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ __all__ = [
     "enable_quantized_all_gather",
     "all_gather_bytes",
     "plain_state_dict_hook",
-    "precompute_weight_scales",
+    "precompute_quantized_weights",
 ]
 
 
@@ -121,43 +124,67 @@ def _is_sharded_quantized(p) -> bool:  # noqa: ANN001
     return isinstance(getattr(p, "_local_tensor", None), ShardedWeight)
 
 
+def _by_block(model: nn.Module) -> list[list[QuantLinear]]:
+    """The sharded quantized-all-gather QuantLinears of `model`, grouped by the innermost FSDP
+    module that all-gathers them (a block) and by backend, in module order."""
+    from torch.distributed.fsdp import FSDPModule
+
+    owner: dict[QuantLinear, nn.Module] = {}
+    for module in model.modules():  # pre-order: an inner FSDP module overrides its parent
+        if isinstance(module, FSDPModule) or module is model:
+            for sub in module.modules():
+                if isinstance(sub, QuantLinear) and _is_sharded_quantized(sub.weight):
+                    owner[sub] = module
+    blocks: dict[tuple[int, str], list[QuantLinear]] = {}
+    for layer, module in owner.items():
+        blocks.setdefault((id(module), layer.backend), []).append(layer)
+    return list(blocks.values())
+
+
 @torch.no_grad()
-def precompute_weight_scales(model: nn.Module) -> int:
-    """All-reduce the global amaxes of every sharded QuantLinear weight of `model` that needs
-    them, with one MAX all-reduce per process group (one in all for a model sharded on one
-    mesh), and store them on the shards; returns how many weights got them.
+def precompute_quantized_weights(model: nn.Module) -> int:
+    """Quantize every sharded QuantLinear weight of `model` for its next all-gathers; returns
+    how many. Collective: call it after the optimizer step (and after anything else that writes
+    weights), on every rank at the same point.
 
-    Call after the optimizer step (and after anything else that writes weights), on every rank
-    at the same point: it is collective. FSDP2's all-gathers then take the weights' tensor and
-    column scales from the stored amaxes instead of one all-reduce per weight and all-gather
-    (forward and backward, every micro-batch). The values are those the per-weight
-    all-reduces give (the reduction is elementwise), so the scales are the same bit for bit.
+    First the global amaxes that tensor and column scales need (fp8-tensorwise, fp8-delayed,
+    fp8-rowwise's dgrad operand), with one MAX all-reduce per process group instead of one per
+    weight and all-gather; then each shard's quantized values and scales, one compiled call per
+    block of weights on the GPU (`fsdp_plan.quantize_weights`). The all-gathers then send them
+    as they are. The values are those each all-gather would compute (the same quantizers and
+    the same elementwise amax reduction), bit for bit.
 
-    A weight changed after this call (any in-place write: its version counters move) or whose
-    recipe changed falls back to its own all-reduce at its next all-gather; so does a weight
-    that was never precomputed. Every rank makes that choice alike as long as all ranks run
-    the same ops on their shards, as data-parallel training does.
+    A weight written after this call (any in-place write: its version counters move), whose
+    recipe changed, or (fp8-delayed) whose amax history moved is quantized again at its next
+    all-gather, all-reducing its amax there. Every rank makes that choice alike as long as all
+    ranks run the same ops on their shards, as data-parallel training does.
     """
-    by_group: dict[int, tuple[object, list]] = {}
-    for _, layer in _layers(model):
-        param = layer.weight
-        shard = getattr(param, "_local_tensor", None)
-        if not isinstance(shard, ShardedWeight):
-            continue  # not sharded (yet), or a plain all-gather
-        plan = fsdp_plan.plan_for(layer.recipe)
-        backend = get_backend(layer.backend, shard.device)
-        amaxes = fsdp_plan.shard_amaxes(backend, plan, shard._hp)
-        if not amaxes:
-            continue  # row or block scales: local, nothing to all-reduce
-        mesh = param.device_mesh
+    blocks = []
+    for layers in _by_block(model):
+        shards = [layer.weight._local_tensor for layer in layers]
+        plans = [fsdp_plan.plan_for(layer.recipe) for layer in layers]
+        backend = get_backend(layers[0].backend, shards[0].device)
+        hps = [shard._hp for shard in shards]
+        amaxes = backend.kernel(fsdp_plan.shard_amaxes_many, hps[0])(backend, plans, hps)
+        blocks.append((layers, shards, plans, backend, hps, amaxes))
+    by_group: dict[int, tuple[object, list[torch.Tensor]]] = {}
+    for layers, *_, amaxes in blocks:
+        mesh = layers[0].weight.device_mesh
         group = mesh.get_group() if mesh.size() > 1 else None
-        entry = by_group.setdefault(id(group), (group, []))
-        entry[1].append((param, shard, plan, amaxes))
+        by_group.setdefault(id(group), (group, []))[1].extend(a for per in amaxes for a in per)
+    reduced = {key: iter(fsdp_plan.global_amaxes(flat, group))
+               for key, (group, flat) in by_group.items()}  # fmt: skip
     count = 0
-    for group, entries in by_group.values():
-        flat = fsdp_plan.global_amaxes([a for *_, amaxes in entries for a in amaxes], group)
-        for param, shard, plan, amaxes in entries:
-            shard.store_amaxes(param, plan, flat[: len(amaxes)])
-            flat = flat[len(amaxes) :]
+    for layers, shards, plans, backend, hps, amaxes in blocks:
+        mesh = layers[0].weight.device_mesh
+        it = reduced[id(mesh.get_group() if mesh.size() > 1 else None)]
+        amaxes = [[next(it) for _ in per] for per in amaxes]
+        histories = [layer.amax_history if p.delayed is not None else None
+                     for layer, p in zip(layers, plans, strict=True)]  # fmt: skip
+        quantized = backend.kernel(fsdp_plan.quantize_weights, hps[0])(
+            backend, plans, hps, amaxes, histories
+        )
+        for layer, shard, plan, q in zip(layers, shards, plans, quantized, strict=True):
+            shard.store_quantized(layer, plan, q, fresh=True)
             count += 1
     return count

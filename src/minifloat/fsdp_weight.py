@@ -16,10 +16,18 @@ without data of its own that holds the gathered payload, from which `QuantLinear
 its weight operands (`GatheredWeight.operand`) instead of quantizing. Gradients are plain [N, K]
 tensors that FSDP2 reduce-scatters onto the fp32 shard, as for any parameter.
 
-Tensor and column scales need the global amax: the pre-all-gather all-reduces it (one
-all-reduce per weight), unless `store_amaxes` holds it from
-`fsdp_quantized.precompute_weight_scales` and the shard has not been written since (writes are
-counted in `__torch_dispatch__`, foreach ops and aliases included).
+A shard is quantized once per step, not once per all-gather (`QuantizedShard`): the backward's
+re-gather (reshard_after_forward) sends the bytes of the forward's all-gather, and
+`fsdp_quantized.precompute_quantized_weights` quantizes every shard after the optimizer step, a
+block of weights per compiled call, so that the all-gathers only send. A kept shard serves one
+forward: the next forward's all-gather quantizes anew unless a precompute made a fresh one in
+between. That rule, not write detection, keeps stale bytes out: compiled code (a compiled
+optimizer update, fp8-delayed's history record in a compiled backward) writes tensors without
+moving their version counters. The key (`_quantized_key`: plan, backend, version counters,
+writes counted in `__torch_dispatch__`) guards the rest, e.g. a checkpoint load between the
+precompute and the forward. Quantizing in the all-gather all-reduces the global amax that tensor
+and column scales need (one all-reduce per weight). The kept bytes cost 1 byte a parameter of
+the shard (0.5 for E2M1; two operands for fp8-rowwise) beside the 4 of its fp32 values.
 
 DGE (fp4, fp4-dge) multiplies the weight gradient by f'(w / s_w), which needs the
 high-precision weight. The gathered weight does not carry it, so the factor is applied where
@@ -31,6 +39,7 @@ multiply-then-sum up to fp32 rounding.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from dataclasses import dataclass
 
@@ -43,8 +52,8 @@ from minifloat.dge import dge_scale
 from minifloat.kernels import Backend, QOperand, get_backend
 from minifloat.recipes import OperandSpec
 
-__all__ = ["ShardedWeight", "GatheredWeight", "GatherMeta", "sharded_dge_hook", "gathered_operand",
-           "gathered_amax"]  # fmt: skip
+__all__ = ["ShardedWeight", "GatheredWeight", "GatherMeta", "QuantizedShard", "sharded_dge_hook",
+           "gathered_operand", "gathered_amax"]  # fmt: skip
 
 _aten = torch.ops.aten
 # Ops whose results stay a ShardedWeight: FSDP2's padding, views and copies of the shard and
@@ -96,6 +105,19 @@ class GatherMeta:
     backend: str
 
 
+@dataclass(frozen=True)
+class QuantizedShard:
+    """A shard quantized for the all-gather (`fsdp_plan.quantize_weight`'s results), kept with
+    `key`: what must not have changed for it to be sent again (`_quantized_key`)."""
+
+    key: tuple
+    tensors: tuple[torch.Tensor, ...]
+    replicated: list[torch.Tensor | None]
+    amax: torch.Tensor | None
+    fprop_scale: torch.Tensor
+    fresh: bool  # made by a precompute and not yet sent by a forward
+
+
 class ShardedWeight(torch.Tensor):
     """A QuantLinear weight's fp32 shard whose FSDP2 all-gather sends it quantized."""
 
@@ -113,8 +135,7 @@ class ShardedWeight(torch.Tensor):
         self._dge_scale: torch.Tensor | None = None  # the fprop scale of this shard (DGE)
         self._dge_grad: weakref.ref | None = None  # the gradient DGE last scaled
         self._writes = _WriteCount()  # `_mark_written`; replaced by the base's for views
-        # (weight version, global amaxes) from `store_amaxes` (precompute_weight_scales)
-        self._amaxes: tuple[tuple, list[torch.Tensor]] | None = None
+        self._quantized: QuantizedShard | None = None  # `store_quantized`
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -148,25 +169,36 @@ class ShardedWeight(torch.Tensor):
     def __repr__(self) -> str:
         return f"ShardedWeight({self._hp!r})"
 
-    def store_amaxes(
-        self, param: torch.Tensor, plan: fsdp_plan.GatherPlan, amaxes: list[torch.Tensor]
+    def store_quantized(
+        self, module: nn.Module, plan: fsdp_plan.GatherPlan, quantized: tuple, *, fresh: bool
     ) -> None:
-        """Keep the global amaxes of this shard (`fsdp_plan.shard_amaxes` reduced by
-        `global_amaxes`; `param` the sharded parameter whose local tensor this is): the
-        all-gathers use them instead of all-reducing, until the weight changes."""
-        self._amaxes = (_version_key(param, self, plan), amaxes)
+        """Keep `quantized` (`fsdp_plan.quantize_weight`'s results for this shard; `module` the
+        QuantLinear whose weight's local tensor this is) for the all-gathers of one forward and
+        its backward; `fresh`: made ahead of that forward (the precompute)."""
+        tensors, replicated, amax, fprop_scale = quantized
+        key = _quantized_key(module, self, plan)
+        self._quantized = QuantizedShard(
+            key, tuple(tensors), list(replicated), amax, fprop_scale, fresh
+        )
 
-    def _precomputed_amaxes(
-        self, param: torch.Tensor, plan: fsdp_plan.GatherPlan
-    ) -> list[torch.Tensor] | None:
-        """The stored amaxes if the weight is unchanged since `store_amaxes`, else None."""
-        if self._amaxes is None:
+    def _kept(self, module: nn.Module, plan: fsdp_plan.GatherPlan) -> QuantizedShard | None:
+        """The kept quantized shard if this all-gather may send it, else None: a backward's
+        re-gather sends the forward's; a forward only a fresh one (precomputed), and only if
+        nothing it depends on changed since (`_quantized_key`)."""
+        kept = self._quantized
+        in_backward = torch._C._current_graph_task_id() != -1
+        usable = (
+            kept is not None
+            and (kept.fresh or in_backward)
+            and getattr(module.weight, "_local_tensor", None) is self
+            and kept.key == _quantized_key(module, self, plan)
+        )
+        if not usable:
+            self._quantized = None
             return None
-        key, amaxes = self._amaxes
-        if getattr(param, "_local_tensor", None) is self and key == _version_key(param, self, plan):
-            return amaxes
-        self._amaxes = None  # stale: the weight (or the recipe) changed
-        return None
+        if kept.fresh and not in_backward:  # this forward uses it up
+            self._quantized = dataclasses.replace(kept, fresh=False)
+        return kept
 
     def fsdp_pre_all_gather(
         self,
@@ -185,32 +217,21 @@ class ShardedWeight(torch.Tensor):
             )
         world = mesh.size()
         fsdp_plan.check_layout(plan, outer_size[0], outer_size[1], world)
-        group = mesh.get_group() if world > 1 else None
-        backend = get_backend(module.backend, self.device)
-        w = self._hp
-        amaxes = self._precomputed_amaxes(module.weight, plan)
-        if amaxes is None:  # one all-reduce for this weight (none for row or block scales)
-            amaxes = fsdp_plan.global_amaxes(fsdp_plan.shard_amaxes(backend, plan, w), group)
-        amax, operand_amaxes = fsdp_plan.split_amaxes(plan, amaxes)
-        delayed_scale = None
-        if plan.delayed is not None:
-            delayed_scale = fsdp_plan.delayed_weight_scale(
-                module.amax_history, amax, plan.operands[0].spec.fmt, plan.delayed
-            )
-        tensors: list[torch.Tensor] = []
-        replicated: list[torch.Tensor | None] = []
-        for i, g in enumerate(plan.operands):
-            payload, rep, scale = fsdp_plan.quantize_shard(
-                backend, w, g, amax=operand_amaxes[i],
-                delayed_scale=delayed_scale if i == 0 else None,
-            )  # fmt: skip
-            tensors += payload
-            replicated.append(rep)
-            if i == 0 and plan.dge is not None:
-                self._dge_scale = scale
-                _attach_dge_hook(module, self, plan, module.backend)
-        meta = GatherMeta(plan, replicated, amax, outer_size[1], module.backend)
-        return tuple(tensors), meta
+        kept = self._kept(module, plan)
+        if kept is None:  # a forward without a precompute, or the weight changed: quantize
+            group = mesh.get_group() if world > 1 else None
+            backend = get_backend(module.backend, self.device)
+            amaxes = fsdp_plan.shard_amaxes(backend, plan, self._hp)
+            amaxes = fsdp_plan.global_amaxes(amaxes, group)  # one all-reduce, none if empty
+            history = module.amax_history if plan.delayed is not None else None
+            quantized = fsdp_plan.quantize_weight(backend, plan, self._hp, amaxes, history)
+            self.store_quantized(module, plan, quantized, fresh=False)
+            kept = self._quantized
+        if plan.dge is not None:
+            self._dge_scale = kept.fprop_scale
+            _attach_dge_hook(module, self, plan, module.backend)
+        meta = GatherMeta(plan, list(kept.replicated), kept.amax, outer_size[1], module.backend)
+        return kept.tensors, meta
 
     def fsdp_post_all_gather(
         self,
@@ -382,11 +403,16 @@ def _mark_written(func, args: tuple, kwargs: dict) -> None:  # noqa: ANN001
                 t._writes.n += 1
 
 
-def _version_key(param: torch.Tensor, shard: ShardedWeight, plan: fsdp_plan.GatherPlan) -> tuple:
-    """What must not change between computing a shard's amaxes and using them: the plan, the
-    sharded parameter's version counter, the writes through the shard or its views
-    (`_mark_written`), and the version counter of the plain values (direct writes to them)."""
-    return (plan, param._version, shard._writes.n, shard._hp._version)
+def _quantized_key(module: nn.Module, shard: ShardedWeight, plan: fsdp_plan.GatherPlan) -> tuple:
+    """What must not change between quantizing a shard and sending it again: the plan and the
+    backend; the sharded parameter's version counter, the writes through the shard or its views
+    (`_mark_written`) and the version counter of the plain values (direct writes to them);
+    fp8-delayed's amax history (its weight scale comes from it; backward records into it)."""
+    key = (plan, module.backend, module.weight._version, shard._writes.n, shard._hp._version)
+    if plan.delayed is not None:
+        history = module.amax_history
+        key += (id(history), history._version)
+    return key
 
 
 def _attach_dge_hook(

@@ -44,7 +44,7 @@ from minifloat import recipes
 from minifloat.amp import autocast_context, full_precision
 from minifloat.convert import set_recipe
 from minifloat.errors import first_line
-from minifloat.fsdp_quantized import precompute_weight_scales
+from minifloat.fsdp_quantized import precompute_quantized_weights
 from minifloat.train.branch import BranchPoint, checkpoint_steps, load_branch, plan_branch
 from minifloat.train.build import (
     build_iterator,
@@ -328,8 +328,8 @@ class Trainer:
         decision = self.guard.check(loss, grad_norm)
         if not decision.skip and not self.weight_guard.step():
             decision = self.guard.revoke("non-finite weights after the update (refused)")
-        if self.config.quantized_all_gather:  # one amax all-reduce for the next all-gathers
-            precompute_weight_scales(self.raw_model)
+        if self.config.quantized_all_gather:  # quantize the shards for the next all-gathers
+            precompute_quantized_weights(self.raw_model)
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.losses.append(loss)
