@@ -154,10 +154,12 @@ def precompute_quantized_weights(model: nn.Module) -> int:
     as they are. The values are those each all-gather would compute (the same quantizers and
     the same elementwise amax reduction), bit for bit.
 
-    A weight written after this call (any in-place write: its version counters move), whose
-    recipe changed, or (fp8-delayed) whose amax history moved is quantized again at its next
-    all-gather, all-reducing its amax there. Every rank makes that choice alike as long as all
-    ranks run the same ops on their shards, as data-parallel training does.
+    The next forward's all-gathers send these (and its backward's re-gathers the same); a
+    later forward quantizes anew unless this is called again in between (fsdp_weight.py says
+    why: compiled writes move no version counter). A weight written eagerly after this call,
+    whose recipe changed, or (fp8-delayed) whose amax history moved is quantized again at its
+    next all-gather too, all-reducing its amax there. Every rank makes that choice alike as
+    long as all ranks run the same ops on their shards, as data-parallel training does.
     """
     blocks = []
     for layers in _by_block(model):
@@ -166,18 +168,17 @@ def precompute_quantized_weights(model: nn.Module) -> int:
         backend = get_backend(layers[0].backend, shards[0].device)
         hps = [shard._hp for shard in shards]
         amaxes = backend.kernel(fsdp_plan.shard_amaxes_many, hps[0])(backend, plans, hps)
-        blocks.append((layers, shards, plans, backend, hps, amaxes))
-    by_group: dict[int, tuple[object, list[torch.Tensor]]] = {}
-    for layers, *_, amaxes in blocks:
         mesh = layers[0].weight.device_mesh
         group = mesh.get_group() if mesh.size() > 1 else None
-        by_group.setdefault(id(group), (group, []))[1].extend(a for per in amaxes for a in per)
+        blocks.append((layers, shards, plans, backend, hps, amaxes, group))
+    local: dict[int, tuple[object, list[torch.Tensor]]] = {}  # per process group, block order
+    for *_, amaxes, group in blocks:
+        local.setdefault(id(group), (group, []))[1].extend(a for per in amaxes for a in per)
     reduced = {key: iter(fsdp_plan.global_amaxes(flat, group))
-               for key, (group, flat) in by_group.items()}  # fmt: skip
+               for key, (group, flat) in local.items()}  # fmt: skip
     count = 0
-    for layers, shards, plans, backend, hps, amaxes in blocks:
-        mesh = layers[0].weight.device_mesh
-        it = reduced[id(mesh.get_group() if mesh.size() > 1 else None)]
+    for layers, shards, plans, backend, hps, amaxes, group in blocks:
+        it = reduced[id(group)]  # one all-reduce per group, split back in the same order
         amaxes = [[next(it) for _ in per] for per in amaxes]
         histories = [layer.amax_history if p.delayed is not None else None
                      for layer, p in zip(layers, plans, strict=True)]  # fmt: skip
