@@ -11,17 +11,26 @@ runs move alike); at every step every parameter's full gradient is compared bit 
 recipes' weight gradients differ by fp32 rounding (the factor is applied after the
 reduce-scatter), so they are compared by max relative error, and only at the first step.
 
-Diagnostics: `--modes` lists the runs, compared with the first: `none` (not sharded, one rank
-only), `fsdp`, `qag`, and `qag-requantize` (the quantized all-gather quantizing the shard at every
-all-gather, as before session 15, not once per step). With `--check-payloads` every all-gather
-of the quantized runs records its bytes, and the report says whether a shard's re-gather sent
-other bytes than its first all-gather of the same step. Writes `--out`/qag_equality.json.
+On the GPU the compiled model's gradients are not reproducible from one run to the next
+unless `torch.use_deterministic_algorithms(True)` is set: the unsharded model against itself, in
+one process, differed in 3 of 4 runs (15 of 21 gradients, up to 4.2 %; eagerly it never did;
+inductor's `deterministic` option alone, or SDPA's math backend, did not make it reproducible;
+`qag_equality_1.3B_2layers_s16_h200_2026-11-25.md`). So this script sets it (and cuBLAS's
+workspace setting) by default; `--no-deterministic` shows the variation.
+
+Diagnostics: `--modes` lists the runs, compared with the first (a mode may repeat): `none` (not
+sharded, one rank only), `fsdp`, `qag`, and `qag-requantize` (the quantized all-gather quantizing
+the shard at every all-gather, as before session 15, not once per step). With
+`--check-payloads` every all-gather of the quantized runs records its bytes, and the report
+says whether a shard's re-gather sent other bytes than its first all-gather of the same step.
+Writes `--out`/qag_equality.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -143,24 +152,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--emulate-precision-casts", action="store_true",
         help="inductor rounds fused bf16 intermediates as eager does (a whole-model drift test)",
     )  # fmt: skip
+    ap.add_argument(
+        "--deterministic", action=argparse.BooleanOptionalAction, default=True,
+        help="torch.use_deterministic_algorithms (default; see the module docstring)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
-    if args.emulate_precision_casts:  # this process only: a diagnostic, not the library's state
+    # this process only: diagnostics, not the library's state
+    if args.emulate_precision_casts:
         torch._inductor.config.emulate_precision_casts = True
+    if args.deterministic:
+        # cuBLAS reads this when it creates its handle, i.e. before the first GEMM
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     rank, world = train_e2e.init_process_group(args.device)
     modes = args.modes.split(",")
     if "none" in modes and world > 1:
         raise SystemExit("mode none (unsharded) needs one rank")
     results = []
     for recipe in args.recipes.split(","):
-        runs = {mode: run(args, recipe, mode) for mode in modes}
-        ref, _ = runs[modes[0]]
-        for mode in modes[1:]:
-            grads, payloads = runs[mode]
+        ref, _ = run(args, recipe, modes[0])
+        for mode in modes[1:]:  # a mode may repeat: `none,none` tests the comparison itself
+            grads, payloads = run(args, recipe, mode)
             res = compare(recipe, ref, grads)
             res |= {"mode": mode, "reference": modes[0], "compiled": args.compile,
                     "regathers_differing": payloads, "model": args.model, "layers": args.layers,
-                    "world_size": world, "device": args.device}  # fmt: skip
+                    "world_size": world, "device": args.device,
+                    "deterministic": args.deterministic,
+                    "emulate_precision_casts": args.emulate_precision_casts}  # fmt: skip
             results.append(res)
             print(json.dumps(res), flush=True)
     if rank == 0:

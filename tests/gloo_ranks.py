@@ -21,16 +21,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(fn: Callable[..., None], *args: object) -> None:
-    """Call ``fn(rank, *args)`` on WORLD ranks; a failure on any rank fails the caller."""
-    mp.spawn(_entry, args=(fn, _free_port(), args), nprocs=WORLD, join=True)
+def spawn(fn: Callable[..., None], *args: object, world: int = WORLD) -> None:
+    """Call ``fn(rank, *args)`` on `world` ranks; a failure on any rank fails the caller."""
+    mp.spawn(_entry, args=(fn, _free_port(), args, world), nprocs=world, join=True)
 
 
-def _entry(rank: int, fn: Callable[..., None], port: int, args: tuple) -> None:
+def _entry(rank: int, fn: Callable[..., None], port: int, args: tuple, world: int) -> None:
     torch.set_num_threads(1)
-    os.environ["WORLD_SIZE"] = str(WORLD)  # what torchrun sets; the trainer joins this group
+    os.environ["WORLD_SIZE"] = str(world)  # what torchrun sets; the trainer joins this group
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     try:
         fn(rank, *args)

@@ -31,6 +31,7 @@ quantizes every shard then: `quantize_weights`, one compiled call per block on t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,8 @@ __all__ = [
     "quantize_weights",
     "shard_amaxes_many",
     "gathered_operand",
+    "pack_payload",
+    "unpack_payload",
     "payload_bytes",
     "global_amax",
     "delayed_weight_scale",
@@ -333,6 +336,39 @@ def gathered_operand(
     if g.transpose:
         values, scale = values.t(), scale.t().contiguous()
     return QOperand(values, scale, fmt, g.spec.granularity, transposed=g.transpose)
+
+
+# Where each packed tensor starts, in bytes: FP8 GEMM operands and fp32 scales need 16-byte
+# aligned addresses (cuBLASLt), and a slice of a uint8 tensor viewed as fp32 needs a multiple of 4.
+PACK_ALIGN = 16
+
+
+def pack_payload(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, tuple]:
+    """`tensors` as one flat uint8 tensor, each starting on a `PACK_ALIGN` boundary, and the
+    layout (byte offset, dtype, shape of each) that `unpack_payload` takes.
+
+    For one rank: FSDP2's world-size-1 shortcut copies only an extension's first all-gather
+    input (torch 2.11-2.13, `_fsdp_param_group.py`), so a shard whose scales travel beside its
+    values (row and block scales, two operands) is sent as one tensor there."""
+    parts: list[torch.Tensor] = []
+    layout = []
+    offset = 0
+    for t in tensors:
+        raw = t.contiguous().reshape(-1).view(torch.uint8)
+        pad = -raw.numel() % PACK_ALIGN
+        parts += [raw, raw.new_zeros(pad)] if pad else [raw]
+        layout.append((offset, t.dtype, tuple(t.shape)))
+        offset += raw.numel() + pad
+    return torch.cat(parts), tuple(layout)
+
+
+def unpack_payload(flat: torch.Tensor, layout: tuple) -> tuple[torch.Tensor, ...]:
+    """The tensors `pack_payload` packed, as views of `flat` (no copies)."""
+    out = []
+    for offset, dtype, shape in layout:
+        size = math.prod(shape) * dtype.itemsize
+        out.append(flat[offset : offset + size].view(dtype).view(shape))
+    return tuple(out)
 
 
 def payload_bytes(plan: GatherPlan, rows: int, cols: int) -> int:

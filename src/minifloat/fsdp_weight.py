@@ -16,6 +16,10 @@ without data of its own that holds the gathered payload, from which `QuantLinear
 its weight operands (`GatheredWeight.operand`) instead of quantizing. Gradients are plain [N, K]
 tensors that FSDP2 reduce-scatters onto the fp32 shard, as for any parameter.
 
+On one rank FSDP2 copies only an extension's first all-gather input, so a shard of several
+tensors (travelling scales, fp8-rowwise's two operands) is sent packed into one
+(`fsdp_plan.pack_payload`) and unpacked where `QuantLinearFunction` takes its operands.
+
 A shard is quantized once per step, not once per all-gather (`QuantizedShard`): the backward's
 re-gather (reshard_after_forward) sends the bytes of the forward's all-gather, and
 `fsdp_quantized.precompute_quantized_weights` quantizes every shard after the optimizer step, a
@@ -103,6 +107,7 @@ class GatherMeta:
     amax: torch.Tensor | None
     cols: int
     backend: str
+    layout: tuple | None = None  # one rank: the tensors packed into one (fsdp_plan.pack_payload)
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,9 @@ class QuantizedShard:
     amax: torch.Tensor | None
     fprop_scale: torch.Tensor
     fresh: bool  # made by a precompute and not yet sent by a forward
+    # one rank: (one flat uint8 tensor, its layout) from fsdp_plan.pack_payload; `tensors` are
+    # then views of it
+    packed: tuple[torch.Tensor, tuple] | None = None
 
 
 class ShardedWeight(torch.Tensor):
@@ -230,8 +238,24 @@ class ShardedWeight(torch.Tensor):
         if plan.dge is not None:
             self._dge_scale = kept.fprop_scale
             _attach_dge_hook(module, self, plan, module.backend)
-        meta = GatherMeta(plan, list(kept.replicated), kept.amax, outer_size[1], module.backend)
-        return kept.tensors, meta
+        tensors, layout = kept.tensors, None
+        if world == 1 and len(tensors) > 1:  # FSDP2 would copy only the first (pack_payload)
+            flat, layout = self._packed()
+            tensors = (flat,)
+        meta = GatherMeta(plan, list(kept.replicated), kept.amax, outer_size[1], module.backend,
+                          layout)  # fmt: skip
+        return tensors, meta
+
+    def _packed(self) -> tuple[torch.Tensor, tuple]:
+        """The kept shard's tensors packed into one, and the layout; packed once, after which
+        the kept tensors are views of it (the bytes are held once)."""
+        kept = self._quantized
+        if kept.packed is None:
+            flat, layout = fsdp_plan.pack_payload(kept.tensors)
+            tensors = fsdp_plan.unpack_payload(flat, layout)
+            kept = dataclasses.replace(kept, tensors=tensors, packed=(flat, layout))
+            self._quantized = kept
+        return kept.packed
 
     def fsdp_post_all_gather(
         self,
@@ -249,7 +273,11 @@ class ShardedWeight(torch.Tensor):
                 raise TypeError(f"expected a GatheredWeight to update, got {type(out).__name__}")
             target.set_meta(meta)
             return None
-        rows = outputs[0].shape[0]
+        # One rank: the one packed tensor, unpacked where the operands are taken (inside the
+        # compiled graph). Unpacked here, its views were separate graph inputs sharing one
+        # storage, and the 1.3B fp8-rowwise step's host time rose from 248 to 383 ms (session 16;
+        # 292 ms this way; docs/distributed.md)
+        rows = outputs[0].shape[0] if meta.layout is None else meta.layout[0][2][0]
         weight = GatheredWeight(tuple(outputs), meta, (rows, meta.cols), param_dtype)
         return weight, tuple(outputs)
 
@@ -328,15 +356,15 @@ class GatheredWeight(torch.Tensor):
         names = [f"_p{i}" for i in range(len(self._payload))] + [f"_r{i}" for i in present]
         names += ["_amax"] if meta.amax is not None else []
         ctx = (meta.plan, meta.cols, meta.backend, len(self._payload), len(meta.replicated),
-               present, self.dtype)  # fmt: skip
+               present, self.dtype, meta.layout)  # fmt: skip
         return names, ctx
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride) -> GatheredWeight:  # noqa: ANN001
-        plan, cols, backend, n_payload, n_replicated, present, dtype = ctx
+        plan, cols, backend, n_payload, n_replicated, present, dtype, layout = ctx
         payload = tuple(inner[f"_p{i}"] for i in range(n_payload))
         replicated = [inner[f"_r{i}"] if i in present else None for i in range(n_replicated)]
-        meta = GatherMeta(plan, replicated, inner.get("_amax"), cols, backend)
+        meta = GatherMeta(plan, replicated, inner.get("_amax"), cols, backend, layout)
         return GatheredWeight(payload, meta, outer_size, dtype)
 
     @classmethod
@@ -382,7 +410,10 @@ class GatheredWeight(torch.Tensor):
         index = meta.plan.find(spec, transpose)
         start = sum(1 + g.gathers_scale for g in meta.plan.operands[:index])
         g = meta.plan.operands[index]
-        payload = self._payload[start : start + 1 + g.gathers_scale]
+        payload = self._payload
+        if meta.layout is not None:  # one rank: one packed tensor
+            payload = fsdp_plan.unpack_payload(payload[0], meta.layout)
+        payload = payload[start : start + 1 + g.gathers_scale]
         return fsdp_plan.gathered_operand(backend, g, payload, meta.replicated[index], meta.cols)
 
 

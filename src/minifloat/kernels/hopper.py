@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from minifloat.exact import to_dtype
 from minifloat.kernels import microscale
@@ -61,8 +62,11 @@ class HopperBackend(EmulatedBackend):
     name = "hopper"
 
     def kernel(self, fn: Callable, like: torch.Tensor) -> Callable:
-        """The compiled twin of `fn` for eager CUDA calls; `fn` itself while tracing."""
-        if like.is_cuda and not torch.compiler.is_compiling():
+        """The compiled twin of `fn` for eager CUDA calls; `fn` itself while tracing. Tracing
+        includes fake tensors outside `is_compiling()`: dynamo runs a traceable subclass's
+        `__torch_dispatch__` (fsdp_weight.GatheredWeight's) on them to propagate shapes, and a
+        compiled twin there would launch its kernels on tensors without data."""
+        if like.is_cuda and not torch.compiler.is_compiling() and not is_fake(like):
             return _compiled(fn)
         return fn
 
