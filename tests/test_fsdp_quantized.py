@@ -182,12 +182,24 @@ def _counting_quantizations(record: list):  # noqa: ANN202
     return mock.patch.object(fsdp_plan, "quantize_weight", quantize_weight)
 
 
+def _check_grads(model: nn.Module, ref: nn.Module, recipe: str, step: int) -> None:
+    """The sharded model's full gradients equal the reference's (DGE weights: within
+    DGE_GRAD_REL_TOL)."""
+    dge = recipes.get(recipe).dge is not None
+    for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
+        grad = p.grad.full_tensor()
+        if dge and name.endswith("weight") and "head" not in name:
+            err = (grad - p_ref.grad).abs().max() / p_ref.grad.abs().max()
+            assert err <= DGE_GRAD_REL_TOL, (recipe, name, err.item())
+        else:
+            assert torch.equal(grad, p_ref.grad), (recipe, step, name)
+
+
 def _matches_unsharded_worker(rank: int) -> None:
     for recipe in RECIPES:
         ref = _net(recipe)
         model = apply_fsdp(copy.deepcopy(ref), quantized_all_gather=True)
         assert isinstance(model.layers[0].up.weight._local_tensor, ShardedWeight)
-        dge = recipes.get(recipe).dge is not None
         # Step 0: nothing precomputed; step 1: precomputed after the update; step 2:
         # precomputed before it (stale): the forward's all-gathers quantize (and all-reduce
         # amaxes) per weight again. The backward's re-gathers send the forward's bytes.
@@ -206,13 +218,7 @@ def _matches_unsharded_worker(rank: int) -> None:
             assert len(quantized) == (0 if step == 1 else 4), (recipe, step)
             assert torch.equal(y, ref(xs[rank])), (recipe, step)  # before ref's history moves
             _reference_grads(ref, xs, ts, rank, recipe)
-            for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
-                grad = p.grad.full_tensor()
-                if dge and name.endswith("weight") and "head" not in name:
-                    err = (grad - p_ref.grad).abs().max() / p_ref.grad.abs().max()
-                    assert err <= DGE_GRAD_REL_TOL, (recipe, name, err.item())
-                else:
-                    assert torch.equal(grad, p_ref.grad), (recipe, step, name)
+            _check_grads(model, ref, recipe, step)
             _check_operands(model, ref)  # an all-gather now sends what quantizing w gives
             if step == 1:
                 _precompute(model, recipe)  # then changed by the update: stale
@@ -441,13 +447,7 @@ def _one_rank_worker(rank: int) -> None:
                     assert all(t.untyped_storage().data_ptr() == base for t in kept.tensors)
                 else:
                     assert kept.packed is None  # sent as it is
-            for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
-                grad = p.grad.full_tensor()
-                if dge and name.endswith("weight") and "head" not in name:
-                    err = (grad - p_ref.grad).abs().max() / p_ref.grad.abs().max()
-                    assert err <= DGE_GRAD_REL_TOL, (recipe, name, err.item())
-                else:
-                    assert torch.equal(grad, p_ref.grad), (recipe, step, name)
+            _check_grads(model, ref, recipe, step)
             with torch.no_grad():
                 for p, p_ref in zip(model.parameters(), ref.parameters(), strict=True):
                     p -= 0.5 * p.grad
