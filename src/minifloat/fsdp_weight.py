@@ -392,11 +392,6 @@ class GatheredWeight(torch.Tensor):
     def __repr__(self) -> str:
         return f"GatheredWeight(shape={tuple(self.shape)}, recipe={self._meta.plan.recipe_name})"
 
-    @property
-    def amax(self) -> torch.Tensor | None:
-        """The weight's amax over all ranks (gathered with fp8-delayed recipes, else None)."""
-        return self._meta.amax
-
     def operand(
         self, backend: Backend, spec: OperandSpec | None = None, *, transpose: bool = False
     ) -> QOperand:
