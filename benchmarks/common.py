@@ -9,6 +9,7 @@ import platform
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "time_ms", "kernel_ms", "copy_bandwidth", "environment", "gpu_tag", "write_results",
+    "time_ms", "host_ms", "kernel_ms", "copy_bandwidth", "environment", "gpu_tag", "write_results",
     "dump_kernel_sources", "RESULTS_DIR",
 ]  # fmt: skip
 
@@ -41,6 +42,20 @@ def time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> flo
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_ms(fn: Callable[[], object], *, reps: int = 20) -> float:
+    """Median host milliseconds until `fn()` returns, starting from an idle GPU (no sync inside
+    the timing): the time to enqueue its work. Where it exceeds the GPU time of `fn`, a loop of
+    such calls is bound by the host (Python, dispatch, launches), not by the GPU."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 

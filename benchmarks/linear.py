@@ -16,7 +16,9 @@ except the parameters themselves. Results: benchmarks/results/linear_<gpu>_<date
 `--compile` wraps every layer (bf16 nn.Linear, torchao, QuantLinear) in torch.compile, as the
 trainer's `--compile` does: the fair comparison with torchao, which is meant to be compiled, and
 the measure of how much of eager mode's quantization time is host overhead (many small launches)
-rather than GPU work. Its results go to linear_compiled_<gpu>_<date>.
+rather than GPU work. Its results go to linear_compiled_<gpu>_<date>. `--compile-mode
+reduce-overhead` replays every layer's compiled forward and backward as CUDA graphs (one launch
+each), which removes the host's launch time from layers too small to hide it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, kernel_ms, time_ms, write_results  # noqa: E402
+from common import environment, host_ms, kernel_ms, time_ms, write_results  # noqa: E402
 from minifloat import delayed, occ_gemm, recipes  # noqa: E402
 from minifloat import occ as occ_math  # noqa: E402
 from minifloat.kernels.hopper import HopperBackend  # noqa: E402
@@ -87,8 +89,14 @@ def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def step_fn(module: nn.Module, x: torch.Tensor, dy: torch.Tensor):
+def step_fn(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, mode: str | None = None):
+    """One forward + backward of `module`. Under CUDA graphs (compile mode "reduce-overhead")
+    each call starts a new step for cudagraph trees: the last step's outputs are dead."""
+    graphs = mode is not None and "reduce-overhead" in mode
+
     def step():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         x.grad = None
         for p in module.parameters():
             p.grad = None
@@ -99,13 +107,15 @@ def step_fn(module: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     return step
 
 
-def torchao_module(k: int, n: int, w: torch.Tensor, recipe_name: str, compile_it: bool):
+def torchao_module(
+    k: int, n: int, w: torch.Tensor, recipe_name: str, compile_it: bool, mode: str | None
+):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     lin = nn.Sequential(nn.Linear(k, n, bias=False, device="cuda"))
     lin[0].weight.data.copy_(w)
     convert_to_float8_training(lin, config=Float8LinearConfig.from_recipe_name(recipe_name))
-    return torch.compile(lin) if compile_it else lin
+    return torch.compile(lin, mode=mode) if compile_it else lin
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,8 +201,8 @@ def gpu_time(step) -> float | None:
         return None
 
 
-def maybe_compile(module: nn.Module, compile_it: bool) -> nn.Module:
-    return torch.compile(module) if compile_it else module
+def maybe_compile(module: nn.Module, compile_it: bool, mode: str | None) -> nn.Module:
+    return torch.compile(module, mode=mode) if compile_it else module
 
 
 def bench_shape(
@@ -200,22 +210,26 @@ def bench_shape(
 ) -> list[dict]:  # fmt: skip
     """Records of one (K, N): bf16, torchao (unless --no-torchao) and every recipe of `names`."""
     compile_all, torchao_compile, m = args.compile, args.torchao_compile, args.tokens
+    mode = args.compile_mode
     x, w, dy = make_inputs(k, n, m)
     records = []
     base = nn.Linear(k, n, bias=False, device="cuda")
     base.weight.data.copy_(w)
-    base_step = step_fn(maybe_compile(base, compile_all), x, dy)
+    base_step = step_fn(maybe_compile(base, compile_all, mode), x, dy, mode)
     bf16_ms = time_ms(base_step)
     bf16_saved = saved_bytes(base, x)
     records.append(dict(recipe="bf16", K=k, N=n, M=m, ms=bf16_ms, speedup_vs_bf16=1.0,
-                        peak_saved_bytes=bf16_saved, kernel_ms=gpu_time(base_step)))  # fmt: skip
+                        peak_saved_bytes=bf16_saved, kernel_ms=gpu_time(base_step),
+                        host_ms=host_ms(base_step)))  # fmt: skip
+    torch._dynamo.reset()
     for ao in () if args.no_torchao else ("tensorwise", "rowwise"):
         name = f"torchao-{ao}" + ("-compiled" if torchao_compile else "")
         try:
-            mod = torchao_module(k, n, w, ao, torchao_compile or compile_all)
-            ms = time_ms(step_fn(mod, x, dy))
+            mod = torchao_module(k, n, w, ao, torchao_compile or compile_all, mode)
+            step = step_fn(mod, x, dy, mode)
+            ms = time_ms(step)
             rec = dict(recipe=name, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
-                       peak_saved_bytes=saved_bytes(mod, x))  # fmt: skip
+                       peak_saved_bytes=saved_bytes(mod, x), host_ms=host_ms(step))  # fmt: skip
         except Exception as exc:  # torchao missing or failing must not stop the benchmark
             rec = dict(recipe=name, K=k, N=n, M=m, error=f"{type(exc).__name__}: {exc}"[:300])
         records.append(rec)
@@ -224,10 +238,11 @@ def bench_shape(
         recipe = recipes.get(rname)
         layer = QuantLinear(k, n, bias=False, recipe=recipe, backend="hopper", device="cuda")
         layer.weight.data.copy_(w)
-        step = step_fn(maybe_compile(layer, compile_all), x, dy)
+        step = step_fn(maybe_compile(layer, compile_all, mode), x, dy, mode)
         ms = time_ms(step)
         rec = dict(recipe=rname, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
-                   peak_saved_bytes=saved_bytes(layer, x), kernel_ms=gpu_time(step))  # fmt: skip
+                   peak_saved_bytes=saved_bytes(layer, x), kernel_ms=gpu_time(step),
+                   host_ms=host_ms(step))  # fmt: skip
         torch._dynamo.reset()
         rec["saved_vs_bf16"] = rec["peak_saved_bytes"] / bf16_saved
         if not args.no_breakdown:
@@ -235,24 +250,28 @@ def bench_shape(
         records.append(rec)
         print(f"K={k} N={n} {rname:18s} {ms:7.3f} ms  x{bf16_ms / ms:.2f}", flush=True)
     print(f"K={k} N={n} {'bf16':18s} {bf16_ms:7.3f} ms", flush=True)
-    return [r | {"compiled": compile_all} for r in records]
+    return [r | {"compiled": compile_all, "compile_mode": mode} for r in records]
 
 
 def markdown(records: list[dict], compiled: bool = False) -> str:
-    mode = "every layer under torch.compile" if compiled else "eager"
+    modes = sorted({str(r.get("compile_mode")) for r in records})
+    mode = f"every layer under torch.compile (mode {', '.join(modes)})" if compiled else "eager"
     tokens = sorted({r["M"] for r in records})
     lines = [
+        f"`{' '.join(['benchmarks/linear.py', *sys.argv[1:]])}`",
+        "",
         f"M = {', '.join(map(str, tokens))} tokens; one forward + backward (fprop, dgrad, wgrad) "
         "under bf16 autocast, "
         f"{mode}; the breakdown is eager in both modes; "
         "median ms, L2 flushed. Breakdown columns time the backend's calls group by group "
         "(their sum differs from the end-to-end time by autograd and PyTorch glue). "
         "'kernel ms' is the GPU kernel time of one step (profiler): where 'ms' is well above "
-        "it, the step is bound by host overhead, not by the GPU.",
+        "it, the step is bound by host overhead, not by the GPU; 'host ms' is the host's time to "
+        "enqueue one step from an idle GPU.",
         "",
-        "| K | N | recipe | ms | kernel ms | vs bf16 | quant | GEMM | DGE | OCC "
+        "| K | N | recipe | ms | kernel ms | host ms | vs bf16 | quant | GEMM | DGE | OCC "
         "| saved MiB (vs bf16) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if "error" in r:
@@ -263,6 +282,7 @@ def markdown(records: list[dict], compiled: bool = False) -> str:
         ratio = f" ({r['saved_vs_bf16']:.2f}x)" if "saved_vs_bf16" in r else ""
         lines.append(
             f"| {r['K']} | {r['N']} | {r['recipe']} | {r['ms']:.3f} | {_opt(r.get('kernel_ms'))} | "
+            f"{_opt(r.get('host_ms'))} | "
             f"{r['speedup_vs_bf16']:.2f}x | {' | '.join(parts)} | "
             f"{r['peak_saved_bytes'] / 2**20:.0f}{ratio} |"
         )
@@ -297,6 +317,10 @@ def main() -> None:
     ap.add_argument("--recipes", default=",".join(RECIPES))
     ap.add_argument("--compile", action="store_true", help="torch.compile every layer")
     ap.add_argument("--torchao-compile", action="store_true", help="torch.compile torchao layers")
+    ap.add_argument(
+        "--compile-mode", default=None,
+        help="torch.compile mode of every compiled layer, e.g. reduce-overhead (CUDA graphs)",
+    )  # fmt: skip
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--date", default=None)
     args = ap.parse_args()

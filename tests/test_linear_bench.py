@@ -1,0 +1,48 @@
+"""benchmarks/linear.py's tables and step (the GPU runs it; its bookkeeping runs anywhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("linear")
+
+
+def _record(recipe: str, k: int, n: int, ms: float, bf16_ms: float) -> dict:
+    return dict(recipe=recipe, K=k, N=n, M=16384, ms=ms, kernel_ms=ms * 0.9, host_ms=ms * 0.5,
+                speedup_vs_bf16=bf16_ms / ms, peak_saved_bytes=2**20,
+                compile_mode="reduce-overhead")  # fmt: skip
+
+
+def test_markdown_reports_host_time_mode_and_target_geomean(bench):
+    shapes = bench.SHAPES_7B
+    records = [_record("bf16", k, n, 2.0, 2.0) for k, n in shapes]
+    records += [
+        _record("fp8-tensorwise", k, n, ms, 2.0)
+        for (k, n), ms in zip(shapes, (1.0, 2.0, 4.0), strict=True)
+    ]
+    md = bench.markdown(records, compiled=True)
+    assert "(mode reduce-overhead)" in md
+    assert "| kernel ms | host ms |" in md
+    assert "| 4096 | 4096 | fp8-tensorwise | 1.000 | 0.900 | 0.500 | 2.00x |" in md
+    # speed-ups 2, 1, 0.5: geometric mean 1.00x, below the 1.5x target
+    assert "| fp8-tensorwise | 1.00x | 1.5x | no |" in md
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_step_runs_forward_and_backward(bench, mode):
+    """One step sets the input's and the weight's gradients (fresh each call), in either mode."""
+    layer = nn.Linear(16, 8, bias=False)
+    x = torch.randn(4, 16, requires_grad=True)
+    dy = torch.randn(4, 8)
+    step = bench.step_fn(layer, x, dy, mode)
+    step()
+    step()
+    torch.testing.assert_close(x.grad, dy @ layer.weight.detach())
+    torch.testing.assert_close(layer.weight.grad, dy.t() @ x.detach())
