@@ -18,7 +18,8 @@ trainer's `--compile` does: the fair comparison with torchao, which is meant to 
 the measure of how much of eager mode's quantization time is host overhead (many small launches)
 rather than GPU work. Its results go to linear_compiled_<gpu>_<date>. `--compile-mode
 reduce-overhead` replays every layer's compiled forward and backward as CUDA graphs (one launch
-each), which removes the host's launch time from layers too small to hide it.
+each); for a single layer that did not pay on an H200, since the cudagraph trees' own replay
+took ~1 ms of host a step (docs/hopper.md, session 17).
 """
 
 from __future__ import annotations

@@ -141,15 +141,30 @@ def prepare(net: nn.Module, row: str, *, fsdp_float8_all_gather: bool = False) -
     return net
 
 
-def compile_model(net: nn.Module, scope: str, mode: str | None) -> nn.Module:
+def compile_model(
+    net: nn.Module, scope: str, mode: str | None, options: dict | None = None
+) -> nn.Module:
     """torch.compile the whole model, or each repeated block (torchtitan's way: identical blocks
-    share one compiled graph, so compilation takes one block's time)."""
+    share one compiled graph, so compilation takes one block's time); `options`: inductor's."""
     if scope == "model":
-        return torch.compile(net, mode=mode)
+        return torch.compile(net, mode=mode, options=options)
     blocks = getattr(net, "layers", None) or net.model.layers  # ours, or transformers' Llama
     for i, block in enumerate(blocks):
-        blocks[i] = torch.compile(block, mode=mode)
+        blocks[i] = torch.compile(block, mode=mode, options=options)
     return net
+
+
+def parse_compile_options(text: str) -> dict | None:
+    """'KEY=VALUE[,KEY=VALUE...]' -> inductor options for torch.compile (True/False and integers
+    converted), e.g. 'triton.prefer_nd_tiling=True'; '' -> None."""
+    options = {}
+    for part in filter(None, text.split(",")):
+        key, eq, value = part.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"--compile-options takes KEY=VALUE[,KEY=VALUE...], got {text!r}")
+        literal = {"True": True, "False": False}.get(value, value)
+        options[key] = int(value) if value.lstrip("-").isdigit() else literal
+    return options or None
 
 
 def init_process_group(device: str) -> tuple[int, int]:
@@ -181,9 +196,11 @@ def shard_model(net: nn.Module, args, mode: str, torchao: bool) -> nn.Module:
 
     if args.compile_scope == "block":
         for block in find_repeated_blocks(net):
-            block.compile(mode=args.compile_mode)
+            block.compile(mode=args.compile_mode, options=args.compile_options)
     apply_fsdp(net, quantized_all_gather=mode == "qag" and not torchao)
-    return torch.compile(net, mode=args.compile_mode) if args.compile_scope == "model" else net
+    if args.compile_scope == "model":
+        return torch.compile(net, mode=args.compile_mode, options=args.compile_options)
+    return net
 
 
 def after_step_fn(net: nn.Module, mode: str | None, torchao: bool):
@@ -322,7 +339,7 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     if mode:
         compiled = shard_model(net, args, mode, torchao)
     else:
-        compiled = compile_model(net, args.compile_scope, args.compile_mode)
+        compiled = compile_model(net, args.compile_scope, args.compile_mode, args.compile_options)
     opt = make_optimizer(net, optim_states)
     step = make_step(compiled, opt, after_step_fn(net, mode, torchao))
     counters.clear()
@@ -355,6 +372,7 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
         "parallel": "fsdp" if mode else "none", "quantized_allgather": mode == "qag",
         "world_size": world,
         "compile_mode": args.compile_mode or "default", "gpu": gpu_tag(),
+        "compile_options": args.compile_options or {},
         "date": args.date or date.today().isoformat(),
     }  # fmt: skip
     if row in args.profile and cuda:
@@ -427,7 +445,8 @@ def markdown(records: list[dict], args) -> str:
         f"`{' '.join(sys.argv)}`",
         "",
         f"Model {args.model} ({args.impl}), batch {args.batch} x {args.seq}, vocab {args.vocab}, "
-        f"torch.compile ({args.compile_scope}, mode {args.compile_mode or 'default'}), bf16 "
+        f"torch.compile ({args.compile_scope}, mode {args.compile_mode or 'default'}"
+        f"{f', options {args.compile_options}' if args.compile_options else ''}), bf16 "
         f"autocast, {_optimizer_words(args.optim_states)}"
         f"{f', {args.layers} layers' if args.layers else ''}; "
         f"median of {args.steps} steps after {args.warmup} warm-up steps.",
@@ -506,6 +525,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode (default: None)")
+    ap.add_argument(
+        "--compile-options", default="",
+        help="inductor options of every compiled graph, KEY=VALUE[,...]; not with --compile-mode",
+    )  # fmt: skip
     ap.add_argument("--compile-scope", default="model", choices=("model", "block"))
     ap.add_argument("--layers", type=int, default=None, help="override the preset's n_layers")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -521,6 +544,9 @@ def main(argv: list[str] | None = None) -> None:
     batch, seq, vocab = PRESETS[args.model]
     args.batch, args.seq, args.vocab = args.batch or batch, args.seq or seq, args.vocab or vocab
     args.profile = [r for r in args.profile.split(",") if r]
+    args.compile_options = parse_compile_options(args.compile_options)
+    if args.compile_options and args.compile_mode:
+        raise SystemExit("--compile-options and --compile-mode cannot be combined (torch.compile)")
     rows = args.rows.split(",")
     args.optim_states = args.optim_states.split(",")
     check_optim_states(args.optim_states)

@@ -48,8 +48,20 @@ def test_rows_with_two_state_presets_compare_within_the_run(bench):
     assert [r["speedup_vs_first_states"] for r in out] == [1.0, 0.98, 1.0, 0.975]
     assert out[1]["mem_vs_bf16"] == 44.0 / 50.0
     args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
-                              compile_scope="model", compile_mode=None, layers=None, steps=2,
-                              warmup=1, optim_states=["fp32", "fp8-fp16"])  # fmt: skip
+                              compile_scope="model", compile_mode=None, compile_options=None,
+                              layers=None, steps=2, warmup=1,
+                              optim_states=["fp32", "fp8-fp16"])  # fmt: skip
     table = bench.markdown(out, args)
     assert "| fp8-tensorwise | fp8-fp16 | 117 | 1.17x | — | 0.97x |" in table
     assert "optimizer states per row" in table
+
+
+def test_compile_options_parse_and_clash_with_a_mode(bench):
+    assert bench.parse_compile_options("") is None
+    parsed = bench.parse_compile_options("triton.prefer_nd_tiling=True,triton.max_tiles=3,x=y")
+    assert parsed == {"triton.prefer_nd_tiling": True, "triton.max_tiles": 3, "x": "y"}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        bench.parse_compile_options("triton.prefer_nd_tiling")
+    with pytest.raises(SystemExit, match="cannot be combined"):
+        bench.main(["--model", "tiny", "--device", "cpu", "--compile-mode", "reduce-overhead",
+                    "--compile-options", "triton.prefer_nd_tiling=True"])  # fmt: skip
