@@ -40,7 +40,6 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_e2e  # noqa: E402
 from minifloat import recipes  # noqa: E402
-from minifloat.blocks import find_repeated_blocks  # noqa: E402
 from minifloat.fsdp_quantized import precompute_quantized_weights  # noqa: E402
 from minifloat.fsdp_weight import ShardedWeight  # noqa: E402
 
@@ -82,11 +81,10 @@ def run(args: argparse.Namespace, recipe: str, mode: str) -> tuple[list, list]:
     net = train_e2e.build_model(args.model, "ours", vocab, seq, args.device, args.layers)
     net = train_e2e.prepare(net, recipe)
     quantized = mode.startswith("qag")
-    opts = argparse.Namespace(compile_scope="block" if args.compile else "none", compile_mode=None)
+    opts = argparse.Namespace(compile_scope="block" if args.compile else "none", compile_mode=None,
+                              compile_options=None)  # fmt: skip
     if mode == "none":
-        for block in find_repeated_blocks(net) if args.compile else ():
-            block.compile()
-        model = net
+        model = train_e2e.compile_model(net, "block", None) if args.compile else net
     else:
         model = train_e2e.shard_model(net, opts, "qag" if quantized else "fsdp", torchao=False)
     payloads = _Payloads()

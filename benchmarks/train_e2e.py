@@ -59,6 +59,7 @@ from torch._dynamo.utils import counters  # noqa: E402
 
 from common import dump_kernel_sources, gpu_tag, write_results  # noqa: E402
 from minifloat import recipes  # noqa: E402
+from minifloat.blocks import find_repeated_blocks  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
 from minifloat.models.llama import Llama, get_config  # noqa: E402
 from minifloat.size_rule import TORCHAO_TENSORWISE, SizeRule  # noqa: E402
@@ -148,9 +149,8 @@ def compile_model(
     share one compiled graph, so compilation takes one block's time); `options`: inductor's."""
     if scope == "model":
         return torch.compile(net, mode=mode, options=options)
-    blocks = getattr(net, "layers", None) or net.model.layers  # ours, or transformers' Llama
-    for i, block in enumerate(blocks):
-        blocks[i] = torch.compile(block, mode=mode, options=options)
+    for block in find_repeated_blocks(net):  # in place: FSDP2 then wraps the same modules
+        block.compile(mode=mode, options=options)
     return net
 
 
@@ -191,12 +191,10 @@ def shard_model(net: nn.Module, args, mode: str, torchao: bool) -> nn.Module:
     """FSDP2 as the trainer does it: compile each block in place (scope block), fully_shard each
     block and the root, compile the whole model after (scope model); returns the module to
     call. mode "qag": minifloat's quantized weight all-gather (torchao rows: set in prepare)."""
-    from minifloat.blocks import find_repeated_blocks
     from minifloat.distributed import apply_fsdp
 
     if args.compile_scope == "block":
-        for block in find_repeated_blocks(net):
-            block.compile(mode=args.compile_mode, options=args.compile_options)
+        compile_model(net, "block", args.compile_mode, args.compile_options)
     apply_fsdp(net, quantized_all_gather=mode == "qag" and not torchao)
     if args.compile_scope == "model":
         return torch.compile(net, mode=args.compile_mode, options=args.compile_options)
