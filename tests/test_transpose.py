@@ -224,26 +224,3 @@ def test_compiled_fp4_block_saves_no_quantized_operand(recipe, monkeypatch):
     ))  # fmt: skip
     dtypes = _saved_dtypes(recipe)
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
-
-
-def test_compiled_delayed_block_saves_fp8_only_for_shared_inputs(monkeypatch):
-    """Under torch.compile with the Hopper GEMM path (forced on the CPU), a LLaMA block under
-    fp8-delayed saves an FP8 copy of an input only for the layers that read an input another
-    layer quantized before them with its own scale (k and v after q, up after gate: the
-    partitioner's "used above/below fusible" rule bans recomputing their casts); every other
-    FP8 operand is recomputed in backward, as under fp8-tensorwise. It saved all seven (+6.5
-    GiB at 1.3B) while the forward stacked the amaxes between an input's amax and its cast
-    (`torch.stack` is unfusible) and the history's scale chain put the SwiGLU output's cast
-    more than 100 graph nodes after it (the partitioner's "too long" rule; docs/hopper.md).
-    """
-    from minifloat.kernels import scaled_mm as smm
-    from minifloat.kernels import select
-
-    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
-    monkeypatch.setattr(smm, "supported", lambda a, b: (
-        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
-    ))  # fmt: skip
-    fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-    delayed = [n for n, d in _saved("fp8-delayed").values() if d in fp8]
-    assert sorted(delayed) == [2 * 128 * 256] * 3  # batch x seq x dim bytes: k, v, up
-    assert not [d for _, d in _saved("fp8-tensorwise").values() if d in fp8]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minifloat import counter_rng, delayed, occ, occ_gemm, recipes
+from minifloat import counter_rng, delayed, occ, occ_gemm, recipes, recompute
 from minifloat.exact import to_dtype
 from minifloat.fsdp_weight import GatheredWeight, gathered_amax, gathered_operand
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
@@ -406,17 +406,22 @@ class QuantizedGemmMixin:
     def _quantized_gemm(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_out: int
     ) -> torch.Tensor:
-        """y = x·weightᵀ + bias through QuantLinearFunction (weight [n_out, in]), x's batch dims."""
+        """y = x·weightᵀ + bias through QuantLinearFunction (weight [n_out, in]), x's batch dims.
+        Compiled fp8-delayed layers run it in recompute.py's checkpoint region (memory)."""
         device_type = x.device.type
         if torch.is_autocast_enabled(device_type):
             out_dtype = torch.get_autocast_dtype(device_type)
         else:
             out_dtype = x.dtype
         backend = get_backend(self.backend, x.device)
-        y = QuantLinearFunction.apply(
+        args = (
             x.reshape(-1, x.shape[-1]), weight, bias, self.recipe, backend, out_dtype,
             self.amax_history, self.rng_state,
         )  # fmt: skip
+        if torch.compiler.is_compiling() and recompute.applies(self.recipe, weight):
+            y = recompute.checkpointed(QuantLinearFunction.apply, *args)
+        else:
+            y = QuantLinearFunction.apply(*args)
         return y.reshape(*x.shape[:-1], n_out)
 
 
