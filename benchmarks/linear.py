@@ -6,7 +6,7 @@ M = 16384 tokens (--tokens); (K, N) in (4096, 4096), (4096, 11008), (11008, 4096
 (2048, 5632), (2048, 2048); `--shapes grid` times the small and mid-size layers of 125M-1.3B
 models, the measurement a `minifloat.SizeRule` could be taken from (`--no-breakdown
 --no-torchao` keep it short; read its kernel-time column: one small layer is host-bound, and
-inside a compiled block quantizers fuse with their neighbours, docs/hopper.md session 8).
+inside a compiled block quantizers fuse with their neighbours, docs/hopper_sessions.md, session 8).
 Every layer runs under bf16 autocast with fp32 master weights (as in training).
 The end-to-end time of one forward + backward is the median of CUDA-event timings with the L2
 flushed; the breakdown times the backend calls linear.py makes (quantization, the three GEMMs,
@@ -19,7 +19,7 @@ the measure of how much of eager mode's quantization time is host overhead (many
 rather than GPU work. Its results go to linear_compiled_<gpu>_<date>. `--compile-mode
 reduce-overhead` replays every layer's compiled forward and backward as CUDA graphs (one launch
 each); for a single layer that did not pay on an H200, since the cudagraph trees' own replay
-took ~1 ms of host a step (docs/hopper.md, session 17).
+took ~1 ms of host a step (docs/hopper_sessions.md, session 17).
 """
 
 from __future__ import annotations

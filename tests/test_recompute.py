@@ -58,7 +58,8 @@ def test_compiled_delayed_block_saves_what_tensorwise_saves(monkeypatch):
     aside). Without the region the layers reading an input another layer had cast with its own
     scale (k and v after q, up after gate) saved their FP8 copies (the partitioner's "used
     above/below fusible" rule; +2.2 GiB at 1.3B); with the policy recomputing widening
-    conversions too, the shared float64 conversion of the input (docs/hopper.md, session 18)."""
+    conversions too, the shared float64 conversion of the input (docs/hopper_sessions.md,
+    session 18)."""
     _force_hopper_path(monkeypatch)
     delayed, tensorwise = _saved("fp8-delayed"), _saved("fp8-tensorwise")
     narrow = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)

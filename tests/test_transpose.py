@@ -213,7 +213,7 @@ def test_compiled_fp4_block_saves_no_quantized_operand(recipe, monkeypatch):
     took its grid spacings from `torch.where` constants (shared by every quantizer of the
     graph), the partitioner's "used above/below fusible" rule banned that recomputation and the
     block saved its E2M1 operands (packed: the transposed weights, the SwiGLU output and the
-    attention and MLP inputs; docs/hopper.md, session 7).
+    attention and MLP inputs; docs/hopper_sessions.md, session 7).
     """
     from minifloat.kernels import scaled_mm as smm
     from minifloat.kernels import select

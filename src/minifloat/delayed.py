@@ -38,7 +38,7 @@ def history_scale(
     """
     # Few graph nodes on purpose: this chain sits between an input and its cast, and the
     # partitioner stops recomputing casts more than 100 nodes after their input (its "too long"
-    # rule), which made it save the SwiGLU output's FP8 copy (docs/hopper.md, session 13).
+    # rule), which made it save the SwiGLU output's FP8 copy (docs/hopper_sessions.md, session 13).
     h = history[row]
     past = torch.where(h < math.inf, h, 0.0).amax()  # NaN and +inf entries count as 0
     ref = torch.where(past > 0, past, amax_now)

@@ -74,7 +74,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 w_amax = gathered_amax(weight) if gathered else delayed.amax(weight)
                 # Kept apart, stacked in backward: a `torch.stack` here (unfusible) between x's
                 # amax and its cast made the partitioner save every FP8 input instead of
-                # recomputing it (+6.5 GiB at 1.3B; docs/hopper.md, session 13).
+                # recomputing it (+6.5 GiB at 1.3B; docs/hopper_sessions.md, session 13).
                 x_amax = delayed.amax(x)
                 s_x, s_w = (
                     delayed.history_scale(amax_history, row, amax, spec.fmt, recipe.delayed)

@@ -6,7 +6,7 @@ gate and up, the attention output). Under fp8-delayed it did not for the layers 
 input another layer had cast before them with its own history's scale (k and v after q, up
 after gate): the partitioner's "used above/below fusible" rule bans recomputing a use of a
 value that comes after an unfusible op (here q's GEMM), so it saved those three FP8 copies,
-~2.2 GiB at 1.3B (peak memory 0.86x bf16 against fp8-tensorwise's 0.81x; docs/hopper.md,
+~2.2 GiB at 1.3B (peak memory 0.86x bf16 against fp8-tensorwise's 0.81x; docs/hopper_sessions.md,
 session 13).
 
 `checkpointed` runs the layer's autograd Function inside a selective activation-checkpoint
@@ -23,7 +23,7 @@ Measured on an H200: 1.3B fp8-delayed peak memory 0.86x -> 0.81x of bf16's at th
 Applied only where measured: fp8-delayed (`applies`). Tried for every FP8-operand recipe together
 with opaque transposed copies of the recomputed operands (which the partitioner otherwise answers
 by saving the operands), it gave no speed (1.3B fp8-tensorwise 222.8 vs 223.3 ms a step) and
-cost some (fp4-dge 265.6 vs 255.9 ms; docs/hopper.md, session 18). Eagerly nothing changes.
+cost some (fp4-dge 265.6 vs 255.9 ms; docs/hopper_sessions.md, session 18). Eagerly nothing changes.
 """
 
 from __future__ import annotations

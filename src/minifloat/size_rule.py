@@ -4,9 +4,10 @@ A quantized layer pays for its quantization passes (reading the input, weight an
 writing their low-precision copies) with faster GEMMs. The passes scale with M·(K + N) and the
 GEMM saving with M·K·N, so below some K and N the layer is slower quantized than in bf16: at
 125M (every projection 768 x 768 to 768 x 2048) every quantized recipe trains slower than bf16
-(docs/hopper.md). torchao float8 keeps such layers in bf16 by fixed rules measured on an H100;
-`SizeRule` has the same form, a union of boxes in (in_features, out_features), with the bounds
-as data, so a bound measured here (`benchmarks/linear.py --shapes grid`) can replace them.
+(docs/hopper_sessions.md). torchao float8 keeps such layers in bf16 by fixed rules measured
+on an H100; `SizeRule` has the same form, a union of boxes in (in_features, out_features),
+with the bounds as data, so a bound measured here (`benchmarks/linear.py --shapes grid`) can
+replace them.
 
 `convert(model, recipe, size_rule=...)` applies a rule and reports each kept layer with the
 reason; the trainer takes `--size-rule IN:OUT[,IN:OUT...]`.

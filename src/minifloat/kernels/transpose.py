@@ -58,7 +58,7 @@ def transpose_copy(x: torch.Tensor) -> torch.Tensor:
 # Saved E2M1 operands (packed two a byte) meet their backward GEMM transposed: one pass from the
 # packed codes to the GEMM's layout (a Triton kernel on CUDA). Packed are those saved eagerly and
 # the micro-block ones under compile; compiled row-scaled operands are recomputed in backward
-# instead and never packed (linear._stash; docs/hopper.md, sessions 7 and 8).
+# instead and never packed (linear._stash; docs/hopper_sessions.md, sessions 7 and 8).
 _LIB.define("unpack_e2m1_t(Tensor packed, int cols) -> Tensor")
 
 
