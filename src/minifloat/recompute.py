@@ -6,8 +6,8 @@ gate and up, the attention output). Under fp8-delayed it did not for the layers 
 input another layer had cast before them with its own history's scale (k and v after q, up
 after gate): the partitioner's "used above/below fusible" rule bans recomputing a use of a
 value that comes after an unfusible op (here q's GEMM), so it saved those three FP8 copies,
-~2.2 GiB at 1.3B (peak memory 0.86x bf16 against fp8-tensorwise's 0.81x; docs/hopper_sessions.md,
-session 13).
+~2.2 GiB at 1.3B (peak memory 0.86x bf16 against fp8-tensorwise's 0.81x;
+docs/hopper_sessions.md, session 13).
 
 `checkpointed` runs the layer's autograd Function inside a selective activation-checkpoint
 region (`torch.utils.checkpoint`, as torchtitan uses it) whose policy marks the quantizer's
@@ -18,12 +18,14 @@ left to it too: the layers that read one input share its conversion in the compi
 marked "recompute" in the first layer's region and used by a later region's it is saved (the
 partitioner's rule at region boundaries): the input in float64, worse than the FP8 copies.
 Measured on an H200: 1.3B fp8-delayed peak memory 0.86x -> 0.81x of bf16's at the same speed
-(1.22x); 125M 0.87x -> 0.81x, and 0.81x -> 0.87x of bf16's speed (fewer kernels).
+(1.22x); 125M 0.87x -> 0.81x, and 0.81x -> 0.87x of bf16's speed (host-bound steps; kernel time
+52.6 -> 51.9 ms, 2,072 kernels a step against 1,880).
 
-Applied only where measured: fp8-delayed (`applies`). Tried for every FP8-operand recipe together
-with opaque transposed copies of the recomputed operands (which the partitioner otherwise answers
-by saving the operands), it gave no speed (1.3B fp8-tensorwise 222.8 vs 223.3 ms a step) and
-cost some (fp4-dge 265.6 vs 255.9 ms; docs/hopper_sessions.md, session 18). Eagerly nothing changes.
+Applied only where measured: fp8-delayed (`applies`). Tried for every FP8-operand recipe
+together with opaque transposed copies of the recomputed operands (which the partitioner
+otherwise answers by saving the operands), it gave no speed (1.3B fp8-tensorwise 222.8 vs
+223.3 ms a step) and cost some (fp4-dge 265.6 vs 255.9 ms; docs/hopper_sessions.md, session
+18). Eagerly nothing changes.
 """
 
 from __future__ import annotations
