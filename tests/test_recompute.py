@@ -9,7 +9,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 from minifloat import recipes, recompute
-from test_transpose import _saved
+from test_transpose import _saved, force_hopper_path
 
 aten = torch.ops.aten
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
@@ -43,16 +43,6 @@ def test_policy_recomputes_elementwise_ops_and_narrowing_casts(func, dtype, want
     assert recompute._policy(None, func, **kwargs) == want
 
 
-def _force_hopper_path(monkeypatch) -> None:
-    from minifloat.kernels import scaled_mm as smm
-    from minifloat.kernels import select
-
-    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
-    monkeypatch.setattr(smm, "supported", lambda a, b: (
-        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
-    ))  # fmt: skip
-
-
 def test_compiled_delayed_block_saves_what_tensorwise_saves(monkeypatch):
     """fp8-delayed, compiled, saves no FP8 operand and no more than fp8-tensorwise (its amaxes
     aside). Without the region the layers reading an input another layer had cast with its own
@@ -60,7 +50,7 @@ def test_compiled_delayed_block_saves_what_tensorwise_saves(monkeypatch):
     above/below fusible" rule; +2.2 GiB at 1.3B); with the policy recomputing widening
     conversions too, the shared float64 conversion of the input (docs/hopper_sessions.md,
     session 18)."""
-    _force_hopper_path(monkeypatch)
+    force_hopper_path(monkeypatch)
     delayed, tensorwise = _saved("fp8-delayed"), _saved("fp8-tensorwise")
     narrow = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)
     assert not [d for _, d in delayed.values() if d in narrow]

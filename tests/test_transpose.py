@@ -142,6 +142,18 @@ def test_triton_unpack_e2m1_t_equals_aten(shape):
         assert torch.equal(_bits(unpack_e2m1_t_2d(packed, cols, tile)), want)
 
 
+def force_hopper_path(monkeypatch) -> None:
+    """The Hopper GEMM path on the CPU: `torch._scaled_mm` runs tensor- and row-scaled FP8 there
+    too (block scales excepted), so compiled models take the GPU's code path."""
+    from minifloat.kernels import scaled_mm as smm
+    from minifloat.kernels import select
+
+    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
+    monkeypatch.setattr(smm, "supported", lambda a, b: (
+        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
+    ))  # fmt: skip
+
+
 def _saved_bytes(recipe: str) -> int:
     """Bytes a compiled one-block LLaMA saves for backward (parameters and repeats left out)."""
     return sum(nbytes for nbytes, _ in _saved(recipe).values())
@@ -193,13 +205,9 @@ def test_opaque_transposes_add_no_saved_activations(recipe, monkeypatch):
     more for backward than with plain transposed copies. Copying saved operands with the opaque
     op instead made the partitioner save the FP8 operands it otherwise recomputes (+5.4 GB at
     1.3B, docs/hopper.md); `linear._unstash` keeps them plain under torch.compile."""
-    from minifloat.kernels import hopper, select
-    from minifloat.kernels import scaled_mm as smm
+    from minifloat.kernels import hopper
 
-    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
-    monkeypatch.setattr(smm, "supported", lambda a, b: (
-        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
-    ))  # fmt: skip
+    force_hopper_path(monkeypatch)
     with_opaque = _saved_bytes(recipe)
     monkeypatch.setattr(hopper, "_row_major", lambda q: q.data.contiguous())
     assert with_opaque == _saved_bytes(recipe)
@@ -215,12 +223,6 @@ def test_compiled_fp4_block_saves_no_quantized_operand(recipe, monkeypatch):
     block saved its E2M1 operands (packed: the transposed weights, the SwiGLU output and the
     attention and MLP inputs; docs/hopper_sessions.md, session 7).
     """
-    from minifloat.kernels import scaled_mm as smm
-    from minifloat.kernels import select
-
-    monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
-    monkeypatch.setattr(smm, "supported", lambda a, b: (
-        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
-    ))  # fmt: skip
+    force_hopper_path(monkeypatch)
     dtypes = _saved_dtypes(recipe)
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
