@@ -34,14 +34,16 @@ def _entry(rank: int, fn: Callable[..., None], port: int, args: tuple, world: in
     )
     try:
         fn(rank, *args)
-        # Both ranks leave together: tearing gloo down while the peer still has collectives in
-        # flight aborted a process once ("terminate called without an active exception").
-        dist.barrier()
-        # Drop finished async work (DDP hook futures hold Python objects) while the interpreter
-        # is fully alive; gloo worker threads releasing them during finalization abort.
-        gc.collect()
+        if dist.is_initialized():  # fn may have left the group itself (Runtime.close)
+            # Both ranks leave together: tearing gloo down while the peer still has collectives
+            # in flight aborted a process once ("terminate called without an active exception").
+            dist.barrier()
+            # Drop finished async work (DDP hook futures hold Python objects) while the
+            # interpreter is fully alive; gloo worker threads releasing them at finalization abort.
+            gc.collect()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     # Passed: leave without interpreter finalization, the other place that abort happened in CI
     # (pytorch/pytorch#179291). A failure above still raises and mp.spawn reports it.
     sys.stdout.flush()

@@ -7,9 +7,6 @@ import importlib.util
 import inspect
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +16,7 @@ from torch import nn
 
 from minifloat.models.llama import Llama, get_config
 from scripts import load_benchmark
+from torchrun_ranks import run_torchrun
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "scale_out.py"
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -39,12 +37,7 @@ def scale_out() -> ModuleType:
 
 
 def _torchrun(cwd: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", str(SCRIPT), "run", *TINY, *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc.stdout
+    return run_torchrun([str(SCRIPT), "run", *TINY, *args], cwd=cwd, timeout=180).stdout
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ import dataclasses
 import gc
 import json
 import math
-import subprocess
-import sys
 import weakref
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from minifloat.train.checkpoint import CheckpointError
 from minifloat.train.config import ConfigError, TrainConfig
 from minifloat.train.errors import RunDirError, RunFailed
 from minifloat.train.trainer import Trainer, train
+from torchrun_ranks import run_torchrun
 
 # One layer of width 32 at seq_len 32: a few milliseconds per step on a CPU.
 SMALL = {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64}
@@ -224,11 +223,8 @@ ffn_dim = 64
 
 
 def _torchrun(tmp_path: Path, *args: str) -> None:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--standalone", "-m", "minifloat", "train", "--config", "ddp.toml",
-               "--cache-dir", "cache", "--quiet", *args]  # fmt: skip
-    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_torchrun(["-m", "minifloat", "train", "--config", "ddp.toml", "--cache-dir", "cache",
+                  "--quiet", *args], cwd=tmp_path, timeout=120)  # fmt: skip
 
 
 @pytest.mark.slow

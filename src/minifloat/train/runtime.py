@@ -47,9 +47,17 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def close(self) -> None:
-        """Destroy the process group if :func:`setup` created it."""
+    def close(self, *, finished: bool = False) -> None:
+        """Destroy the process group if :func:`setup` created it.
+
+        ``finished``: every rank ended the run normally, so all of them reach this call; a
+        barrier first keeps a rank from tearing down its connections while a peer is still in
+        its last collective or writing the checkpoint after it. Leave it False on failure: a
+        barrier that a failed peer never joins would hang until the process group's timeout.
+        """
         if self.owns_process_group and dist.is_initialized():
+            if finished and self.distributed:
+                dist.barrier()
             # Release finished async work (DDP hook futures hold Python objects) before the
             # group goes: gloo threads freeing them during interpreter shutdown can abort.
             gc.collect()

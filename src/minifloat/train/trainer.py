@@ -104,10 +104,13 @@ def train(
     float8 for a same-trainer comparison); it changes the model in place.
     """
     trainer = Trainer(config, dataset=dataset, progress=progress, model_transform=model_transform)
+    finished = False
     try:
-        return trainer.run()
+        result = trainer.run()
+        finished = True
+        return result
     finally:
-        trainer.close()
+        trainer.close(finished=finished)
         del trainer  # free its model now, not at some later collection: compiled blocks hold it
         gc.collect()  # in reference cycles, and a later run here (compare) would count it
 
@@ -582,12 +585,13 @@ class Trainer:
             rank=self.runtime.rank,
         )
 
-    def close(self) -> None:
-        """Close the metrics log, release the run directory and leave the process group."""
+    def close(self, *, finished: bool = False) -> None:
+        """Close the metrics log, release the run directory and leave the process group
+        (``finished``: the run ended normally on every rank, see :meth:`Runtime.close`)."""
         if self.logger is not None:
             self.logger.close()
         self.run_dir.close()
-        self.runtime.close()
+        self.runtime.close(finished=finished)
 
 
 def _display_fields(record: dict[str, Any]) -> dict[str, Any]:
