@@ -27,8 +27,9 @@ def _close_after(rank: int, out: Path, finished: bool) -> None:
 
 
 def test_a_finished_run_leaves_the_group_together(tmp_path: Path) -> None:
-    """No rank tears gloo down while a peer is still working (a CI hang after a checkpoint
-    that rank 0 wrote while rank 1 had already left): rank 0's close waits for rank 1's."""
+    """No rank tears gloo down while a peer is still working (the likely cause of a CI hang
+    after a checkpoint that rank 0 wrote once rank 1 had left): rank 0's close waits for
+    rank 1's."""
     spawn(_close_after, tmp_path, True)
     entered, left = (float((tmp_path / name).read_text()) for name in ("entered", "left"))
     assert left >= entered

@@ -55,8 +55,8 @@ class Runtime:
         its last collective or writing the checkpoint after it. Leave it False on failure: a
         barrier that a failed peer never joins would hang until the process group's timeout.
         """
-        if self.owns_process_group and dist.is_initialized():
-            if finished and self.distributed:
+        if self.owns_process_group and dist.is_initialized():  # owned: more than one rank
+            if finished:
                 dist.barrier()
             # Release finished async work (DDP hook futures hold Python objects) before the
             # group goes: gloo threads freeing them during interpreter shutdown can abort.
