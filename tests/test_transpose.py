@@ -164,8 +164,8 @@ def _saved_dtypes(recipe: str) -> set[torch.dtype]:
     return {dtype for _, dtype in _saved(recipe).values()}
 
 
-def _saved(recipe: str) -> dict[int, tuple[int, torch.dtype]]:
-    """Storage -> (bytes, dtype) of what a compiled one-block LLaMA saves for backward."""
+def _one_block_llama(recipe: str) -> torch.nn.Module:
+    """A one-block LLaMA (dim 256, FFN 704, vocab 1000) converted to `recipe`, block compiled."""
     import dataclasses
 
     from minifloat.convert import convert
@@ -181,6 +181,12 @@ def _saved(recipe: str) -> dict[int, tuple[int, torch.dtype]]:
     convert(net, recipe)
     for block in net.layers:
         block.compile()
+    return net
+
+
+def _saved(recipe: str) -> dict[int, tuple[int, torch.dtype]]:
+    """Storage -> (bytes, dtype) of what a compiled one-block LLaMA saves for backward."""
+    net = _one_block_llama(recipe)
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     seen: dict[int, tuple[int, torch.dtype]] = {}
 
@@ -226,3 +232,47 @@ def test_compiled_fp4_block_saves_no_quantized_operand(recipe, monkeypatch):
     force_hopper_path(monkeypatch)
     dtypes = _saved_dtypes(recipe)
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
+
+
+def _fp8_buffers(recipe: str) -> tuple[int, int]:
+    """(forward, backward): how many FP8 tensors a compiled one-block LLaMA's generated code
+    writes, counting a buffer inductor allocates or reuses for another tensor once each."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    net = _one_block_llama(recipe)
+    tokens = torch.randint(0, 1000, (2, 64))
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(tokens).float().square().mean().backward()
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(step)
+    torch._dynamo.reset()
+    counts = []
+    for code in codes:
+        fp8 = set(re.findall(r"(buf\d+) = empty_strided_cpu\([^\n]*torch\.float8", code))
+        reuses = r"(buf\d+) = (?:reinterpret_tensor\()?(buf\d+)[,;][^\n]*# reuse"
+        for new, old in re.findall(reuses, code):  # in program order
+            if old in fp8:
+                fp8.add(new)
+        counts.append(len(fp8))
+    return counts[0], counts[1]
+
+
+def test_gemm_inputs_are_written_once(monkeypatch):
+    """Under torch.compile (Hopper GEMM path forced on the CPU) a quantized operand read by
+    several GEMMs is written once: x_q of q/k/v and of gate/up in forward, their transposed
+    copies for wgrad, and each dy_q that dgrad reads and wgrad transposes. Inductor copied an
+    unwritten input of every `_scaled_mm` / opaque op per consumer (`hopper._one_buffer`)."""
+    from minifloat.kernels import hopper
+
+    force_hopper_path(monkeypatch)
+    fwd, bwd = _fp8_buffers("fp8-tensorwise")
+    # seven weights and four inputs (q/k/v's, wo's, gate/up's, w2's), each once
+    assert fwd == 11, fwd
+    monkeypatch.setattr(hopper, "_one_buffer", lambda t: t)
+    fwd_before, bwd_before = _fp8_buffers("fp8-tensorwise")
+    assert fwd_before > fwd and bwd_before > bwd, (fwd, bwd, fwd_before, bwd_before)

@@ -129,7 +129,24 @@ def _bf16_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _row_major(q: QOperand) -> torch.Tensor:
     """q's values row-major, as the FP8 GEMM reads them: a transposed view is copied by the
     opaque tiled transpose (kernels/transpose.py), never by a store fused into its producer."""
-    return transpose_copy(q.data.t()) if q.transposed else q.data
+    if not torch.compiler.is_compiling():
+        return transpose_copy(q.data.t()) if q.transposed else q.data
+    data = _one_buffer(q.data.t() if q.transposed else q.data)
+    return transpose_copy(data) if q.transposed else data
+
+
+def _one_buffer(t: torch.Tensor) -> torch.Tensor:
+    """t [R, C] as a buffer of its own, written once however many GEMMs read it (under compile).
+
+    Inductor gives every `_scaled_mm` (and opaque op) whose input is a fused expression not yet
+    written to memory its own copy of it, stored by the producing kernel: q/k/v each stored the
+    FP8 input again, and in backward each wrote its own transposed copy of the recomputed input,
+    byte stores a column apart inside the norm backward's row reduction (1.3B profile, session
+    20). `as_strided` is the identity on a contiguous tensor, and inductor writes its input to
+    a buffer of its own, once.
+    """
+    t = t.contiguous()
+    return t.as_strided(t.shape, (t.shape[1], 1))
 
 
 def _gemm_kind(a: QOperand, b: QOperand) -> str | None:

@@ -130,10 +130,15 @@ def quantize_operand(
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
     """
     v = x.float()
+    # The amaxes read x in its own dtype unless something changes it first: |x| and max are
+    # exact in every float dtype, and under torch.compile the amax and the cast then share x
+    # (bf16: 2 bytes an element) rather than its float32 copy, which inductor wrote out for
+    # them (4 bytes; rope backward's dq and dk at 1.3B, session 20).
+    src = x
     if clip is not None:
-        v = torch.where(torch.isfinite(v), torch.clamp(v, clip[0], clip[1]), v)
+        v = src = torch.where(torch.isfinite(v), torch.clamp(v, clip[0], clip[1]), v)
     if prescale is not None:
-        v = v * prescale.float()
+        v = src = v * prescale.float()
     if scale is not None:
         if granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
@@ -147,9 +152,9 @@ def quantize_operand(
         values, s = _quantize_blocks(v, fmt, block)
         return _layout(values, transpose), (s.t().contiguous() if transpose else s)
     if granularity == "tensor":
-        amax = v.abs().amax().reshape(1, 1)
+        amax = src.abs().amax().float().reshape(1, 1)
     elif granularity == "row":
-        amax = _column_amax(v) if transpose else _row_amax(v)
+        amax = (_column_amax(src) if transpose else _row_amax(src)).float()
     else:
         raise ValueError(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
