@@ -130,9 +130,9 @@ def _row_major(q: QOperand) -> torch.Tensor:
     """q's values row-major, as the FP8 GEMM reads them: a transposed view is copied by the
     opaque tiled transpose (kernels/transpose.py), never by a store fused into its producer.
     Under torch.compile the values pass through `_one_buffer` first."""
-    if not torch.compiler.is_compiling():
-        return transpose_copy(q.data.t()) if q.transposed else q.data
-    data = _one_buffer(q.data.t() if q.transposed else q.data)
+    data = q.data.t() if q.transposed else q.data  # the layout quantize wrote
+    if torch.compiler.is_compiling():
+        data = _one_buffer(data)
     return transpose_copy(data) if q.transposed else data
 
 
