@@ -9,8 +9,9 @@ shipped: two float32 <-> float64 conversions an element), in float32 with two FM
 correction with inductor's `prims.fma`, the scale's factors computed once per kernel; the same
 bits), and as a plain multiply by 1/s (inexact: a floor for the arithmetic's cost). Also the
 SwiGLU backward with h_q stored untransposed, for the strided store's share. GPU kernel time per
-call (profiler) and whether each variant's FP8 bytes equal the float64 one's. On the CPU it runs
-small shapes and checks the bytes only. See docs/hopper_sessions.md, session 21.
+call (profiler) and whether each variant's FP8 bytes equal the float64 one's, written to
+`division_probe_<gpu>_<date>.{md,json}`. On the CPU it runs small shapes, checks the bytes only
+and writes nothing. See docs/hopper_sessions.md, session 21.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch
 import torch._inductor.inductor_prims  # noqa: F401  (registers torch.ops.prims.fma)
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from common import RESULTS_DIR, kernel_ms, write_results  # noqa: E402
 from minifloat.exact import div_rn  # noqa: E402
 from minifloat.kernels.operand import scale_from_amax  # noqa: E402
 
@@ -81,21 +84,13 @@ def make_swiglu(div, transpose: bool = True):
     return swiglu_backward
 
 
-def kernel_us(fn, *args, n: int = 10) -> float:
-    """GPU kernel time per call (profiler), after three warm-up calls; NaN on the CPU."""
+def kernel_us(fn, *args) -> float:
+    """GPU kernel time per call (common.kernel_ms), after three warm-up calls; NaN on the CPU."""
     for _ in range(3):
         fn(*args)
     if DEVICE != "cuda":
         return float("nan")
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn(*args)
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    return sum(e.device_time_total for e in prof.events() if e.device_type == cuda) / n
+    return 1e3 * (kernel_ms(lambda: fn(*args)) or float("nan"))
 
 
 def _same_bytes(a, b) -> bool:
@@ -106,14 +101,14 @@ def _same_bytes(a, b) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--date", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
     x = (torch.randn(M, N, device=DEVICE) * 3).to(torch.bfloat16)
     dh, g, u = ((torch.randn(M, N, device=DEVICE) * c).to(torch.bfloat16) for c in (1e-3, 2, 2))
     s_h = torch.tensor([[0.05]], device=DEVICE)
-    name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"
-    out: dict = {"gpu": name, "torch": torch.__version__, "shape": [M, N]}
+    out: dict = {"shape": [M, N]}
     ref = None
     for label, div in (("f64", div_f64), ("fma", div_fma), ("mul", div_mul)):
         t0 = time.time()
@@ -129,9 +124,9 @@ def main() -> None:
     swiglu = torch.compile(make_swiglu(div_f64, transpose=False), fullgraph=True)
     out["f64_swiglu_untransposed_us"] = kernel_us(swiglu, dh, g, u, s_h)
     print(json.dumps(out, indent=1))
-    if args.out_dir:
-        path = Path(args.out_dir) / "division_probe.json"
-        path.write_text(json.dumps(out, indent=1))
+    if DEVICE == "cuda":
+        body = "`benchmarks/division_probe.py`\n\n```\n" + json.dumps(out, indent=1) + "\n```"
+        write_results("division_probe", [out], body, out_dir=Path(args.out_dir), day=args.date)
 
 
 if __name__ == "__main__":
