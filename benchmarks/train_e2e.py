@@ -11,7 +11,10 @@ precision in both), compiled with `torch.compile`, trained under bf16 autocast w
 weights and torch's fused AdamW (`--optim-states fp32,fp8-fp16`: each row with each preset in this
 process, minifloat's AdamW for the low-precision ones). Each row runs `--warmup` steps (compilation
 included) and `--steps` timed steps; the step time is the median of CUDA-event timings of whole
-steps (forward, loss, backward, optimizer). Rows named in `--profile` are then profiled for 3 steps:
+steps (forward, loss, backward, optimizer), each followed by a host synchronization; the
+"streamed" step time is the median of the same number of steps run back to back with CUDA events
+between them and no synchronization, as a training loop runs (the host may run ahead, so the GPU
+does not wait for a step's first launches). Rows named in `--profile` are then profiled for 3 steps:
 GPU kernel time per step split into GEMM / attention / everything else, kernel launches per step and
 the top kernels.
 
@@ -19,7 +22,8 @@ Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `
 32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
 benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `model`,
 `impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
-`peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`resident_gib`:
+`peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`step_peak_gib`:
+the peak of the timed steps alone, where `peak_mem_gib` also covers compilation; `resident_gib`:
 memory held between steps, so the peak minus it is what a step allocates and frees).
 
 FSDP2 rows (issue 17): a row `RECIPE+fsdp` shards the model with `minifloat.distributed.apply_fsdp`
@@ -310,9 +314,24 @@ def _timed(step, tokens: torch.Tensor) -> tuple[float, float]:
     return ms, ms
 
 
-def count_syncs(step, tokens: torch.Tensor) -> int:
-    """Host-device synchronizations in one step (CUDA's sync debug mode, as warnings): each one
-    drains the launch queue and leaves the GPU idle while the host catches up."""
+def _timed_stream(step, batches: list[torch.Tensor], steps: int) -> list[float]:
+    """Milliseconds of each of `steps` steps run back to back, as a training loop runs them:
+    CUDA events between steps and no host synchronization until the last, so the host may run
+    ahead and the GPU never waits for the next step's first launches (which `_timed`, with its
+    synchronization after every step, counts in every step)."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+    events[0].record()
+    for i in range(steps):
+        step(batches[i % len(batches)])
+        events[i + 1].record()
+    events[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:], strict=True)]
+
+
+def find_syncs(step, tokens: torch.Tensor) -> list[str]:
+    """Host-device synchronizations in one step (CUDA's sync debug mode, as warnings), each as
+    the file:line that caused it: each one drains the launch queue and leaves the GPU idle while
+    the host catches up."""
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -322,7 +341,7 @@ def count_syncs(step, tokens: torch.Tensor) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
 
 
 def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp32") -> dict:
@@ -353,19 +372,26 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     # Between steps (grads freed): weights, optimizer states and whatever a recipe keeps across
     # steps (scale histories, cached quantized weights); the peak minus this is transient.
     resident_gib = torch.cuda.memory_allocated() / 2**30 if cuda else 0.0
+    if cuda:  # the whole row's peak so far (compilation and autotuning included) is kept
+        peak_gib = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
     timed = [_timed(step, batches[i % len(batches)]) for i in range(args.steps)]
     times = [ms for ms, _ in timed]
     step_ms = statistics.median(times)
+    stream_ms = statistics.median(_timed_stream(step, batches, args.steps)) if cuda else None
     rec = {
         "model": args.model, "impl": args.impl, "recipe": row, "optim_states": optim_states,
         "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
         "tokens_per_s": args.batch * args.seq / step_ms * 1000.0,
         "step_ms": step_ms, "step_ms_min": min(times), "step_ms_max": max(times),
         "host_ms": statistics.median(h for _, h in timed),
+        "stream_step_ms": stream_ms,
+        "stream_tokens_per_s": args.batch * args.seq / stream_ms * 1000.0 if stream_ms else None,
         "warmup_s": warmup_s, "compile_s": compile_s,
         "graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+        "peak_mem_gib": max(peak_gib, torch.cuda.max_memory_allocated() / 2**30) if cuda else 0.0,
+        "step_peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
         "resident_gib": resident_gib,
         "parallel": "fsdp" if mode else "none", "quantized_allgather": mode == "qag",
         "world_size": world,
@@ -375,7 +401,8 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     }  # fmt: skip
     if row in args.profile and cuda:
         rec |= profile_steps(step, batches)
-        rec["syncs_per_step"] = count_syncs(step, batches[0])
+        rec["sync_sites"] = find_syncs(step, batches[0])
+        rec["syncs_per_step"] = len(rec["sync_sites"])
         if args.dump_kernels:  # the generated source of the slowest Triton kernels
             names = [name for name, _, _ in rec["kernels"]]
             dump_kernel_sources(names, Path(args.dump_kernels), row.replace(":", "_"), 10)
@@ -426,6 +453,14 @@ def with_ratios(records: list[dict]) -> list[dict]:
     return records
 
 
+def _streamed_ratio(r: dict, records: list[dict]) -> str:
+    """' (1.23x)': the streamed step's speed against bf16's streamed step, where both ran."""
+    bf16 = next((b for b in records if b["recipe"] == "bf16"), None)
+    if not (bf16 and bf16.get("stream_step_ms") and r.get("stream_step_ms")) or r is bf16:
+        return ""
+    return f" ({bf16['stream_step_ms'] / r['stream_step_ms']:.2f}x)"
+
+
 def _x(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}x"
 
@@ -450,19 +485,22 @@ def markdown(records: list[dict], args) -> str:
         f"median of {args.steps} steps after {args.warmup} warm-up steps.",
         "",
         "| recipe | states | tokens/s | vs bf16 | vs torchao tensorwise | vs first states "
-        "| peak GiB | mem vs bf16 | resident GiB | step ms | host ms | compile s "
-        "| graphs / breaks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak GiB | mem vs bf16 | step peak GiB | resident GiB | step ms | host ms "
+        "| streamed step ms | compile s | graphs / breaks |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
+        streamed = r.get("stream_step_ms")
         lines.append(
             f"| {r['recipe']} | {r.get('optim_states', 'fp32')} | {r['tokens_per_s']:,.0f} | "
             f"{_x(r['speedup_vs_bf16'])} | "
             f"{_x(r['speedup_vs_torchao_tensorwise'])} | {_x(r['speedup_vs_first_states'])} | "
             f"{r['peak_mem_gib']:.1f} | "
-            f"{_x(r['mem_vs_bf16'])} | {r.get('resident_gib', 0.0):.1f} | "
+            f"{_x(r['mem_vs_bf16'])} | {r.get('step_peak_gib', 0.0):.1f} | "
+            f"{r.get('resident_gib', 0.0):.1f} | "
             f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | "
-            f"{r['compile_s']:.0f} | "
+            f"{'—' if streamed is None else f'{streamed:.1f}'}"
+            f"{_streamed_ratio(r, records)} | {r['compile_s']:.0f} | "
             f"{r['graphs']} / {r['graph_breaks']} |"
         )
     qag = [r for r in records if "speedup_vs_fsdp" in r]
@@ -482,6 +520,9 @@ def markdown(records: list[dict], args) -> str:
                 f"{r.get('syncs_per_step', '—')} |"
             )
         for r in profiled:
+            if r.get("sync_sites"):
+                lines += ["", f"Host synchronizations in a step, {r['recipe']}: "
+                          + ", ".join(f"`{site}`" for site in r["sync_sites"])]  # fmt: skip
             lines += ["", f"Top kernels, {r['recipe']}:", "", "| kernel | ms/step | launches |",
                       "|---|---|---|"]  # fmt: skip
             lines += [f"| `{n}` | {ms:.2f} | {c} |" for n, ms, c in r["top_kernels"]]

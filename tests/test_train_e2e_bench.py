@@ -56,6 +56,25 @@ def test_rows_with_two_state_presets_compare_within_the_run(bench):
     assert "optimizer states per row" in table
 
 
+def test_streamed_step_times_compare_with_bf16s(bench):
+    """The streamed column (steps back to back, no synchronization between them) shows each
+    row's ratio to bf16's streamed step; rows without one (CPU runs) show a dash."""
+    import argparse
+
+    records = [
+        {"recipe": r, "tokens_per_s": 1.0, "peak_mem_gib": 1.0, "step_ms": 1.0, "host_ms": 1.0,
+         "compile_s": 1.0, "graphs": 1, "graph_breaks": 0, "stream_step_ms": ms}
+        for r, ms in [("bf16", 250.0), ("fp8-tensorwise", 200.0), ("fp4", None)]
+    ]  # fmt: skip
+    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
+                              compile_scope="model", compile_mode=None, compile_options=None,
+                              layers=None, steps=2, warmup=1, optim_states=["fp32"])  # fmt: skip
+    table = bench.markdown(bench.with_ratios(records), args)
+    assert "| 1.0 | 1.0 | 250.0 | 1 |" in table
+    assert "| 1.0 | 1.0 | 200.0 (1.25x) | 1 |" in table
+    assert "| 1.0 | 1.0 | — | 1 |" in table
+
+
 def test_compile_options_parse_and_clash_with_a_mode(bench):
     assert bench.parse_compile_options("") is None
     parsed = bench.parse_compile_options("triton.prefer_nd_tiling=True,triton.max_tiles=3,x=y")
