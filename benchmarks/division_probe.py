@@ -1,4 +1,4 @@
-"""Does float64 division bind the compiled quantizers? (issue 13, session 21; not yet run on a GPU)
+"""Does float64 division bind the compiled quantizers? (issue 13; run in session 22: it does not)
 
     PYTHONPATH=src python benchmarks/division_probe.py [--out-dir DIR]
 
@@ -11,7 +11,7 @@ bits), and as a plain multiply by 1/s (inexact: a floor for the arithmetic's cos
 SwiGLU backward with h_q stored untransposed, for the strided store's share. GPU kernel time per
 call (profiler) and whether each variant's FP8 bytes equal the float64 one's, written to
 `division_probe_<gpu>_<date>.{md,json}`. On the CPU it runs small shapes, checks the bytes only
-and writes nothing. See docs/hopper_sessions.md, session 21.
+and writes nothing. See docs/hopper_sessions.md, sessions 21 and 22.
 """
 
 from __future__ import annotations
