@@ -14,9 +14,9 @@ included) and `--steps` timed steps; the step time is the median of CUDA-event t
 steps (forward, loss, backward, optimizer), each followed by a host synchronization; the
 "streamed" step time is the median of the same number of steps run back to back with CUDA events
 between them and no synchronization, as a training loop runs (the host may run ahead, so the GPU
-does not wait for a step's first launches). Rows named in `--profile` are then profiled for 3 steps:
-GPU kernel time per step split into GEMM / attention / everything else, kernel launches per step and
-the top kernels.
+does not wait for a step's first launches; `stream_step_ms`, `stream_speedup_vs_bf16`).
+Rows named in `--profile` are then profiled for 3 steps: GPU kernel time per step split into
+GEMM / attention / everything else, kernel launches per step and the top kernels.
 
 Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `125M` batch
 32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
@@ -446,19 +446,15 @@ def with_ratios(records: list[dict]) -> list[dict]:
         r["speedup_vs_torchao_tensorwise"] = (
             r["tokens_per_s"] / tao["tokens_per_s"] if tao else None
         )
+        streamed = bf16 and bf16.get("stream_step_ms") and r.get("stream_step_ms")
+        r["stream_speedup_vs_bf16"] = (
+            bf16["stream_step_ms"] / r["stream_step_ms"] if streamed else None
+        )
         name, mode = split_row(r["recipe"])
         plain = base.get(f"{name}+fsdp") if mode == "qag" else None
         if plain is not None:
             r["speedup_vs_fsdp"] = r["tokens_per_s"] / plain["tokens_per_s"]
     return records
-
-
-def _streamed_ratio(r: dict, records: list[dict]) -> str:
-    """' (1.23x)': the streamed step's speed against bf16's streamed step, where both ran."""
-    bf16 = next((b for b in records if b["recipe"] == "bf16"), None)
-    if not (bf16 and bf16.get("stream_step_ms") and r.get("stream_step_ms")) or r is bf16:
-        return ""
-    return f" ({bf16['stream_step_ms'] / r['stream_step_ms']:.2f}x)"
 
 
 def _x(v: float | None) -> str:
@@ -490,7 +486,8 @@ def markdown(records: list[dict], args) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
-        streamed = r.get("stream_step_ms")
+        streamed, ratio = r.get("stream_step_ms"), r.get("stream_speedup_vs_bf16")
+        ratio = f" ({ratio:.2f}x)" if ratio and r["recipe"] != "bf16" else ""
         lines.append(
             f"| {r['recipe']} | {r.get('optim_states', 'fp32')} | {r['tokens_per_s']:,.0f} | "
             f"{_x(r['speedup_vs_bf16'])} | "
@@ -499,8 +496,7 @@ def markdown(records: list[dict], args) -> str:
             f"{_x(r['mem_vs_bf16'])} | {r.get('step_peak_gib', 0.0):.1f} | "
             f"{r.get('resident_gib', 0.0):.1f} | "
             f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | "
-            f"{'—' if streamed is None else f'{streamed:.1f}'}"
-            f"{_streamed_ratio(r, records)} | {r['compile_s']:.0f} | "
+            f"{'—' if streamed is None else f'{streamed:.1f}'}{ratio} | {r['compile_s']:.0f} | "
             f"{r['graphs']} / {r['graph_breaks']} |"
         )
     qag = [r for r in records if "speedup_vs_fsdp" in r]
