@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from bits import bits_equal
-from minifloat.exact import div_rn_by_scale, round_to_bf16, to_dtype
+from minifloat.exact import div_rn_by_scale, round_to_bf16, to_dtype, written_once
 
 
 def _probe() -> torch.Tensor:
@@ -39,9 +41,11 @@ def test_compiled_round_trip_keeps_the_rounding():
     assert bits_equal(torch.compile(trip)(x), x.to(torch.bfloat16).float())
 
 
-def test_div_rn_by_scale_equals_the_correctly_rounded_quotient():
+@pytest.mark.parametrize("in_graph", [False, True], ids=["opaque_op", "in_graph"])
+def test_div_rn_by_scale_equals_the_correctly_rounded_quotient(in_graph):
     """Group scales [R, 1] over [R, C]: the fp32 quotient eager division gives (correctly
-    rounded), compiled too; zero, inf and NaN scales as division treats them."""
+    rounded), compiled too, with the reciprocals from the opaque op or from the graph; zero,
+    inf and NaN scales as division treats them."""
     x = _probe()[:4096].reshape(64, 64)
     gen = torch.Generator().manual_seed(1)
     scale = torch.rand(64, 1, generator=gen) * torch.exp2(
@@ -50,29 +54,39 @@ def test_div_rn_by_scale_equals_the_correctly_rounded_quotient():
     scale[:4, 0] = torch.tensor([0.0, float("inf"), float("nan"), 1e-40])
     want = x / scale  # eager CPU division is IEEE round-to-nearest
     normal = want.abs() >= torch.finfo(torch.float32).tiny  # subnormal quotients: see div_rn
-    got = div_rn_by_scale(x, scale)
+    got = div_rn_by_scale(x, scale, in_graph=in_graph)
     assert bits_equal(torch.where(normal, got, want), want)
-    compiled = torch.compile(div_rn_by_scale, fullgraph=True)(x, scale)
-    assert bits_equal(compiled, got)
+    compiled = torch.compile(functools.partial(div_rn_by_scale, in_graph=in_graph), fullgraph=True)
+    assert bits_equal(compiled(x, scale), got)
+    assert bits_equal(compiled(x, scale.t().contiguous().t()), got)  # strided scales too
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 4)])
+def test_written_once_is_the_identity_on_a_contiguous_copy(shape):
+    t = torch.randn(*shape).double()
+    for src in (t, t.transpose(0, -1)):
+        out = written_once(src)
+        assert out.is_contiguous() and torch.equal(out, src)
+    compiled = torch.compile(written_once, fullgraph=True)(t.transpose(0, -1))
+    assert compiled.is_contiguous() and torch.equal(compiled, t.transpose(0, -1))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_reciprocal_op_on_cuda_equals_aten_eager_and_compiled():
-    """The op gives ATen's float64 reciprocal bit for bit on CUDA, for strided scales and the
-    special values; div_rn_by_scale on CUDA, compiled, equals eager and the float64 quotient."""
+@pytest.mark.parametrize("in_graph", [False, True], ids=["opaque_op", "in_graph"])
+def test_div_rn_by_scale_on_cuda_compiled_equals_eager(in_graph):
+    """Group scales on CUDA, strided and special (zero, inf, NaN, subnormal): the compiled
+    quotient (float64 reciprocals from the opaque op, or computed by a Triton kernel and
+    written once) equals eager and the float64 quotient bit for bit."""
     scale = torch.rand(300, 7, device="cuda") * torch.exp2(
         torch.randint(-120, 120, (300, 7), device="cuda").float()
     )
     scale[0, :4] = torch.tensor([0.0, float("inf"), float("nan"), 1e-40])
-    op = torch.ops.minifloat.reciprocal_f64.default
-    for b in (scale, scale.t(), scale[:, :1], scale.reshape(1, -1)):
-        got, want = op(b).cpu(), b.double().reciprocal().cpu()
-        assert got.dtype == torch.float64 and torch.equal(got.isnan(), want.isnan())
-        keep = ~want.isnan()
-        assert torch.equal(got[keep].view(torch.int64), want[keep].view(torch.int64))
     x = (torch.randn(300, 512, device="cuda") * 100).float()
-    s = x.abs().amax(dim=1, keepdim=True) / 6.0
-    eager = div_rn_by_scale(x, s)
-    assert bits_equal(torch.compile(div_rn_by_scale, fullgraph=True)(x, s), eager)
-    assert bits_equal(eager, (x.double() * s.double().reciprocal()).float())
+    compiled = torch.compile(functools.partial(div_rn_by_scale, in_graph=in_graph), fullgraph=True)
+    for s in (scale[:, :1], x.abs().amax(dim=1, keepdim=True) / 6.0):
+        eager = div_rn_by_scale(x, s)
+        assert bits_equal(compiled(x, s), eager)
+        assert bits_equal(eager, (x.double() * s.double().reciprocal()).float())
+    for s in (scale.t()[:, :300].reshape(1, -1)[:, :512], scale.reshape(1, -1)[:, :512]):
+        assert bits_equal(compiled(x, s), div_rn_by_scale(x, s))

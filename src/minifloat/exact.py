@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["div_rn", "div_rn_by_scale", "fma_rn", "round_to_bf16", "sqrt_eager", "to_dtype"]
+__all__ = [
+    "div_rn", "div_rn_by_scale", "fma_rn", "round_to_bf16", "sqrt_eager", "to_dtype",
+    "written_once",
+]  # fmt: skip
 
 
 def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -26,6 +29,20 @@ def div_rn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.double() * b.double().reciprocal()).float()
 
 
+def written_once(t: torch.Tensor) -> torch.Tensor:
+    """t, contiguous, through `as_strided` with strides computed from its shape (the identity).
+    Under torch.compile inductor writes an `as_strided` input to a buffer of its own, and every
+    later reader loads that buffer instead of recomputing the expression inline (the strides
+    come from the shape: a `stride()` query in traced backward code breaks dynamo's inlining,
+    docs/hopper.md)."""
+    t = t.contiguous()
+    strides, step = [], 1
+    for n in reversed(t.shape):
+        strides.append(step)
+        step *= n
+    return t.as_strided(t.shape, tuple(reversed(strides)))
+
+
 # Library-defined (not `torch.library.custom_op`, whose Python wrapper costs ~19 us of host time
 # per call against ~3 us, measured on the CPU): one call per quantization with group scales.
 _LIB = torch.library.Library("minifloat", "FRAGMENT")
@@ -38,21 +55,29 @@ def _(b: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(b, dtype=torch.float64)
 
 
-def div_rn_by_scale(a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def div_rn_by_scale(
+    a: torch.Tensor, scale: torch.Tensor, *, in_graph: bool = False
+) -> torch.Tensor:
     """`div_rn(a, scale)` for a `scale` broadcast over many elements of `a` (a quantizer's
     per-tensor, per-row or per-block scales): the same bits, faster compiled.
 
-    The float64 reciprocals of the scales are computed once, in a kernel of their own (an
-    opaque op): inductor would otherwise inline them into the elementwise kernel and divide in
-    float64 for every element. Measured on an H200: a SwiGLU backward that quantizes four
-    row- and column-scaled operands took 0.82 ms, bound by those float64 divisions, for 0.9 GB
-    of traffic (~0.3 ms). Eager and Triton float64 reciprocals are both correctly rounded.
-    A single (tensor-wise) scale stays inline: a kernel computes a scalar once, and an extra
-    launch per quantization costs more host time than it saves.
+    The float64 reciprocals of non-scalar scales are computed once per group: inductor would
+    otherwise inline them into the elementwise kernel and divide in float64 for every element
+    (measured on an H200: a SwiGLU backward quantizing four row- and column-scaled operands took
+    0.82 ms for 0.9 GB of traffic). With `in_graph` (the GEMM operands' quantizers) the compiled
+    graph computes them and `written_once` stores them from a kernel inductor runs anyway;
+    otherwise an opaque op does, two eager kernels a call (600 calls a 1.3B fp4-dge step;
+    docs/hopper_sessions.md, sessions 22 and 23). Eager and Triton float64 reciprocals are both
+    correctly rounded. A single (tensor-wise) scale stays inline: a kernel computes a scalar
+    once per thread.
     """
     if scale.numel() == 1:
         return div_rn(a, scale)
-    return (a.double() * torch.ops.minifloat.reciprocal_f64.default(scale.float())).float()
+    if in_graph and torch.compiler.is_compiling():
+        reciprocal = written_once(scale.float().double().reciprocal())
+    else:
+        reciprocal = torch.ops.minifloat.reciprocal_f64.default(scale.float())
+    return (a.double() * reciprocal).float()
 
 
 def fma_rn(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from minifloat.exact import to_dtype
+from minifloat.exact import to_dtype, written_once
 from minifloat.kernels import microscale
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand
@@ -143,11 +143,9 @@ def _one_buffer(t: torch.Tensor) -> torch.Tensor:
     written to memory its own copy of it, stored by the producing kernel: q/k/v each stored the
     FP8 input again, and in backward each wrote its own transposed copy of the recomputed input,
     byte stores a column apart inside the norm backward's row reduction (1.3B profile, session
-    20). `as_strided` is the identity on a contiguous tensor, and inductor writes its input to
-    a buffer of its own, once.
+    20). `exact.written_once` (`as_strided`, the identity) makes inductor write it once.
     """
-    t = t.contiguous()
-    return t.as_strided(t.shape, (t.shape[1], 1))
+    return written_once(t)
 
 
 def _gemm_kind(a: QOperand, b: QOperand) -> str | None:

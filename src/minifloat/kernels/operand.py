@@ -17,6 +17,14 @@ Pinned forms, so that compiled code equals eager code bit for bit:
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
   Hopper's `cvt.rn.satfinite`).
 
+Few graph nodes. AOTAutograd's partitioner will not recompute in backward the end of a chain of
+fusible forward ops that runs more than 100 graph nodes past its start ("ban if long fusible
+chains"); it saves that tensor instead. At 1.3B the chain from the gate GEMM's output through
+the SwiGLU to the down projection's E2M1 input holds two quantizers (the up projection's weight
+and that input), and one more node in each was enough to save the input (+2 GiB;
+docs/hopper_sessions.md, sessions 22 and 23). So the scales are formed with additions rather
+than `torch.where`s, and the E2M1 spacing from the exponent bits.
+
 `pack_e2m1` / `unpack_e2m1` store E2M1 values two per byte (the saved activation of fp4 recipes).
 """
 
@@ -62,11 +70,12 @@ def scale_from_amax(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
     smallest positive float32; all-zero groups: 1; groups whose amax is NaN or inf: NaN.
     """
     raw = div_rn(amax, torch.full_like(amax, fmt_max)).clamp(min=_FP32_TINIEST)
-    scale = torch.where(amax > 0, raw, torch.ones_like(raw))
-    # NaN as `amax - amax` (NaN exactly where amax is inf or NaN), not a NaN literal: NaN != NaN
-    # defeats the compiler's common-subexpression elimination, and the layers that share an
-    # input (q/k/v, gate/up) would each quantize and save it again.
-    return torch.where(torch.isfinite(amax), scale, amax - amax)
+    # Written with additions, not `torch.where`s (fewer graph nodes: the module docstring):
+    # an all-zero group's raw is the floor, and floor + 1 rounds to 1; `amax - amax` is 0 where
+    # amax is finite and NaN where it is inf or NaN (not a NaN literal: NaN != NaN defeats the
+    # compiler's common-subexpression elimination, and the layers that share an input (q/k/v,
+    # gate/up) would each quantize and save it again).
+    return raw + (amax == 0).to(raw.dtype) + (amax - amax)
 
 
 def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -80,9 +89,11 @@ def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
         # partitioner's "used above/below fusible" rule then bans recomputing the later
         # quantizers in backward, so it saved their E2M1 operands (fp8-* saved none).
         mag = q.abs().clamp(max=6.0)
-        ge2, ge4 = (mag >= 2.0).float(), (mag >= 4.0).float()
-        step = 0.5 * (1.0 + ge2) * (1.0 + ge4)  # 0.5, 1, 2
-        inv_step = 2.0 * (1.0 - 0.5 * ge2) * (1.0 - 0.5 * ge4)  # 2, 1, 0.5
+        # log2(spacing): the binade's exponent minus 1, from the bits, clamped to [-1, 1]
+        # (zero, subnormals and NaN included); the powers of two built as bits too.
+        e = ((mag.view(torch.int32) >> 23) - 128).clamp(-1, 1)
+        step = ((e + 127) << 23).view(torch.float32)
+        inv_step = ((127 - e) << 23).view(torch.float32)
         return torch.copysign(torch.round(mag * inv_step) * step, q).to(FP8_STORAGE[fmt])
     fmt_max = formats.get(fmt).max
     return q.clamp(-fmt_max, fmt_max).to(FP8_STORAGE[fmt])
@@ -99,8 +110,8 @@ def _quantize_blocks(
     blocks = v.reshape(v.shape[0] // br, br, v.shape[1] // bc, bc)
     amax = blocks.abs().amax(dim=(1, 3))
     scale = scale_from_amax(amax, formats.get(fmt).max)
-    q = div_rn_by_scale(blocks, scale[:, None, :, None]).reshape(v.shape)[:r, :c]
-    return round_to_storage(q, fmt), scale
+    q = div_rn_by_scale(blocks, scale[:, None, :, None], in_graph=True)
+    return round_to_storage(q.reshape(v.shape)[:r, :c], fmt), scale
 
 
 def quantize_operand(
@@ -160,7 +171,7 @@ def quantize_operand(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
         )
     s = scale_from_amax(amax, formats.get(fmt).max)
-    values = round_to_storage(div_rn_by_scale(v, s), fmt)
+    values = round_to_storage(div_rn_by_scale(v, s, in_graph=True), fmt)
     return _layout(values, transpose), (s.t().contiguous() if transpose else s)
 
 
