@@ -83,14 +83,13 @@ def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
     if fmt == "e2m1":
         # Grid spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6]: round(|q| / spacing) * spacing,
-        # written with multiplications by powers of two (exact in every compiled form). The
-        # spacings come from the comparisons by arithmetic, not `torch.where` with constants:
-        # constant tensors are shared by every quantizer of a compiled graph, and the
-        # partitioner's "used above/below fusible" rule then bans recomputing the later
-        # quantizers in backward, so it saved their E2M1 operands (fp8-* saved none).
+        # written with multiplications by powers of two (exact in every compiled form). log2 of
+        # the spacing is the binade's exponent minus 1, read from the bits and clamped to
+        # [-1, 1] (zero, subnormals and NaN included), the powers of two built as bits: few
+        # graph nodes (module docstring), and no `torch.where` constants, which every quantizer
+        # of a compiled graph shares; the partitioner's "used above/below fusible" rule then
+        # banned recomputing the later quantizers in backward, so it saved their E2M1 operands.
         mag = q.abs().clamp(max=6.0)
-        # log2(spacing): the binade's exponent minus 1, from the bits, clamped to [-1, 1]
-        # (zero, subnormals and NaN included); the powers of two built as bits too.
         e = ((mag.view(torch.int32) >> 23) - 128).clamp(-1, 1)
         step = ((e + 127) << 23).view(torch.float32)
         inv_step = ((127 - e) << 23).view(torch.float32)
