@@ -40,18 +40,60 @@ _QUANTIZED = ("float8", "uint8")
 _VOCAB = 1000
 
 
+def scaled_mm_runs_on_cpu(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """`scaled_mm.supported` on the CPU: FP8 operands `torch._scaled_mm` takes there."""
+    return a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
+
+
 @contextlib.contextmanager
 def hopper_path_on_cpu():
     """minifloat's GPU code path on the CPU (FP8 `torch._scaled_mm` where it runs there)."""
     saved = select._fp8_gemm_available, smm.supported
     select._fp8_gemm_available = lambda *args: True
-    smm.supported = lambda a, b: (
-        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
-    )
+    smm.supported = scaled_mm_runs_on_cpu
     try:
         yield
     finally:
         select._fp8_gemm_available, smm.supported = saved
+
+
+def one_block_llama(recipe: str, width: str = "small", max_seq_len: int = 128) -> Llama:
+    """A one-block LLaMA (1.3B config; `width` "small": dim 256, FFN 704, 4 heads; vocab 1000)
+    converted to `recipe` (unless bf16), its block compiled."""
+    cfg = dataclasses.replace(
+        get_config("1.3B", vocab_size=_VOCAB, max_seq_len=max_seq_len), n_layers=1
+    )
+    if width == "small":
+        cfg = dataclasses.replace(cfg, dim=256, ffn_dim=704, n_heads=4, n_kv_heads=4)
+    torch.manual_seed(0)
+    net = Llama(cfg)
+    net.init_weights(0)
+    if recipe != "bf16":
+        convert(net, recipe)
+    for block in net.layers:
+        block.compile()
+    return net
+
+
+def saved_for_backward(
+    net: Llama, tokens: torch.Tensor
+) -> dict[int, tuple[int, torch.dtype, tuple[int, ...]]]:
+    """Storage -> (bytes, dtype, shape) of what one bf16-autocast step of `net` on `tokens`
+    saves for backward, parameters left out, each storage once."""
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    seen: dict[int, tuple[int, torch.dtype, tuple[int, ...]]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = (t.untyped_storage().nbytes(), t.dtype, tuple(t.shape))
+        return t
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = net(tokens).float().square().mean()
+    loss.backward()
+    return seen
 
 
 class _Bans(logging.Handler):
@@ -70,45 +112,24 @@ class _Bans(logging.Handler):
 def probe(recipe: str, width: str, tokens: int) -> dict:
     """One compiled block under `recipe`: saved bytes by dtype, quantized tensors, bans."""
     torch._dynamo.reset()
-    cfg = dataclasses.replace(get_config("1.3B", vocab_size=_VOCAB, max_seq_len=tokens), n_layers=1)
-    if width == "small":
-        cfg = dataclasses.replace(cfg, dim=256, ffn_dim=704, n_heads=4, n_kv_heads=4)
-    torch.manual_seed(0)
-    net = Llama(cfg)
-    net.init_weights(0)
-    if recipe != "bf16":
-        convert(net, recipe)
-    for block in net.layers:
-        block.compile()
-    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
-    seen: dict[int, tuple[int, str, tuple[int, ...]]] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = (t.untyped_storage().nbytes(), str(t.dtype).removeprefix("torch."),
-                         tuple(t.shape))  # fmt: skip
-        return t
-
+    net = one_block_llama(recipe, width, tokens)
     handler = _Bans()
     log = logging.getLogger("torch._functorch.partitioners")
     level = log.level
     log.setLevel(logging.INFO)
     log.addHandler(handler)
     try:
-        tokens_in = torch.randint(0, _VOCAB, (1, tokens))
-        hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = net(tokens_in).float().square().mean()
-        loss.backward()
+        seen = saved_for_backward(net, torch.randint(0, _VOCAB, (1, tokens)))
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
     by_dtype = collections.Counter()
     for nbytes, dtype, _ in seen.values():
-        by_dtype[dtype] += nbytes
+        by_dtype[str(dtype).removeprefix("torch.")] += nbytes
     quantized = sorted(
-        (shape, dtype) for _, dtype, shape in seen.values() if dtype.startswith(_QUANTIZED)
+        (shape, name)
+        for _, dtype, shape in seen.values()
+        if (name := str(dtype).removeprefix("torch.")).startswith(_QUANTIZED)
     )
     return {
         "recipe": recipe, "width": width, "tokens": tokens,

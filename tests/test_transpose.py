@@ -15,6 +15,10 @@ from minifloat.kernels.backend import QOperand
 from minifloat.kernels.operand import pack_e2m1, round_to_storage, unpack_e2m1
 from minifloat.kernels.transpose import transpose_copy, unpack_e2m1_t
 from minifloat.linear import QuantLinear, QuantLinearFunction
+from scripts import load_benchmark
+
+# benchmarks/partition_probe.py: the one-block LLaMA and its saved tensors, shared with the tests
+_PROBE = load_benchmark("partition_probe")
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float32, torch.uint8]
 SHAPES = [(1, 7), (5, 1), (33, 17), (130, 260)]
@@ -149,9 +153,7 @@ def force_hopper_path(monkeypatch) -> None:
     from minifloat.kernels import select
 
     monkeypatch.setattr(select, "_fp8_gemm_available", lambda *args: True)
-    monkeypatch.setattr(smm, "supported", lambda a, b: (
-        a.dtype in smm.FP8_DTYPES and b.dtype in smm.FP8_DTYPES and b.shape[0] % 16 == 0
-    ))  # fmt: skip
+    monkeypatch.setattr(smm, "supported", _PROBE.scaled_mm_runs_on_cpu)
 
 
 def _saved_bytes(recipe: str) -> int:
@@ -167,42 +169,16 @@ def _saved_dtypes(recipe: str) -> set[torch.dtype]:
 def _one_block_llama(recipe: str, *, wide: bool = False) -> torch.nn.Module:
     """A one-block LLaMA (dim 256, FFN 704, vocab 1000; `wide`: the 1.3B model's dim 2048,
     FFN 5632 and 16 heads) converted to `recipe`, block compiled."""
-    import dataclasses
-
-    from minifloat.convert import convert
-    from minifloat.models.llama import Llama, get_config
-
-    cfg = dataclasses.replace(get_config("1.3B", vocab_size=1000, max_seq_len=128), n_layers=1)
-    if not wide:
-        cfg = dataclasses.replace(cfg, dim=256, ffn_dim=704, n_heads=4, n_kv_heads=4)
-    torch.manual_seed(0)
-    net = Llama(cfg)
-    net.init_weights(0)
-    convert(net, recipe)
-    for block in net.layers:
-        block.compile()
-    return net
+    return _PROBE.one_block_llama(recipe, "1.3B" if wide else "small")
 
 
 def _saved(recipe: str, *, wide: bool = False) -> dict[int, tuple[int, torch.dtype]]:
     """Storage -> (bytes, dtype) of what a compiled one-block LLaMA saves for backward."""
     net = _one_block_llama(recipe, wide=wide)
-    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
-    seen: dict[int, tuple[int, torch.dtype]] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params:
-            seen[ptr] = (t.untyped_storage().nbytes(), t.dtype)
-        return t
-
     tokens = torch.randint(0, 1000, (1, 128) if wide else (2, 128))
-    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = net(tokens).float().square().mean()
-    loss.backward()
+    saved = _PROBE.saved_for_backward(net, tokens)
     torch._dynamo.reset()
-    return seen
+    return {ptr: (nbytes, dtype) for ptr, (nbytes, dtype, _) in saved.items()}
 
 
 @pytest.mark.parametrize("recipe", ["fp8-tensorwise"])  # fp4-dge: same check, 165 s
