@@ -175,8 +175,10 @@ def quantize_microscaled(
     padded = F.pad(v, (0, -c % bc, 0, -r % br))  # zeros never change a block's amax
     blocks = padded.reshape(padded.shape[0] // br, br, padded.shape[1] // bc, bc)
     b, ts, divisor = _block_scales(blocks.abs().amax(dim=(1, 3)), scale_format)
-    q = div_rn_by_scale(blocks, divisor[:, None, :, None], in_graph=True)
-    q = q.reshape(padded.shape)[:r, :c]
+    # The reciprocals come from the opaque op here, not from the graph (in_graph): at 1.3B
+    # width inductor fused the in-graph ones into an mxfp4 backward kernel that Triton 3.6
+    # could not compile (docs/hopper_sessions.md, session 24).
+    q = div_rn_by_scale(blocks, divisor[:, None, :, None]).reshape(padded.shape)[:r, :c]
     values = _round_e2m1(q, noise).contiguous()
     if scale_format == "e4m3":
         b = b.to(torch.float8_e4m3fn)
