@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "time_ms", "host_ms", "kernel_ms", "copy_bandwidth", "environment", "gpu_tag", "write_results",
-    "dump_kernel_sources", "RESULTS_DIR",
+    "time_ms", "host_ms", "kernel_ms", "kernel_profile", "kernel_times", "copy_bandwidth",
+    "environment", "gpu_tag", "write_results", "dump_kernel_sources", "RESULTS_DIR",
 ]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -72,10 +72,7 @@ def kernel_ms(fn: Callable[[], object], *, reps: int = 10) -> float | None:
 def kernel_profile(fn: Callable[[], object], *, reps: int = 10, top: int = 8) -> dict:
     """Per call of `fn`, from the profiler: `kernel_ms` (the sum of its CUDA kernels' times, None
     where there are none), `kernels` (launches) and `top_kernels` ([name, ms, launches], the
-    `top` largest by time). User annotations (`record_function` ranges, such as the one every
-    optimizer.step() opens) also appear on the GPU timeline, over kernels that are counted
-    themselves: they are left out, or a step's kernel time counts twice."""
-    from torch.autograd import DeviceType
+    `top` largest by time); see `kernel_times`."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -84,18 +81,29 @@ def kernel_profile(fn: Callable[[], object], *, reps: int = 10, top: int = 8) ->
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    ms: dict[str, float] = {}
-    launches: dict[str, int] = {}
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
-            ms[e.name] = ms.get(e.name, 0.0) + e.device_time_total / 1000.0 / reps
-            launches[e.name] = launches.get(e.name, 0) + 1
+    ms, launches = kernel_times(prof, reps)
     names = sorted(ms, key=ms.get, reverse=True)[:top]
     return {
         "kernel_ms": sum(ms.values()) if ms else None,
-        "kernels": sum(launches.values()) / reps,
-        "top_kernels": [[n[:100], round(ms[n], 3), launches[n] / reps] for n in names],
+        "kernels": sum(launches.values()),
+        "top_kernels": [[n[:100], round(ms[n], 3), launches[n]] for n in names],
     }
+
+
+def kernel_times(prof, calls: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(GPU ms, launches) per kernel name and per call, from a finished `torch.profiler`
+    `prof` that ran `calls` calls (steps). User annotations (`record_function` ranges, such as
+    the one every optimizer.step() opens) also appear on the GPU timeline, over kernels that
+    are counted themselves: they are left out, or a step's kernel time counts twice."""
+    from torch.autograd import DeviceType
+
+    us: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+            us[e.name] = us.get(e.name, 0.0) + e.device_time_total
+            count[e.name] = count.get(e.name, 0) + 1
+    return {n: t / 1000.0 / calls for n, t in us.items()}, {n: c / calls for n, c in count.items()}
 
 
 def copy_bandwidth() -> float:

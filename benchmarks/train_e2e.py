@@ -49,8 +49,6 @@ import statistics
 import sys
 import time
 import traceback
-import warnings
-from collections import defaultdict
 from datetime import date
 from pathlib import Path
 
@@ -67,6 +65,7 @@ from minifloat.blocks import find_repeated_blocks  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
 from minifloat.models.llama import Llama, get_config  # noqa: E402
 from minifloat.size_rule import TORCHAO_TENSORWISE, SizeRule  # noqa: E402
+from step_profile import find_syncs, profile_steps  # noqa: E402
 
 PRESETS = {  # model -> (batch, seq, vocab)
     "1.3B": (8, 2048, 32000),
@@ -78,8 +77,6 @@ DEFAULT_ROWS = ["bf16", *TORCHAO_ROWS] + [
     "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "fp4-direct", "fp4-dge", "fp4",
 ]  # fmt: skip
 FSDP_MODES = ("fsdp", "qag")  # row suffixes: +fsdp, +qag (FSDP2 with the quantized all-gather)
-GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "matmul", "splitk")
-ATTENTION_WORDS = ("flash", "fmha", "attention", "attn")
 
 
 def build_model(
@@ -238,59 +235,6 @@ def make_step(net: nn.Module, opt: torch.optim.Optimizer, after_step=None):  # n
     return step
 
 
-def _classify(name: str) -> str:
-    low = name.lower()
-    if any(w in low for w in ATTENTION_WORDS):
-        return "attention"
-    if any(w in low for w in GEMM_WORDS):
-        return "gemm"
-    return "other"
-
-
-def profile_steps(step, batches: list[torch.Tensor], steps: int = 3) -> dict:
-    """GPU kernel ms per step by class, launches per step, the top kernels."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for i in range(steps):
-            step(batches[i % len(batches)])
-        torch.cuda.synchronize()
-    totals: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    for ev in prof.events():
-        # user annotations (e.g. the optimizer's record_function range) also show on the GPU
-        # timeline, over kernels that are counted themselves
-        if ev.device_type == DeviceType.CUDA and not getattr(ev, "is_user_annotation", False):
-            totals[ev.name] += ev.device_time_total / 1000.0 / steps
-            counts[ev.name] += 1
-    by_class: dict[str, float] = defaultdict(float)
-    for name, ms in totals.items():
-        by_class[_classify(name)] += ms
-    top = sorted(totals, key=totals.get, reverse=True)[:12]
-    # where the host's time goes (self CPU time per op: dispatcher calls, kernel launches,
-    # compiled-graph wrappers), for steps that are launch-bound
-    host = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    return {
-        "kernel_ms": sum(totals.values()),
-        "gemm_ms": by_class["gemm"],
-        "attention_ms": by_class["attention"],
-        "other_ms": by_class["other"],
-        "kernels_per_step": sum(counts.values()) // steps,
-        "top_kernels": [(n[:100], round(totals[n], 3), counts[n] // steps) for n in top],
-        "host_self_ms": sum(e.self_cpu_time_total for e in host) / 1000.0 / steps,
-        "top_host_ops": [
-            (e.key[:100], round(e.self_cpu_time_total / 1000.0 / steps, 3), e.count // steps)
-            for e in host[:15]
-        ],
-        # every kernel, for offline reading (which passes a recipe adds over bf16 / torchao)
-        "kernels": [
-            (n[:200], round(totals[n], 4), counts[n] // steps)
-            for n in sorted(totals, key=totals.get, reverse=True)
-        ],
-    }
-
-
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -326,25 +270,6 @@ def _timed_stream(step, batches: list[torch.Tensor], steps: int) -> list[float]:
         events[i + 1].record()
     events[-1].synchronize()
     return [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:], strict=True)]
-
-
-def find_syncs(step, tokens: torch.Tensor) -> list[str]:
-    """Host-device synchronizations in one step (CUDA's sync debug mode, as warnings), each as
-    the file:line that caused it: each one drains the launch queue and leaves the GPU idle while
-    the host catches up."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            step(tokens)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    # Only torch's per-sync warning: setting the mode also warns once per process that it is a
-    # prototype ("... synchronizing operations"), which session 22 counted as a sync.
-    syncs = [w for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
-    return [f"{w.filename}:{w.lineno}" for w in syncs]
 
 
 def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp32") -> dict:
@@ -546,7 +471,9 @@ def check_optim_states(names: list[str]) -> None:
             )
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, with the preset's shapes filled in and every row and option checked
+    (one-line errors before any GPU time)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="1.3B", choices=sorted(PRESETS))
     ap.add_argument("--impl", default="ours", choices=("ours", "hf"))
@@ -585,10 +512,10 @@ def main(argv: list[str] | None = None) -> None:
     args.compile_options = parse_compile_options(args.compile_options)
     if args.compile_options and args.compile_mode:
         raise SystemExit("--compile-options and --compile-mode cannot be combined (torch.compile)")
-    rows = args.rows.split(",")
+    args.rows = args.rows.split(",")
     args.optim_states = args.optim_states.split(",")
     check_optim_states(args.optim_states)
-    for row in rows:  # fail on a typo before spending GPU time
+    for row in args.rows:  # fail on a typo before spending GPU time
         name, mode = split_row(row)
         if mode == "qag" and name in TORCHAO_ROWS and TORCHAO_ROWS[name] != "tensorwise":
             raise SystemExit(f"row {row}: torchao all-gathers float8 weights for tensorwise only")
@@ -599,6 +526,12 @@ def main(argv: list[str] | None = None) -> None:
             recipes.get(name)
         if rule and rule != "torchao":
             SizeRule.parse(rule)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    rows = args.rows
     gen = torch.Generator().manual_seed(0)
     batches = [
         torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen).to(args.device)

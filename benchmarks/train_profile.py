@@ -19,13 +19,12 @@ import json
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_results  # noqa: E402
+from common import kernel_times, write_results  # noqa: E402
 from minifloat.train import Trainer  # noqa: E402
 from minifloat.train.build import load_dataset  # noqa: E402
 from minifloat.train.config import TrainConfig  # noqa: E402
@@ -35,17 +34,9 @@ TOP_KERNELS = 8
 
 def _kernel_table(prof, steps: int) -> tuple[float, list[tuple[str, float, int]]]:
     """(kernel ms per step, [(kernel name, ms per step, launches per step)] by time)."""
-    from torch.autograd import DeviceType
-
-    totals: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    for event in prof.events():
-        if event.device_type == DeviceType.CUDA:
-            totals[event.name] += event.device_time_total / 1000.0
-            counts[event.name] += 1
-    ranked = sorted(totals, key=totals.get, reverse=True)
-    rows = [(name, totals[name] / steps, counts[name] // steps) for name in ranked]
-    return sum(totals.values()) / steps, rows
+    ms, launches = kernel_times(prof, steps)
+    ranked = sorted(ms, key=ms.get, reverse=True)
+    return sum(ms.values()), [(name, ms[name], round(launches[name])) for name in ranked]
 
 
 def _sync(device: str) -> None:

@@ -354,6 +354,38 @@ def convert(
             or `size_rule` is not a SizeRule.
     """
     recipe = recipes.get(recipe)
+    patterns = _checked_arguments(backend, skip, module_filter_fn, size_rule)
+    conv1d = _conv1d_class()
+    _check_convertible(model, conv1d)
+    report = ConversionReport(recipe=recipe.name)
+    layers, targets = _plan(
+        model, recipe, report, conv1d=conv1d, patterns=patterns, keep_head=keep_head,
+        size_rule=size_rule, module_filter_fn=module_filter_fn,
+    )  # fmt: skip
+    for fqn, module in targets:  # swap after the walk: never mutate while iterating
+        if isinstance(module, nn.Linear):
+            new = QuantLinear.from_linear(module, recipe, backend=backend)
+        else:
+            new = QuantConv1D.from_conv1d(module, recipe, backend=backend)
+        new.seed_rng(zlib.crc32(fqn.encode()) & 0x7FFFFFFF)
+        _set_submodule(model, fqn, new)
+        report.converted.append(fqn)
+    # A plain attribute (Module.__setattr__ keeps non-tensor values in __dict__): outside the
+    # state_dict, copied by deepcopy and pickling.
+    setattr(model, REPORT_ATTR, report)
+    if not report.converted:
+        _warn_nothing_converted(recipe, report, layers)
+    return (model, report) if return_report else model
+
+
+def _checked_arguments(
+    backend: str,
+    skip: str | Iterable[str] | None,
+    module_filter_fn: ModuleFilter | None,
+    size_rule: SizeRule | None,
+) -> list[str]:
+    """convert()'s options checked (one-line errors, before anything changes); the skip
+    patterns as a list."""
     if backend not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKEND_NAMES)}")
     patterns = _skip_patterns(skip)
@@ -363,14 +395,31 @@ def convert(
         )
     if size_rule is not None and not isinstance(size_rule, SizeRule):
         raise TypeError(f"size_rule must be a minifloat.SizeRule or None, got {size_rule!r}")
-    conv1d = _conv1d_class()
-    _check_convertible(model, conv1d)
+    return patterns
+
+
+def _plan(
+    model: nn.Module,
+    recipe: Recipe,
+    report: ConversionReport,
+    *,
+    conv1d: type | None,
+    patterns: list[str],
+    keep_head: bool,
+    size_rule: SizeRule | None,
+    module_filter_fn: ModuleFilter | None,
+) -> tuple[list[str], list[tuple[str, nn.Module]]]:
+    """Walk `model` once: (every linear layer's name, the (name, layer) pairs to convert).
+
+    Each layer kept gets its reason in `report.skipped`, the first rule that keeps it in this
+    order: output head, skip pattern, recipe, last blocks, size rule, module_filter_fn.
+    Embeddings and parameters outside any linear or embedding are reported too.
+    """
     layer_types = (nn.Linear,) if conv1d is None else (nn.Linear, conv1d)
     embedding_types = (nn.Embedding, nn.EmbeddingBag)
     tied = {
         id(m.weight): name for name, m in model.named_modules() if isinstance(m, embedding_types)
     }
-    report = ConversionReport(recipe=recipe.name)
     last = _last_blocks(model, getattr(recipe, "keep_last_blocks", 0))
     covered: set[int] = set()  # parameters of the modules looked at below
     layers: list[str] = []
@@ -397,20 +446,7 @@ def convert(
         else:
             report.skipped.append((fqn, reason))
     report.skipped += _plain_parameters(model, covered)
-    for fqn, module in targets:  # swap after the walk: never mutate while iterating
-        if isinstance(module, nn.Linear):
-            new = QuantLinear.from_linear(module, recipe, backend=backend)
-        else:
-            new = QuantConv1D.from_conv1d(module, recipe, backend=backend)
-        new.seed_rng(zlib.crc32(fqn.encode()) & 0x7FFFFFFF)
-        _set_submodule(model, fqn, new)
-        report.converted.append(fqn)
-    # A plain attribute (Module.__setattr__ keeps non-tensor values in __dict__): outside the
-    # state_dict, copied by deepcopy and pickling.
-    setattr(model, REPORT_ATTR, report)
-    if not report.converted:
-        _warn_nothing_converted(recipe, report, layers)
-    return (model, report) if return_report else model
+    return layers, targets
 
 
 def check_recipe(model: nn.Module, recipe: str | Recipe) -> None:

@@ -37,6 +37,25 @@ from minifloat.recipes import QuantRecipe, Recipe
 __all__ = ["QuantLinear", "QuantLinearFunction", "QuantizedGemmMixin"]
 
 
+def _delayed_scales(
+    recipe: QuantRecipe, x: torch.Tensor, weight: torch.Tensor, amax_history: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp8-delayed's (s_x, s_w) from the amax history, and this step's (x_amax, w_amax), which
+    backward records."""
+    gathered = isinstance(weight, GatheredWeight)
+    w_amax = gathered_amax(weight) if gathered else delayed.amax(weight)
+    # Kept apart, stacked in backward: a `torch.stack` here (unfusible) between x's amax and its
+    # cast made the partitioner save every FP8 input instead of recomputing it (+6.5 GiB at
+    # 1.3B; docs/hopper_sessions.md, session 13).
+    x_amax = delayed.amax(x)
+    s_x, s_w = (
+        delayed.history_scale(amax_history, row, amax, spec.fmt, recipe.delayed)
+        for row, amax, spec in ((delayed.INPUT, x_amax, recipe.fprop.lhs),
+                                (delayed.WEIGHT, w_amax, recipe.fprop.rhs))
+    )  # fmt: skip
+    return s_x, s_w, x_amax, w_amax
+
+
 class QuantLinearFunction(torch.autograd.Function):
     """y = x·wᵀ + b with quantized fprop, dgrad and wgrad GEMMs, per a `QuantRecipe`.
 
@@ -70,17 +89,7 @@ class QuantLinearFunction(torch.autograd.Function):
             clip = None if recipe.occ is None else occ.thresholds(x, recipe.occ)
             s_x = s_w = x_amax = w_amax = None
             if recipe.delayed is not None:  # scales from past steps; backward records this one
-                gathered = isinstance(weight, GatheredWeight)
-                w_amax = gathered_amax(weight) if gathered else delayed.amax(weight)
-                # Kept apart, stacked in backward: a `torch.stack` here (unfusible) between x's
-                # amax and its cast made the partitioner save every FP8 input instead of
-                # recomputing it (+6.5 GiB at 1.3B; docs/hopper_sessions.md, session 13).
-                x_amax = delayed.amax(x)
-                s_x, s_w = (
-                    delayed.history_scale(amax_history, row, amax, spec.fmt, recipe.delayed)
-                    for row, amax, spec in ((delayed.INPUT, x_amax, recipe.fprop.lhs),
-                                            (delayed.WEIGHT, w_amax, recipe.fprop.rhs))
-                )  # fmt: skip
+                s_x, s_w, x_amax, w_amax = _delayed_scales(recipe, x, weight, amax_history)
             seeds = None  # this step's draws, different on every data-parallel rank
             if rng_state is not None:
                 seeds = counter_rng.layer_seeds(rng_state, counter_rng.process_rank())

@@ -202,6 +202,35 @@ def _load(directory: Path) -> tuple[dict, Tokenizer, np.ndarray, np.ndarray]:
     return meta, tokenizer, train, val
 
 
+def _ensure_cache(final: Path, corpus: Corpus, settings: dict, log: Callable[[str], None]) -> None:
+    """Make sure the token cache `final` holds a complete build: a damaged one is discarded
+    with a warning and rebuilt; a build goes into a temporary directory renamed into place
+    (nothing half-written under the final name, and a concurrent builder's win is kept)."""
+    if final.exists():
+        damage = _damage(final)
+        if damage is None:
+            log(f"cache hit: {final}")
+        else:
+            warnings.warn(
+                f"token cache {final} is damaged ({damage}); rebuilding it from the corpus",
+                UserWarning,
+                stacklevel=3,
+            )
+            _discard(final, damage)
+    if (final / "meta.json").is_file():
+        return
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=".building-"))
+    try:
+        _build_into(tmp, corpus, settings, log)
+        tmp.rename(final)
+    except OSError:
+        if not (final / "meta.json").is_file():  # not a concurrent builder winning the race
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_dataset(
     data: str | Path,
     *,
@@ -244,28 +273,7 @@ def build_dataset(
     root = Path(cache_dir) / "datasets"
     label = re.sub(r"[^A-Za-z0-9._-]", "_", corpus.name.removesuffix(".xz"))
     final = root / f"{label}-{tokenizer}{settings['vocab_size']}-{_cache_key(corpus, settings)}"
-    if final.exists():
-        damage = _damage(final)
-        if damage is None:
-            log(f"cache hit: {final}")
-        else:
-            warnings.warn(
-                f"token cache {final} is damaged ({damage}); rebuilding it from the corpus",
-                UserWarning,
-                stacklevel=2,
-            )
-            _discard(final, damage)
-    if not (final / "meta.json").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=".building-"))
-        try:
-            _build_into(tmp, corpus, settings, log)
-            tmp.rename(final)
-        except OSError:
-            if not (final / "meta.json").is_file():  # not a concurrent builder winning the race
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    _ensure_cache(final, corpus, settings, log)
     meta, tok, train, val = _load(final)
     log(
         f"tokens: {len(train):,} train + {len(val):,} validation ({tokenizer}, vocab "

@@ -1,0 +1,82 @@
+"""What a training step spends on the GPU, from the profiler: kernel time by class (GEMM,
+attention, everything else), launches, the top kernels and host ops, and the host-device
+synchronizations a step makes. Used by train_e2e.py for the rows it profiles."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import kernel_times  # noqa: E402
+
+__all__ = ["GEMM_WORDS", "ATTENTION_WORDS", "classify", "profile_steps", "find_syncs"]
+
+GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "matmul", "splitk")
+ATTENTION_WORDS = ("flash", "fmha", "attention", "attn")
+
+
+def classify(name: str) -> str:
+    """A kernel's class by its name: "attention", "gemm" or "other"."""
+    low = name.lower()
+    if any(w in low for w in ATTENTION_WORDS):
+        return "attention"
+    if any(w in low for w in GEMM_WORDS):
+        return "gemm"
+    return "other"
+
+
+def profile_steps(step: Callable, batches: list[torch.Tensor], steps: int = 3) -> dict:
+    """GPU kernel ms per step by class, launches per step, the top kernels and host ops, and
+    every kernel (for offline reading: which passes a recipe adds over bf16 or torchao)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(steps):
+            step(batches[i % len(batches)])
+        torch.cuda.synchronize()
+    ms, launches = kernel_times(prof, steps)
+    by_class = dict.fromkeys(("gemm", "attention", "other"), 0.0)
+    for name, t in ms.items():
+        by_class[classify(name)] += t
+    ranked = sorted(ms, key=ms.get, reverse=True)
+    # where the host's time goes (self CPU time per op: dispatcher calls, kernel launches,
+    # compiled-graph wrappers), for steps that are launch-bound
+    host = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "kernel_ms": sum(ms.values()),
+        "gemm_ms": by_class["gemm"],
+        "attention_ms": by_class["attention"],
+        "other_ms": by_class["other"],
+        "kernels_per_step": round(sum(launches.values())),
+        "top_kernels": [(n[:100], round(ms[n], 3), round(launches[n])) for n in ranked[:12]],
+        "host_self_ms": sum(e.self_cpu_time_total for e in host) / 1000.0 / steps,
+        "top_host_ops": [
+            (e.key[:100], round(e.self_cpu_time_total / 1000.0 / steps, 3), e.count // steps)
+            for e in host[:15]
+        ],
+        "kernels": [(n[:200], round(ms[n], 4), round(launches[n])) for n in ranked],
+    }
+
+
+def find_syncs(step: Callable, tokens: torch.Tensor) -> list[str]:
+    """Host-device synchronizations in one step (CUDA's sync debug mode, as warnings), each as
+    the file:line that caused it: each one drains the launch queue and leaves the GPU idle while
+    the host catches up."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step(tokens)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    # Only torch's per-sync warning: setting the mode also warns once per process that it is a
+    # prototype ("... synchronizing operations"), which session 22 counted as a sync.
+    syncs = [w for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
+    return [f"{w.filename}:{w.lineno}" for w in syncs]

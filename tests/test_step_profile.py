@@ -1,0 +1,50 @@
+"""benchmarks/common.kernel_times and benchmarks/step_profile.py: how profiler events become
+per-step kernel times, launch counts and classes (the numbers the training benchmarks report)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from torch.autograd import DeviceType
+
+from scripts import load_benchmark
+
+
+def _event(name: str, us: float, device=DeviceType.CUDA, annotation: bool = False):
+    return SimpleNamespace(
+        name=name, device_time_total=us, device_type=device, is_user_annotation=annotation
+    )
+
+
+class _Profile:
+    """What a finished torch.profiler.profile hands kernel_times: its events."""
+
+    def __init__(self, events):
+        self._events = events
+
+    def events(self):
+        return self._events
+
+
+def test_kernel_times_per_call_without_annotations_or_host_events():
+    common = load_benchmark("common")
+    gemm = [_event("nvjet_sm90_qqtst", 100.0)] * 504  # 168 launches a step over 3 steps
+    events = [
+        *gemm,
+        _event("triton_poi_fused_cast", 30.0),
+        # the optimizer's record_function range, drawn over kernels counted themselves
+        _event("Optimizer.step#AdamW.step", 9000.0, annotation=True),
+        _event("aten::mm", 500.0, device=DeviceType.CPU),
+    ]
+    ms, launches = common.kernel_times(_Profile(events), 3)
+    assert set(ms) == {"nvjet_sm90_qqtst", "triton_poi_fused_cast"}
+    assert launches["nvjet_sm90_qqtst"] == 168  # counted exactly, not summed in thirds
+    assert ms["nvjet_sm90_qqtst"] == 504 * 100.0 / 1000.0 / 3
+    assert launches["triton_poi_fused_cast"] == 1 / 3
+
+
+def test_kernels_are_classed_by_name():
+    classify = load_benchmark("step_profile").classify
+    assert classify("nvjet_sm90_qrtst_128x160_128x5_1x2_h_bz_coopA_algo2_TNT") == "gemm"
+    assert classify("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
+    assert classify("triton_per_fused_abs_amax_mul_silu_silu_backward_view_9") == "other"
