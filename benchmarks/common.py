@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "time_ms", "host_ms", "kernel_ms", "kernel_profile", "kernel_times", "copy_bandwidth",
-    "environment", "gpu_tag", "write_results", "dump_kernel_sources", "RESULTS_DIR",
+    "time_ms", "host_ms", "kernel_ms", "kernel_profile", "kernel_times", "host_ops",
+    "copy_bandwidth", "environment", "gpu_tag", "write_results", "dump_kernel_sources",
+    "RESULTS_DIR",
 ]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -87,7 +88,16 @@ def kernel_profile(fn: Callable[[], object], *, reps: int = 10, top: int = 8) ->
         "kernel_ms": sum(ms.values()) if ms else None,
         "kernels": sum(launches.values()),
         "top_kernels": [[n[:100], round(ms[n], 3), launches[n]] for n in names],
+        "top_host_ops": [(op, round(ms, 3), n) for op, ms, n in host_ops(prof, reps)[:top]],
     }
+
+
+def host_ops(prof, calls: int) -> list[tuple[str, float, int]]:
+    """[(op, host self ms, calls)] per call of a finished `torch.profiler` `prof` that ran
+    `calls` calls, largest first: where the host's time goes (dispatcher calls, kernel
+    launches, compiled-graph wrappers) when a step is bound by it rather than by the GPU."""
+    ops = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [(e.key[:100], e.self_cpu_time_total / 1000.0 / calls, e.count // calls) for e in ops]
 
 
 def kernel_times(prof, calls: int) -> tuple[dict[str, float], dict[str, float]]:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, host_ms, kernel_ms, time_ms, write_results  # noqa: E402
+from common import environment, host_ms, kernel_profile, time_ms, write_results  # noqa: E402
 from minifloat import delayed, occ_gemm, recipes  # noqa: E402
 from minifloat import occ as occ_math  # noqa: E402
 from minifloat.kernels.hopper import HopperBackend  # noqa: E402
@@ -193,13 +193,14 @@ def breakdown(recipe, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dic
 # ---------------------------------------------------------------------------------------------
 
 
-def gpu_time(step) -> float | None:
-    """Kernel time of one step (see common.kernel_ms); None if the profiler fails."""
+def gpu_profile(step) -> dict:
+    """`kernel_ms` (GPU kernel time of one step), `kernels` (launches a step: what a host-bound
+    step pays for) and `top_kernels` (common.kernel_profile); empty if the profiler fails."""
     try:
-        return kernel_ms(step)
+        return kernel_profile(step)
     except Exception as exc:  # a profiler problem must not stop the benchmark
         print(f"kernel time unavailable: {type(exc).__name__}: {exc}", flush=True)
-        return None
+        return {}
 
 
 def maybe_compile(module: nn.Module, compile_it: bool, mode: str | None) -> nn.Module:
@@ -220,8 +221,8 @@ def bench_shape(
     bf16_ms = time_ms(base_step)
     bf16_saved = saved_bytes(base, x)
     records.append(dict(recipe="bf16", K=k, N=n, M=m, ms=bf16_ms, speedup_vs_bf16=1.0,
-                        peak_saved_bytes=bf16_saved, kernel_ms=gpu_time(base_step),
-                        host_ms=host_ms(base_step)))  # fmt: skip
+                        peak_saved_bytes=bf16_saved, host_ms=host_ms(base_step))
+                   | gpu_profile(base_step))  # fmt: skip
     torch._dynamo.reset()
     for ao in () if args.no_torchao else ("tensorwise", "rowwise"):
         name = f"torchao-{ao}" + ("-compiled" if torchao_compile else "")
@@ -241,9 +242,17 @@ def bench_shape(
         layer.weight.data.copy_(w)
         step = step_fn(maybe_compile(layer, compile_all, mode), x, dy, mode)
         ms = time_ms(step)
-        rec = dict(recipe=rname, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
-                   peak_saved_bytes=saved_bytes(layer, x), kernel_ms=gpu_time(step),
-                   host_ms=host_ms(step))  # fmt: skip
+        rec = dict(
+            recipe=rname,
+            K=k,
+            N=n,
+            M=m,
+            ms=ms,
+            speedup_vs_bf16=bf16_ms / ms,
+            peak_saved_bytes=saved_bytes(layer, x),
+            host_ms=host_ms(step),
+        )
+        rec |= gpu_profile(step)  # fmt: skip
         torch._dynamo.reset()
         rec["saved_vs_bf16"] = rec["peak_saved_bytes"] / bf16_saved
         if not args.no_breakdown:
@@ -267,12 +276,12 @@ def markdown(records: list[dict], compiled: bool = False) -> str:
         "median ms, L2 flushed. Breakdown columns time the backend's calls group by group "
         "(their sum differs from the end-to-end time by autograd and PyTorch glue). "
         "'kernel ms' is the GPU kernel time of one step (profiler): where 'ms' is well above "
-        "it, the step is bound by host overhead, not by the GPU; 'host ms' is the host's time to "
-        "enqueue one step from an idle GPU.",
+        "it, the step is bound by host overhead, not by the GPU; 'kernels' its kernel launches; "
+        "'host ms' is the host's time to enqueue one step from an idle GPU.",
         "",
-        "| K | N | recipe | ms | kernel ms | host ms | vs bf16 | quant | GEMM | DGE | OCC "
-        "| saved MiB (vs bf16) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| K | N | recipe | ms | kernel ms | kernels | host ms | vs bf16 | quant | GEMM | DGE "
+        "| OCC | saved MiB (vs bf16) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         if "error" in r:
@@ -283,7 +292,7 @@ def markdown(records: list[dict], compiled: bool = False) -> str:
         ratio = f" ({r['saved_vs_bf16']:.2f}x)" if "saved_vs_bf16" in r else ""
         lines.append(
             f"| {r['K']} | {r['N']} | {r['recipe']} | {r['ms']:.3f} | {_opt(r.get('kernel_ms'))} | "
-            f"{_opt(r.get('host_ms'))} | "
+            f"{_opt(r.get('kernels'), '.0f')} | {_opt(r.get('host_ms'))} | "
             f"{r['speedup_vs_bf16']:.2f}x | {' | '.join(parts)} | "
             f"{r['peak_saved_bytes'] / 2**20:.0f}{ratio} |"
         )
@@ -291,8 +300,8 @@ def markdown(records: list[dict], compiled: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _opt(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
+def _opt(value: float | None, spec: str = ".3f") -> str:
+    return "" if value is None else f"{value:{spec}}"
 
 
 def targets_table(records: list[dict]) -> str:

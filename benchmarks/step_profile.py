@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import kernel_times  # noqa: E402
+from common import host_ops, kernel_times  # noqa: E402
 
 __all__ = ["GEMM_WORDS", "ATTENTION_WORDS", "classify", "profile_steps", "find_syncs"]
 
@@ -44,9 +44,7 @@ def profile_steps(step: Callable, batches: list[torch.Tensor], steps: int = 3) -
     for name, t in ms.items():
         by_class[classify(name)] += t
     ranked = sorted(ms, key=ms.get, reverse=True)
-    # where the host's time goes (self CPU time per op: dispatcher calls, kernel launches,
-    # compiled-graph wrappers), for steps that are launch-bound
-    host = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    host = host_ops(prof, steps)
     return {
         "kernel_ms": sum(ms.values()),
         "gemm_ms": by_class["gemm"],
@@ -54,11 +52,8 @@ def profile_steps(step: Callable, batches: list[torch.Tensor], steps: int = 3) -
         "other_ms": by_class["other"],
         "kernels_per_step": round(sum(launches.values())),
         "top_kernels": [(n[:100], round(ms[n], 3), round(launches[n])) for n in ranked[:12]],
-        "host_self_ms": sum(e.self_cpu_time_total for e in host) / 1000.0 / steps,
-        "top_host_ops": [
-            (e.key[:100], round(e.self_cpu_time_total / 1000.0 / steps, 3), e.count // steps)
-            for e in host[:15]
-        ],
+        "host_self_ms": sum(ms for _, ms, _ in host),
+        "top_host_ops": [(op, round(ms, 3), n) for op, ms, n in host[:15]],
         "kernels": [(n[:200], round(ms[n], 4), round(launches[n])) for n in ranked],
     }
 

@@ -1,11 +1,13 @@
-"""A compiled LLaMA block at 1.3B width trains on the GPU under every recipe (GPU only).
+"""A compiled LLaMA block at model width trains on the GPU under every recipe (GPU only).
 
 The single-layer GPU tests (test_hopper_linear.py) use small shapes. At model widths inductor
 fuses the quantizers differently, and a fused kernel can fail where the small one compiles:
 session 24 found a compiled mxfp4 block at 1.3B width whose backward kernel Triton could not
 compile ("PassManager::run failed"; the block scales' reciprocals computed in the graph,
-docs/hopper_sessions.md). So every recipe compiles one block at the 1.3B preset's width (dim
-2048, FFN 5632, 16 heads) and runs a bf16-autocast forward and backward with finite results.
+docs/hopper_sessions.md). So every recipe compiles one block at the width of the 125M and 1.3B
+presets and runs a bf16-autocast forward and backward on train_e2e.py's batch for that preset
+(whole sequences: at 1.3B the failing fusion needed 2048 positions, 2047 compiled), with finite
+results.
 """
 
 import dataclasses
@@ -32,9 +34,13 @@ RECIPES = [
 VOCAB = 1000
 
 
-def one_block(recipe: str, seq_len: int) -> Llama:
-    """The 1.3B preset cut to one block (vocab 1000) on the GPU, converted, its block compiled."""
-    cfg = get_config("1.3B", vocab_size=VOCAB, max_seq_len=seq_len)
+# preset -> (batch, positions): benchmarks/train_e2e.py's batches
+SHAPES = {"125M": (32, 1024), "1.3B": (8, 2048)}
+
+
+def one_block(preset: str, recipe: str, seq_len: int) -> Llama:
+    """`preset` cut to one block (vocab 1000) on the GPU, converted, its block compiled."""
+    cfg = get_config(preset, vocab_size=VOCAB, max_seq_len=seq_len)
     torch.manual_seed(0)
     net = Llama(dataclasses.replace(cfg, n_layers=1))
     net.init_weights(0)
@@ -45,19 +51,18 @@ def one_block(recipe: str, seq_len: int) -> Llama:
     return net
 
 
+@pytest.mark.parametrize("preset", sorted(SHAPES))
 @pytest.mark.parametrize("name", RECIPES)
-def test_compiled_block_of_1p3b_width_trains(name):
+def test_compiled_block_at_model_width_trains(name, preset):
     torch._dynamo.reset()
-    net = one_block(name, seq_len=2048)
-    # 8 x 2048 positions, as train_e2e.py's 1.3B rows: the failing fusion needed whole
-    # 2048-long sequences (2047 positions compiled fine)
-    tokens = torch.randint(0, VOCAB, (8, 2049), device="cuda")
+    batch, positions = SHAPES[preset]
+    net = one_block(preset, name, seq_len=positions)
+    tokens = torch.randint(0, VOCAB, (batch, positions + 1), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = net(tokens[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()
     assert torch.isfinite(loss)
-    block = net.layers[0]
-    for pname, p in block.named_parameters():
+    for pname, p in net.layers[0].named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), pname
         assert p.grad.abs().amax() > 0, pname

@@ -15,8 +15,8 @@ def bench():
 
 
 def _record(recipe: str, k: int, n: int, ms: float, bf16_ms: float) -> dict:
-    return dict(recipe=recipe, K=k, N=n, M=16384, ms=ms, kernel_ms=ms * 0.9, host_ms=ms * 0.5,
-                speedup_vs_bf16=bf16_ms / ms, peak_saved_bytes=2**20,
+    return dict(recipe=recipe, K=k, N=n, M=16384, ms=ms, kernel_ms=ms * 0.9, kernels=24.0,
+                host_ms=ms * 0.5, speedup_vs_bf16=bf16_ms / ms, peak_saved_bytes=2**20,
                 compile_mode="reduce-overhead")  # fmt: skip
 
 
@@ -29,8 +29,8 @@ def test_markdown_reports_host_time_mode_and_target_geomean(bench):
     ]
     md = bench.markdown(records, compiled=True)
     assert "(mode reduce-overhead)" in md
-    assert "| kernel ms | host ms |" in md
-    assert "| 4096 | 4096 | fp8-tensorwise | 1.000 | 0.900 | 0.500 | 2.00x |" in md
+    assert "| kernel ms | kernels | host ms |" in md
+    assert "| 4096 | 4096 | fp8-tensorwise | 1.000 | 0.900 | 24 | 0.500 | 2.00x |" in md
     # speed-ups 2, 1, 0.5: geometric mean 1.00x, below the 1.5x target
     assert "| fp8-tensorwise | 1.00x | 1.5x | no |" in md
 
