@@ -88,7 +88,7 @@ def kernel_profile(fn: Callable[[], object], *, reps: int = 10, top: int = 8) ->
         "kernel_ms": sum(ms.values()) if ms else None,
         "kernels": sum(launches.values()),
         "top_kernels": [[n[:100], round(ms[n], 3), launches[n]] for n in names],
-        "top_host_ops": [(op, round(ms, 3), n) for op, ms, n in host_ops(prof, reps)[:top]],
+        "top_host_ops": [(op, round(t, 3), n) for op, t, n in host_ops(prof, reps)[:top]],
     }
 
 

@@ -195,7 +195,8 @@ def breakdown(recipe, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dic
 
 def gpu_profile(step) -> dict:
     """`kernel_ms` (GPU kernel time of one step), `kernels` (launches a step: what a host-bound
-    step pays for) and `top_kernels` (common.kernel_profile); empty if the profiler fails."""
+    step pays for), `top_kernels` and `top_host_ops` (common.kernel_profile); empty if the
+    profiler fails."""
     try:
         return kernel_profile(step)
     except Exception as exc:  # a profiler problem must not stop the benchmark
@@ -242,17 +243,9 @@ def bench_shape(
         layer.weight.data.copy_(w)
         step = step_fn(maybe_compile(layer, compile_all, mode), x, dy, mode)
         ms = time_ms(step)
-        rec = dict(
-            recipe=rname,
-            K=k,
-            N=n,
-            M=m,
-            ms=ms,
-            speedup_vs_bf16=bf16_ms / ms,
-            peak_saved_bytes=saved_bytes(layer, x),
-            host_ms=host_ms(step),
-        )
-        rec |= gpu_profile(step)  # fmt: skip
+        rec = dict(recipe=rname, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
+                   peak_saved_bytes=saved_bytes(layer, x), host_ms=host_ms(step))  # fmt: skip
+        rec |= gpu_profile(step)
         torch._dynamo.reset()
         rec["saved_vs_bf16"] = rec["peak_saved_bytes"] / bf16_saved
         if not args.no_breakdown:

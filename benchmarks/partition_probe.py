@@ -57,17 +57,26 @@ def hopper_path_on_cpu():
         select._fp8_gemm_available, smm.supported = saved
 
 
-def one_block_llama(recipe: str, width: str = "small", max_seq_len: int = 128) -> Llama:
-    """A one-block LLaMA (1.3B config; `width` "small": dim 256, FFN 704, 4 heads; vocab 1000)
-    converted to `recipe` (unless bf16), its block compiled."""
+def one_block_llama(
+    recipe: str,
+    width: str = "small",
+    max_seq_len: int = 128,
+    *,
+    preset: str = "1.3B",
+    device: str = "cpu",
+) -> Llama:
+    """A one-block LLaMA of `preset`'s config, vocab 1000, on `device`, converted to `recipe`
+    (unless bf16), its block compiled; `width` "small": dim 256, FFN 704, 4 heads, any other
+    value: the preset's own widths."""
     cfg = dataclasses.replace(
-        get_config("1.3B", vocab_size=_VOCAB, max_seq_len=max_seq_len), n_layers=1
+        get_config(preset, vocab_size=_VOCAB, max_seq_len=max_seq_len), n_layers=1
     )
     if width == "small":
         cfg = dataclasses.replace(cfg, dim=256, ffn_dim=704, n_heads=4, n_kv_heads=4)
     torch.manual_seed(0)
     net = Llama(cfg)
     net.init_weights(0)
+    net = net.to(device)
     if recipe != "bf16":
         convert(net, recipe)
     for block in net.layers:

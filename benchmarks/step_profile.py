@@ -52,8 +52,8 @@ def profile_steps(step: Callable, batches: list[torch.Tensor], steps: int = 3) -
         "other_ms": by_class["other"],
         "kernels_per_step": round(sum(launches.values())),
         "top_kernels": [(n[:100], round(ms[n], 3), round(launches[n])) for n in ranked[:12]],
-        "host_self_ms": sum(ms for _, ms, _ in host),
-        "top_host_ops": [(op, round(ms, 3), n) for op, ms, n in host[:15]],
+        "host_self_ms": sum(t for _, t, _ in host),
+        "top_host_ops": [(op, round(t, 3), n) for op, t, n in host[:15]],
         "kernels": [(n[:200], round(ms[n], 4), round(launches[n])) for n in ranked],
     }
 

@@ -10,14 +10,11 @@ presets and runs a bf16-autocast forward and backward on train_e2e.py's batch fo
 results.
 """
 
-import dataclasses
-
 import pytest
 import torch
 
 from minifloat import recipes
-from minifloat.convert import convert
-from minifloat.models.llama import Llama, get_config
+from scripts import load_benchmark
 
 CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 pytestmark = [
@@ -31,24 +28,11 @@ RECIPES = [
     for n in recipes.names()
     if recipes.get(n).quantized
 ]
-VOCAB = 1000
-
-
+# benchmarks/partition_probe.py: the one-block LLaMA (vocab 1000), shared with test_transpose.py
+_PROBE = load_benchmark("partition_probe")
+VOCAB = _PROBE._VOCAB
 # preset -> (batch, positions): benchmarks/train_e2e.py's batches
 SHAPES = {"125M": (32, 1024), "1.3B": (8, 2048)}
-
-
-def one_block(preset: str, recipe: str, seq_len: int) -> Llama:
-    """`preset` cut to one block (vocab 1000) on the GPU, converted, its block compiled."""
-    cfg = get_config(preset, vocab_size=VOCAB, max_seq_len=seq_len)
-    torch.manual_seed(0)
-    net = Llama(dataclasses.replace(cfg, n_layers=1))
-    net.init_weights(0)
-    net = net.cuda()
-    convert(net, recipe)
-    for block in net.layers:
-        block.compile()
-    return net
 
 
 @pytest.mark.parametrize("preset", sorted(SHAPES))
@@ -56,7 +40,7 @@ def one_block(preset: str, recipe: str, seq_len: int) -> Llama:
 def test_compiled_block_at_model_width_trains(name, preset):
     torch._dynamo.reset()
     batch, positions = SHAPES[preset]
-    net = one_block(preset, name, seq_len=positions)
+    net = _PROBE.one_block_llama(name, preset, positions, preset=preset, device="cuda")
     tokens = torch.randint(0, VOCAB, (batch, positions + 1), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logits = net(tokens[:, :-1])
