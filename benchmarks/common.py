@@ -23,6 +23,7 @@ __all__ = [
 ]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+_STARTED = time.time()  # dump_kernel_sources prefers the files this process wrote
 
 
 def time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> float:
@@ -179,7 +180,12 @@ def write_results(
 def dump_kernel_sources(names: list[str], dest: Path, prefix: str, limit: int) -> list[Path]:
     """Copy inductor's generated source of the first `limit` Triton kernels in `names` (profiler
     kernel names, slowest first) from its cache (TORCHINDUCTOR_CACHE_DIR or the default) to
-    `dest/<prefix>_<i>_<name>.py`."""
+    `dest/<prefix>_<i>_<name>.py`.
+
+    Kernel names repeat across graphs and processes (every compiled graph numbers its kernels
+    from 0), so a shared cache holds several sources per name: files this process wrote are
+    preferred, and among them the kernel's own file over the graph module that embeds it.
+    """
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
         tempfile.gettempdir(), f"torchinductor_{os.environ.get('USER', 'root')}"
     )
@@ -188,15 +194,15 @@ def dump_kernel_sources(names: list[str], dest: Path, prefix: str, limit: int) -
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for i, name in enumerate(wanted):
-        for path in sources:
-            with open(path, errors="ignore") as f:
-                # names may come truncated (profiler tables): match a long one as a prefix
-                if f"def {name}" + ("(" if len(name) < 200 else "") not in f.read():
-                    continue
-            target = dest / f"{prefix}_{i}_{name[:60]}.py"
-            shutil.copy(path, target)
-            copied.append(target)
-            break
+        # names may come truncated (profiler tables): match a long one as a prefix
+        needle = f"def {name}" + ("(" if len(name) < 200 else "")
+        matches = [p for p in sources if needle in Path(p).read_text(errors="ignore")]
+        if not matches:
+            continue
+        best = min(matches, key=lambda p: (os.path.getmtime(p) < _STARTED, os.path.getsize(p)))
+        target = dest / f"{prefix}_{i}_{name[:60]}.py"
+        shutil.copy(best, target)
+        copied.append(target)
     return copied
 
 

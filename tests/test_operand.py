@@ -20,6 +20,8 @@ from minifloat.quantize import quantize
 
 FMTS = ["e2m1", "e4m3", "e5m2"]
 GRANULARITIES = ["tensor", "row", (1, 32), (1, 128), (32, 32), (16, 128)]
+# Long enough columns (512 rows) and rows (384 columns) for both two-stage amax reductions.
+TWO_STAGE = (512, 384)
 CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 
 
@@ -65,8 +67,8 @@ def check(fn, x, fmt, granularity, transpose):
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_eager_equals_reference(dtype, fmt, granularity, transpose):
-    # 256 x 384: long enough rows and columns for the two-stage amax reductions.
-    check(operand.quantize_operand, adversarial(256, 384, fmt, dtype), fmt, granularity, transpose)
+    x = adversarial(*TWO_STAGE, fmt, dtype)
+    check(operand.quantize_operand, x, fmt, granularity, transpose)
 
 
 @pytest.mark.parametrize("shape", [(50, 384), (77, 130), (1, 17)])
@@ -106,7 +108,7 @@ def test_prescale_clip_and_given_scale():
 def test_compiled_equals_reference_on_cpu(fmt, granularity, transpose):
     torch._dynamo.reset()
     fn = torch.compile(operand.quantize_operand, fullgraph=True)
-    check(fn, adversarial(256, 384, fmt, torch.bfloat16), fmt, granularity, transpose)
+    check(fn, adversarial(*TWO_STAGE, fmt, torch.bfloat16), fmt, granularity, transpose)
 
 
 @pytest.mark.gpu
@@ -118,7 +120,7 @@ def test_compiled_on_gpu_equals_cpu_reference(fmt, granularity, transpose):
     torch._dynamo.reset()
     kw = dict(fmt=fmt, granularity=granularity, transpose=transpose)
     fn = torch.compile(functools.partial(operand.quantize_operand, **kw), fullgraph=True)
-    x = adversarial(256, 384, fmt, torch.bfloat16)
+    x = adversarial(*TWO_STAGE, fmt, torch.bfloat16)
     values, scale = fn(x.cuda())
     want_values, want_scale = reference(x, fmt, granularity, transpose)
     assert bits_equal(values, want_values) and bits_equal(scale, want_scale)

@@ -3,6 +3,7 @@ per-step kernel times, launch counts and classes (the numbers the training bench
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 from torch.autograd import DeviceType
@@ -48,3 +49,26 @@ def test_kernels_are_classed_by_name():
     assert classify("nvjet_sm90_qrtst_128x160_128x5_1x2_h_bz_coopA_algo2_TNT") == "gemm"
     assert classify("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16") == "attention"
     assert classify("triton_per_fused_abs_amax_mul_silu_silu_backward_view_9") == "other"
+
+
+def test_dumped_kernel_source_is_this_process_own_file(tmp_path, monkeypatch):
+    """A shared inductor cache holds one kernel name several times (every graph numbers its
+    kernels from 0; older processes leave theirs): the dump takes the file written since the
+    benchmark started, and the kernel's own file over the graph module embedding it."""
+    common = load_benchmark("common")
+    cache = tmp_path / "cache"
+    (cache / "a").mkdir(parents=True)
+    (cache / "b").mkdir()
+    stale = cache / "a" / "stale.py"
+    stale.write_text("def triton_per_fused_amax_9(x):\n    pass  # another model's\n")
+    hour_ago = common._STARTED - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    module = cache / "b" / "module.py"
+    module.write_text("x = 1\n" * 50 + "def triton_per_fused_amax_9(x):\n    pass\n")
+    own = cache / "b" / "own.py"
+    own.write_text("def triton_per_fused_amax_9(x):\n    pass\n")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    names = ["nvjet_sm90_qqtst", "triton_per_fused_amax_9", "triton_poi_missing"]
+    copied = common.dump_kernel_sources(names, tmp_path / "dump", "fp8-rowwise", 10)
+    assert [p.read_text() for p in copied] == [own.read_text()]
+    assert copied[0].name == "fp8-rowwise_0_triton_per_fused_amax_9.py"
