@@ -203,10 +203,12 @@ def _column_amax(v: torch.Tensor, rows_per_partial: int = 256) -> torch.Tensor:
     whole rows, coalesced, with many bands in flight), then the maximum of the partials. Max is
     order-independent, so this equals a one-stage reduction bit for bit.
 
-    Bands of 256 rows, not 64: inductor makes a 64-row band a persistent reduction that holds
-    the band in registers, and at 1.3B the SwiGLU backward's three column maxima ran at ~1 TB/s
-    that way (0.57 ms a layer); as a looped reduction over 256-row bands, 0.20 ms. fp8-rowwise
-    at 1.3B: 250.7 -> 240.4 ms a step (docs/hopper_sessions.md, session 25)."""
+    Bands of 256 rows, not 64: inductor makes a reduction over at most 64 elements that are not
+    contiguous in memory a persistent one, the band held in registers
+    (`should_use_persistent_reduction` in torch/_inductor/choices.py), and at 1.3B the SwiGLU
+    backward's three column maxima ran at ~1 TB/s that way (0.57 ms a layer); as a looped
+    reduction over 256-row bands, 0.20 ms. fp8-rowwise at 1.3B: 250.7 -> 240.4 ms a step
+    (docs/hopper_sessions.md, session 25)."""
     r = v.shape[0]
     if r % rows_per_partial or r <= rows_per_partial:
         return v.abs().amax(dim=0, keepdim=True)
