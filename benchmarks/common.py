@@ -190,13 +190,14 @@ def dump_kernel_sources(names: list[str], dest: Path, prefix: str, limit: int) -
         tempfile.gettempdir(), f"torchinductor_{os.environ.get('USER', 'root')}"
     )
     wanted = [n for n in names if n.startswith("triton_")][:limit]
-    sources = glob.glob(os.path.join(cache, "**", "*.py"), recursive=True)
+    paths = glob.glob(os.path.join(cache, "**", "*.py"), recursive=True)
+    sources = {p: Path(p).read_text(errors="ignore") for p in paths} if wanted else {}
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for i, name in enumerate(wanted):
         # names may come truncated (profiler tables): match a long one as a prefix
         needle = f"def {name}" + ("(" if len(name) < 200 else "")
-        matches = [p for p in sources if needle in Path(p).read_text(errors="ignore")]
+        matches = [p for p, text in sources.items() if needle in text]
         if not matches:
             continue
         best = min(matches, key=lambda p: (os.path.getmtime(p) < _STARTED, os.path.getsize(p)))
