@@ -21,10 +21,14 @@ def test_the_first_signal_is_recorded_and_the_handlers_restored(signum: int) -> 
 
 
 def test_a_second_sigint_interrupts_at_once() -> None:
-    before = signal.getsignal(signal.SIGINT)
-    assert before is signal.default_int_handler  # Python's: it raises KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt), StopSignals() as stop:
-        signal.raise_signal(signal.SIGINT)
-        assert stop.received == signal.SIGINT
-        signal.raise_signal(signal.SIGINT)  # e.g. the checkpoint hangs: Ctrl-C again
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's handler raises KeyboardInterrupt; Python installs it at startup unless SIGINT was
+    # ignored then (a process a non-interactive shell started in the background), so set it here.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), StopSignals() as stop:
+            signal.raise_signal(signal.SIGINT)
+            assert stop.received == signal.SIGINT
+            signal.raise_signal(signal.SIGINT)  # e.g. the checkpoint hangs: Ctrl-C again
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
