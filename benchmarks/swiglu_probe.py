@@ -19,7 +19,7 @@ Triton kernels: one pass that computes h, dg and du once per tile and writes the
 and column maxima (partials, reduced by two small ops), and one pass that writes all five
 operands, the transposed ones through shared memory. Same quotients (`exact.div_rn_by_scale`'s
 float64 reciprocals) and rounding (`round_to_storage`'s forms), so the bytes should match;
-the probe reports whether they do. Two configurations:
+the probe reports how many differ. Two configurations:
 - `rowwise` (fp8-rowwise): h_qᵀ E4M3 with per-channel scales; dg, du E4M3 row and transposed.
 - `fp4` (fp4-direct / fp4-dge): h_q E2M1 per token written transposed (the down projection's
   reused wgrad operand); dg, du E5M2, row with the weight's row scales folded into columns
@@ -96,7 +96,8 @@ def reference(g, u, dh, config, pg=None, pu=None, px=None, fp32=False):
 
 @triton.jit
 def _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask):
-    """h, dg, du in float32 from bf16 g, u, dh, written as inductor decomposes them."""
+    """h, dg, du in float32 from bf16 g, u, dh (inductor divides by 1 + exp(-g) where this
+    uses `tl.sigmoid`: last-bit differences, see the module docstring)."""
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
