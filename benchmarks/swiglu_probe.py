@@ -47,7 +47,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from common import RESULTS_DIR, copy_bandwidth, kernel_profile, time_ms, write_results  # noqa: E402
-from minifloat.exact import div_rn  # noqa: E402
+from division_probe import fma_factors  # noqa: E402  (s1, 1/s1, p1, p2, session 22)
 from minifloat.kernels.operand import quantize_operand, scale_from_amax  # noqa: E402
 from minifloat.kernels.transpose import transpose_copy  # noqa: E402
 
@@ -265,11 +265,7 @@ def _scale(amax: torch.Tensor, fmt: str, bf16: bool, fma: bool) -> tuple[torch.T
     s = scale_from_amax(amax.to(torch.bfloat16).float() if bf16 else amax, FMT[fmt][0])
     if not fma:
         return s, s.double().reciprocal()
-    s1, e = torch.frexp(s.reshape(-1))
-    k = (-e).clamp(-250, 250)
-    k_hi = torch.div(k + 1, 2, rounding_mode="floor")
-    p1, p2 = (((kk + 127) << 23).view(torch.float32) for kk in (k_hi, k - k_hi))
-    return s, torch.stack([s1, div_rn(torch.ones_like(s1), s1), p1, p2]).contiguous()
+    return s, torch.stack(fma_factors(s.reshape(-1))).contiguous()
 
 
 def fused(
