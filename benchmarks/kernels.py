@@ -6,7 +6,10 @@ For each operand quantization QuantLinear runs (M = 16384 tokens at the 7B width
 model's 32768 x 768 / 2048), times `kernels/operand.quantize_operand` compiled on its own
 (`torch.compile(fullgraph=True)`: the kernels inductor makes of it): CUDA-event time per call
 (host overhead included) and GPU kernel time (profiler); bandwidth is bytes read once plus bytes
-written over the kernel time, against a measured device-to-device copy's rate. Checks that the
+written over the kernel time, against a measured device-to-device copy's rate. Then each memory
+pass on its own: every kernel inductor makes of a quantizer, timed by inductor's bandwidth
+profiler with the bytes inductor counts for it (each buffer read or written once), and the
+transposed FP8 copy (`transpose_copy`) that training runs after the transposed ones. Checks that the
 compiled quantizer's values and scales equal `minifloat.quantize.quantize` on the CPU bit for
 bit (random data with exact grid midpoints, zeros, NaN, inf, subnormals). Also: which fp32 order
 row-wise `_scaled_mm` applies scales in (the emulation uses the same).
@@ -27,9 +30,13 @@ from common import copy_bandwidth, environment, kernel_ms, time_ms, write_result
 from minifloat import formats  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 from minifloat.kernels import scaled_mm as smm  # noqa: E402
+from minifloat.kernels.transpose import transpose_copy  # noqa: E402
 from minifloat.quantize import quantize  # noqa: E402
 
 M = 16384
+# A pass moving less than this share of its quantizer's bytes (the maximum of a few thousand
+# partial maxima, a scale's arithmetic) is bound by its launch, not by memory: listed, not rated.
+SMALL_PASS = 0.01
 # (tokens, features): the 7B and 1.3B layer shapes, and the 125M model's (batch 32 x 1024).
 SHAPES = ((M, 4096), (M, 11008), (M, 2048), (32768, 768), (32768, 2048))
 
@@ -50,6 +57,14 @@ def _cases(x: torch.Tensor, col: torch.Tensor, row: torch.Tensor) -> dict:
     }  # fmt: skip
 
 
+def shape_cases(m: int, k: int) -> tuple[torch.Tensor, dict]:
+    """A bf16 input [m, k] on the GPU and `_cases` for it (random folded row and column scales)."""
+    x = torch.randn(m, k, device="cuda").bfloat16()
+    col = torch.rand(1, k, device="cuda") + 0.5
+    row = torch.rand(m, 1, device="cuda") + 0.5
+    return x, _cases(x, col, row)
+
+
 def _timings(name: str, fn, nbytes: int, bw: float) -> dict:
     """Event time per call (host overhead included) and GPU kernel time (profiler), and the
     kernel time's bandwidth as a fraction of the copy's."""
@@ -62,16 +77,61 @@ def _timings(name: str, fn, nbytes: int, bw: float) -> dict:
 def quantizer_table(bw: float) -> list[dict]:
     records = []
     for m, k in SHAPES:
-        x = torch.randn(m, k, device="cuda").bfloat16()
-        col = torch.rand(1, k, device="cuda") + 0.5
-        row = torch.rand(m, 1, device="cuda") + 0.5
-        for name, (kw, bytes_per_el) in _cases(x, col, row).items():
+        x, cases = shape_cases(m, k)
+        for name, (kw, bytes_per_el) in cases.items():
             torch._dynamo.reset()
             fn = torch.compile(functools.partial(operand.quantize_operand, **kw), fullgraph=True)
             rec = dict(shape=f"{m}x{k}", case=name)
             rec |= _timings("compiled", lambda: fn(x), bytes_per_el * x.numel(), bw)  # noqa: B023
             records.append(rec)
             print(rec, flush=True)
+    return records
+
+
+def inductor_passes(fn, x: torch.Tensor) -> list[tuple[str, float, float]]:
+    """[(kernel, ms, GB)] for each Triton kernel inductor makes of `fn(x)`: inductor's bandwidth
+    profiler (`profile_bandwidth`) times each kernel on its own (L2 flushed between repeats, the
+    kernel's duration from the profiler) and counts its bytes as every input and output buffer
+    moved once."""
+    from torch._inductor import config
+    from torch._inductor.runtime import triton_heuristics
+
+    calls = triton_heuristics.collected_calls
+    calls.clear()
+    torch._dynamo.reset()
+    # Timed through the profiler (kernel durations from CUPTI): inductor's default timer gave
+    # these kernels 1.5-2x the profiler's times, and 20-140 us to kernels of a few us.
+    timing = dict(profile_bandwidth_with_do_bench_using_profiling=True)
+    with config.patch(profile_bandwidth=True, force_disable_caches=True, **timing):
+        torch.compile(fn, fullgraph=True)(x)
+    torch.cuda.synchronize()
+    passes = [(name, ms, gb) for ms, gb, _, name in calls]
+    calls.clear()
+    torch._dynamo.reset()
+    return passes
+
+
+def pass_table(bw: float) -> list[dict]:
+    """Every memory pass of every quantizer case, and the transposed FP8 copy, as a fraction of
+    the copy's bandwidth (`rated`: the passes that move at least SMALL_PASS of the case's bytes)."""
+    records = []
+    for m, k in SHAPES:
+        x, cases = shape_cases(m, k)
+        for name, (kw, _) in cases.items():
+            passes = inductor_passes(functools.partial(operand.quantize_operand, **kw), x)
+            total = sum(gb for _, _, gb in passes)
+            for kernel, ms, gb in passes:
+                records.append(dict(shape=f"{m}x{k}", case=name, kernel=kernel, us=ms * 1e3,
+                                    gb=gb, frac_of_copy=gb / ms * 1e3 / bw,
+                                    rated=gb >= SMALL_PASS * total))  # fmt: skip
+                print(records[-1], flush=True)
+        q = x.to(torch.float8_e4m3fn)
+        kms = kernel_ms(lambda: transpose_copy(q))  # noqa: B023
+        gb = 2 * q.numel() / 1e9
+        records.append(dict(shape=f"{m}x{k}", case="transpose_copy e4m3",
+                            kernel="_transpose_kernel", us=kms * 1e3, gb=gb,
+                            frac_of_copy=gb / kms * 1e3 / bw, rated=True))  # fmt: skip
+        print(records[-1], flush=True)
     return records
 
 
@@ -134,7 +194,9 @@ def epilogue_order() -> dict:
     return out
 
 
-def markdown(records: list[dict], bw: float, exact: list[dict], epilogue: dict) -> str:
+def markdown(
+    records: list[dict], bw: float, exact: list[dict], epilogue: dict, passes: list[dict]
+) -> str:
     n_ok = sum(r["bit_exact"] for r in exact)
     lines = [
         f"Copy bandwidth {bw:.0f} GB/s (read + write). Bandwidth of a quantizer = (2 bytes read "
@@ -156,7 +218,36 @@ def markdown(records: list[dict], bw: float, exact: list[dict], epilogue: dict) 
             f"| {r['shape']} | {r['case']} | {r['compiled_us']:.1f} | "
             f"{r['compiled_kernel_us']:.1f} | {r['compiled_frac_of_copy']:.0%} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + _pass_lines(passes))
+
+
+def _pass_lines(passes: list[dict]) -> list[str]:
+    """The per-pass section: the slowest rated pass of each case, then every pass."""
+    by_case: dict[tuple[str, str], list[dict]] = {}
+    for p in passes:
+        by_case.setdefault((p["shape"], p["case"]), []).append(p)
+    lines = [
+        "",
+        "Each memory pass on its own (inductor's bandwidth profiler: each kernel run alone, L2 "
+        "flushed, its duration from the profiler; bytes = every buffer it reads or writes, once; "
+        f"`transpose_copy` by the profiler's kernel time). Passes under {SMALL_PASS:.0%} of "
+        "their quantizer's bytes are listed, not rated (launch-bound).",
+        "",
+        "| shape | case | passes (rated) | slowest rated pass, % of copy |",
+        "|---|---|---|---|",
+    ]
+    for (shape, case), ps in by_case.items():
+        rated = [p for p in ps if p["rated"]]
+        worst = min(p["frac_of_copy"] for p in rated) if rated else float("nan")
+        lines.append(f"| {shape} | {case} | {len(ps)} ({len(rated)}) | {worst:.0%} |")
+    lines += ["", "| shape | case | kernel | us | MB | % of copy | rated |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for p in passes:
+        lines.append(
+            f"| {p['shape']} | {p['case']} | `{p['kernel'][:60]}` | {p['us']:.1f} | "
+            f"{p['gb'] * 1e3:.1f} | {p['frac_of_copy']:.0%} | {'yes' if p['rated'] else 'no'} |"
+        )
+    return lines
 
 
 def main() -> None:
@@ -169,10 +260,13 @@ def main() -> None:
     epilogue = epilogue_order()
     bw = copy_bandwidth()
     records = quantizer_table(bw)
+    passes = pass_table(bw)
     kw = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
     all_records = [dict(kind="quantizer", **r) for r in records]
+    all_records += [dict(kind="pass", **r) for r in passes]
     all_records += [dict(kind="exactness", **r) for r in exact]
-    md, js = write_results("kernels", all_records, markdown(records, bw, exact, epilogue), **kw)
+    text = markdown(records, bw, exact, epilogue, passes)
+    md, js = write_results("kernels", all_records, text, **kw)
     print(md.read_text())
 
 
