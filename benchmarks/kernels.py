@@ -99,8 +99,9 @@ def inductor_passes(fn, x: torch.Tensor) -> list[tuple[str, float, float]]:
     calls = triton_heuristics.collected_calls
     calls.clear()
     torch._dynamo.reset()
-    # Timed through the profiler (kernel durations from CUPTI): inductor's default timer gave
-    # these kernels 1.5-2x the profiler's times, and 20-140 us to kernels of a few us.
+    # Timed through the profiler (kernel durations from CUPTI): with inductor's default timer a
+    # quantizer's passes summed to 1.0-4.7x its profiled time, kernels of a few us read 21-223 us
+    # (benchmarks/results/kernels_default_timer_h200_2026-11-26.md).
     timing = dict(profile_bandwidth_with_do_bench_using_profiling=True)
     with config.patch(profile_bandwidth=True, force_disable_caches=True, **timing):
         torch.compile(fn, fullgraph=True)(x)
