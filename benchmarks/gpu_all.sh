@@ -8,8 +8,8 @@
 # Stages: tests (pytest -m gpu, four xdist workers if installed), kernels (benchmarks/kernels.py),
 # linear (one layer, compiled, 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py),
 # optim (optimizer step time, benchmarks/optim_states.py --step-time), gradcomm (the fp8 gradient
-# all-reduce's passes per bucket, eager vs compiled, benchmarks/grad_comm_codec.py; one GPU). Extra arguments for a
-# stage's script follow it after "--" up to the next stage name, e.g.
+# all-reduce's passes per bucket, eager vs compiled, benchmarks/grad_comm_codec.py; one GPU).
+# Extra arguments for a stage's script follow it after "--" up to the next stage name, e.g.
 #   bash benchmarks/gpu_all.sh e2e-1.3B -- --rows bf16,fp8-tensorwise --profile fp8-tensorwise
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,8 @@ run_stage() {
     tests) # four workers share the GPU where pytest-xdist is installed: the 190 tests took
            # 302 s so on an H200, and do not fit one 600 s device call run serially (session 28)
            local workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
-           python3 -m pytest -m gpu -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} --durations=10 tests "$@" \
+           python3 -m pytest -m gpu -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} \
+             --durations=10 tests "$@" \
              2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
     kernels) python3 benchmarks/kernels.py --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
     linear) python3 benchmarks/linear.py --out-dir "$OUT" --compile --shapes 7b "$@" \
