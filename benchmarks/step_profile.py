@@ -14,7 +14,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import host_ops, kernel_times  # noqa: E402
 
-__all__ = ["GEMM_WORDS", "ATTENTION_WORDS", "classify", "profile_steps", "find_syncs"]
+__all__ = [
+    "GEMM_WORDS",
+    "ATTENTION_WORDS",
+    "classify",
+    "idle_gaps",
+    "profile_steps",
+    "find_syncs",
+]
 
 GEMM_WORDS = ("gemm", "nvjet", "xmma", "cutlass", "matmul", "splitk")
 ATTENTION_WORDS = ("flash", "fmha", "attention", "attn")
@@ -30,9 +37,67 @@ def classify(name: str) -> str:
     return "other"
 
 
+# Gap classes on the GPU timeline, in microseconds: up to 5 us is the spacing of back-to-back
+# launches from a full queue; longer gaps are the GPU waiting for something.
+_GAP_CLASSES = ((5.0, "gaps <= 5 us"), (50.0, "5-50 us"), (float("inf"), "> 50 us"))
+
+
+def idle_gaps(spans: list[tuple[float, float, str]], steps: int, top: int = 10) -> dict:
+    """Where the GPU idles between its kernels, per step, from (start us, end us, name) spans.
+
+    Overlapping spans (several streams) count once. `wall_ms` is the first start to the last
+    end over `steps`; `busy_ms` the union of the spans; `idle_ms` the rest, also split by gap
+    length (`idle_by_gap`: ms and gaps per step); `top_gaps` the longest [us, kernel before,
+    kernel after]. Against the sum of kernel times this says whether a step's time beyond its
+    kernels is launch spacing (many short gaps) or waits (a few long ones).
+    """
+    if not spans:
+        return {}
+    spans = sorted(spans)
+    busy = 0.0
+    gaps: list[tuple[float, str, str]] = []
+    start, end, prev = spans[0]
+    for s, e, name in spans[1:]:
+        if s > end:
+            busy += end - start
+            gaps.append((s - end, prev, name))
+            start = s
+        if e >= end:
+            end, prev = e, name
+    busy += end - start
+    wall = end - spans[0][0]  # `end` is the latest end seen
+    by_class = {label: [0.0, 0] for _, label in _GAP_CLASSES}
+    for us, _, _ in gaps:
+        label = next(lab for bound, lab in _GAP_CLASSES if us <= bound)
+        by_class[label][0] += us
+        by_class[label][1] += 1
+    longest = sorted(gaps, reverse=True)[:top]
+    return {
+        "wall_ms": wall / 1000.0 / steps,
+        "busy_ms": busy / 1000.0 / steps,
+        "idle_ms": (wall - busy) / 1000.0 / steps,
+        "idle_by_gap": {
+            k: [round(us / 1000.0 / steps, 3), round(n / steps, 1)]
+            for k, (us, n) in by_class.items()
+        },
+        "top_gaps": [[round(us, 1), a[:80], b[:80]] for us, a, b in longest],
+    }
+
+
+def _device_spans(prof) -> list[tuple[float, float, str]]:
+    from torch.autograd import DeviceType
+
+    return [
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
+
+
 def profile_steps(step: Callable, batches: list[torch.Tensor], steps: int = 3) -> dict:
     """GPU kernel ms per step by class, launches per step, the top kernels and host ops, and
-    every kernel (for offline reading: which passes a recipe adds over bf16 or torchao)."""
+    every kernel (for offline reading: which passes a recipe adds over bf16 or torchao), and
+    the GPU's idle time between kernels (`timeline`, see `idle_gaps`)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -55,6 +120,7 @@ def profile_steps(step: Callable, batches: list[torch.Tensor], steps: int = 3) -
         "host_self_ms": sum(t for _, t, _ in host),
         "top_host_ops": [(op, round(t, 3), n) for op, t, n in host[:15]],
         "kernels": [(n[:200], round(ms[n], 4), round(launches[n])) for n in ranked],
+        "timeline": idle_gaps(_device_spans(prof), steps),
     }
 
 

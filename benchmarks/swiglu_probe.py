@@ -1,7 +1,7 @@
 """How fast could the SwiGLU backward's quantization run as two hand-written kernels? (issue 13)
 
     PYTHONPATH=src python benchmarks/swiglu_probe.py [--out-dir DIR] [--date D] [--tag T]
-        [--tiles "BM,BN,W,BM,BN,W;..."] [--quotients f64,fma]
+        [--tiles "BM,BN,W,BM,BN,W;..."] [--quotients f64,fma] [--configs rowwise,fp4,tensorwise]
     PYTHONPATH=src:<triton> TRITON_INTERPRET=1 python benchmarks/swiglu_probe.py --smoke
 
 In training, the compiled backward of a converted SwiGLU MLP (`w2(silu(w1 x) * w3 x)`) reads
@@ -24,12 +24,16 @@ the probe reports how many differ. Two configurations:
 - `fp4` (fp4-direct / fp4-dge): h_q E2M1 per token written transposed (the down projection's
   reused wgrad operand); dg, du E5M2, row with the weight's row scales folded into columns
   (dgrad) and transposed with the input's row scales folded into rows (wgrad).
+- `tensorwise` (fp8-tensorwise, session 29): h_qᵀ E4M3 under h's tensor scale from forward
+  (saved, so backward reduces only dg and du); dg, du E5M2 under one scale each, row layout
+  and transposed (the same bytes). As trained, h_qᵀ is a plain transposed copy that inductor
+  fuses into the cast kernel and dg, du are transposed by `transpose_copy`.
 
 The Triton rows run each tile choice (maxima and cast kernels' BM, BN, warps) with the
 float64 quotient and with Markstein's FMA quotient (`--quotients`). Writes
 `swiglu_probe[_<tag>]_<gpu>_<date>.{md,json}`; needs a CUDA GPU with Triton. `--smoke` checks
 the kernels on the CPU under Triton's interpreter against a float32 reference (small shapes,
-writes nothing). Results: docs/hopper_sessions.md, session 27.
+writes nothing). Results: docs/hopper_sessions.md, sessions 27 and 29.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from division_probe import fma_factors  # noqa: E402  (s1, 1/s1, p1, p2, session
 from minifloat.kernels.operand import quantize_operand, scale_from_amax  # noqa: E402
 from minifloat.kernels.transpose import transpose_copy  # noqa: E402
 
+CONFIGS = ("rowwise", "fp4", "tensorwise")
 FMT = {  # name -> (max, torch dtype, is_e2m1)
     "e4m3": (448.0, torch.float8_e4m3fn, False),
     "e5m2": (57344.0, torch.float8_e5m2, False),
@@ -61,7 +66,7 @@ FMT = {  # name -> (max, torch dtype, is_e2m1)
 # --------------------------------------------------------------------------- the compiled code
 
 
-def reference(g, u, dh, config, pg=None, pu=None, px=None, fp32=False):
+def reference(g, u, dh, config, pg=None, pu=None, px=None, fp32=False, s_h=None):
     """The five operands as training computes them (compiled): [(values, scale)]. `fp32`:
     h, dg and du in float32 from the bf16 inputs, as the Triton kernels (and inductor's Triton
     code) compute them, without the eager ops' bf16 roundings between them."""
@@ -74,6 +79,13 @@ def reference(g, u, dh, config, pg=None, pu=None, px=None, fp32=False):
         dg = torch.ops.aten.silu_backward(dh * u, g)
     h = sg * u
     du = dh * sg
+    if config == "tensorwise":  # s_h: h's tensor scale, from forward
+        h_q, s_h = quantize_operand(h, "e4m3", "tensor", scale=s_h)
+        outs = [(h_q.t().contiguous(), s_h)]
+        for v in (dg, du):
+            v_q, s_v = quantize_operand(v, "e5m2", "tensor")
+            outs += [(v_q, s_v), (transpose_copy(v_q), s_v)]
+        return outs
     if config == "rowwise":
         h_t, s_h = quantize_operand(h, "e4m3", "row", transpose=True)
         outs = [(transpose_copy(h_t.t()), s_h)]
@@ -122,6 +134,12 @@ def _col_max(v):
 
 
 @triton.jit
+def _tile_max(v):
+    bits = tl.max(tl.max(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _folded(dg, du, pg_ptr, pu_ptr, px_ptr, rows, cols, rmask, cmask, PRESCALE: tl.constexpr):
     """(dg_r, du_r, dg_c, du_c): the row-layout operands' values with the weights' row scales
     folded into their columns (dgrad) and the transposed ones' with the input's row scales
@@ -141,6 +159,7 @@ def _maxima_kernel(
     h_part, dg_row, du_row, dg_col, du_col,
     M, N, NB,
     H_ROW: tl.constexpr, PRESCALE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    TENSOR: tl.constexpr,
 ):  # fmt: skip
     pm, pn = tl.program_id(0), tl.program_id(1)
     rows = pm * BM + tl.arange(0, BM)
@@ -149,6 +168,10 @@ def _maxima_kernel(
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
     h, dg, du = _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask)
     rmask, cmask = rows < M, cols < N
+    if TENSOR:  # h's scale comes from forward; dg's and du's tile maxima only
+        tl.store(dg_row + pm.to(tl.int64) * NB + pn, _tile_max(dg))
+        tl.store(du_row + pm.to(tl.int64) * NB + pn, _tile_max(du))
+        return
     if H_ROW:
         tl.store(h_part + rows.to(tl.int64) * NB + pn, _row_max(h), mask=rmask)
     else:
@@ -280,11 +303,14 @@ def fused(
     round_amax=True,
     grid=False,
     fma=False,
+    s_h=None,
 ):
     """The same five operands from two Triton kernels (plus the partials' reductions).
 
     `round_amax`: round the maxima of unscaled operands to bf16, as `quantize_operand` takes
     them in the operand's own dtype (the compiled graph's h, dg and du are bf16 nodes)."""
+    if config == "tensorwise":
+        return _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid)
     m, n = g.shape
     bm, bn, warps, cbm, cbn, cwarps = tiles
     nb, mb = triton.cdiv(n, bn), triton.cdiv(m, bm)
@@ -298,7 +324,7 @@ def fused(
     pgv, puv, pxv = (pg.reshape(-1), pu.reshape(-1), px.reshape(-1)) if prescale else (one,) * 3
     _maxima_kernel[(mb, nb)](
         g, u, dh, pgv, puv, pxv, h_part, dg_row, du_row, dg_col, du_col, m, n, nb,
-        H_ROW=h_row, PRESCALE=prescale, BM=bm, BN=bn, num_warps=warps,
+        H_ROW=h_row, PRESCALE=prescale, BM=bm, BN=bn, TENSOR=False, num_warps=warps,
     )  # fmt: skip
     h_fmt, g_fmt = ("e2m1", "e5m2") if config == "fp4" else ("e4m3", "e4m3")
     h_amax = h_part.amax(1, keepdim=True) if h_row else h_part.amax(0, keepdim=True)
@@ -320,6 +346,42 @@ def fused(
     )  # fmt: skip
     return [(h_t, s_h.t().contiguous()), (dg_q, s_gr), (dg_t, s_gc.t().contiguous()), (du_q, s_ur),
             (du_t, s_uc.t().contiguous())]  # fmt: skip
+
+
+def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid):
+    """`fused` for fp8-tensorwise: tile maxima of dg and du, then the rowwise cast kernel
+    with every group's reciprocal the tensor's (a vector of equal values), so dg_t and du_t
+    hold dg_q's and du_q's bytes transposed."""
+    m, n = g.shape
+    bm, bn, warps, cbm, cbn, cwarps = tiles
+    nb, mb = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    f32 = dict(dtype=torch.float32, device=g.device)
+    dg_part, du_part = torch.empty(mb, nb, **f32), torch.empty(mb, nb, **f32)
+    one = torch.ones(1, **f32)
+    _maxima_kernel[(mb, nb)](
+        g, u, dh, one, one, one, one, dg_part, du_part, one, one, m, n, nb,
+        H_ROW=False, PRESCALE=False, BM=bm, BN=bn, TENSOR=True, num_warps=warps,
+    )  # fmt: skip
+    s_g, r_g = _scale(dg_part.amax().reshape(1, 1), "e5m2", round_amax, False)
+    s_u, r_u = _scale(du_part.amax().reshape(1, 1), "e5m2", round_amax, False)
+    r_h, r_g, r_u = (r.reshape(1) for r in (s_h.double().reciprocal(), r_g, r_u))
+    h_t = torch.empty((n, m), dtype=torch.float8_e4m3fn, device=g.device)
+    dg_q = torch.empty((m, n), dtype=torch.float8_e5m2, device=g.device)
+    du_q = torch.empty_like(dg_q)
+    dg_t, du_t = (torch.empty((n, m), dtype=dg_q.dtype, device=g.device) for _ in range(2))
+    _cast_kernel[(triton.cdiv(m, cbm), triton.cdiv(n, cbn))](
+        g, u, dh, one, one, one, r_h.expand(n).contiguous(), r_g.expand(m).contiguous(),
+        r_u.expand(m).contiguous(), r_g.expand(n).contiguous(), r_u.expand(n).contiguous(),
+        h_t, dg_q, du_q, dg_t, du_t, m, n,
+        H_ROW=False, PRESCALE=False, H_MAX=448.0, H_E2M1=False, G_MAX=57344.0, G_E5M2=True,
+        BM=cbm, BN=cbn, GRID=grid, FMA=False, num_warps=cwarps,
+    )  # fmt: skip
+    return [(h_t, s_h), (dg_q, s_g), (dg_t, s_g), (du_q, s_u), (du_t, s_u)]
+
+
+def h_scale(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """h's E4M3 tensor scale as forward computes it (the amax of the bf16 h)."""
+    return scale_from_amax((F.silu(g) * u).abs().amax().float().reshape(1, 1), 448.0)
 
 
 # --------------------------------------------------------------------------- the probe
@@ -353,12 +415,15 @@ def smoke() -> None:
     for m, n in ((64, 128), (50, 100)):
         g, u, dh, scales = _inputs(m, n, "cpu")
         g[0, 2] = 1.0  # no NaN: the interpreter's casts turn NaN into -384
-        for config in ("rowwise", "fp4"):
+        s_h = h_scale(g, u)
+        for config in CONFIGS:
             extra = scales if config == "fp4" else ()
-            ref = reference(g, u, dh, config, *extra, fp32=True)
-            for fma in (False, True):
+            kw = dict(s_h=s_h) if config == "tensorwise" else {}
+            ref = reference(g, u, dh, config, *extra, fp32=True, **kw)
+            for fma in (False, True) if config != "tensorwise" else (False,):
                 t = (32, 64, 4, 32, 64, 4)
-                new = fused(g, u, dh, config, *extra, tiles=t, round_amax=False, grid=True, fma=fma)
+                new = fused(g, u, dh, config, *extra, tiles=t, round_amax=False, grid=True,
+                            fma=fma, **kw)  # fmt: skip
                 print(m, n, config, "fma" if fma else "f64", "vs float32:", _mismatches(ref, new))
 
 
@@ -381,6 +446,9 @@ def main() -> None:
     )
     ap.add_argument("--tag", default="", help="results file suffix: swiglu_probe_<tag>_...")
     ap.add_argument(
+        "--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS)
+    )
+    ap.add_argument(
         "--quotients",
         default="f64,fma",
         help="the Triton rows' quotient forms: f64 (as shipped) and/or fma (Markstein)",
@@ -393,20 +461,24 @@ def main() -> None:
     records, lines = [], []
     compiled = torch.compile(reference, fullgraph=True)
     tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
+    configs = args.configs.split(",")
     for m, n in ((16384, 5632), (16384, 11008)):
         g, u, dh, (pg, pu, px) = _inputs(m, n, "cuda")
         moved = m * n * (3 * 2 + 5)  # g, u, dh read once; five FP8 operands written
-        for config in ("rowwise", "fp4"):
+        for config in configs:
             extra = (pg, pu, px) if config == "fp4" else ()
-            ref = compiled(g, u, dh, config, *extra)
-            unrounded = _mismatches(ref, fused(g, u, dh, config, *extra, round_amax=False))
+            kw = dict(s_h=h_scale(g, u)) if config == "tensorwise" else {}
+            ref = compiled(g, u, dh, config, *extra, **kw)
+            unrounded = _mismatches(ref, fused(g, u, dh, config, *extra, round_amax=False, **kw))
             print(m, n, config, "maxima unrounded: mismatches", unrounded, flush=True)
             args_ = (g, u, dh, config, *extra)
-            rows = [("inductor (as trained)", functools.partial(compiled, *args_), None)]
+            rows = [("inductor (as trained)", functools.partial(compiled, *args_, **kw), None)]
+            quotients = args.quotients.split(",") if config != "tensorwise" else ["f64"]
             for t in tiles:
-                for fma in ("fma" in q for q in args.quotients.split(",")):
+                for fma in ("fma" in q for q in quotients):
                     name = f"triton {'fma' if fma else 'f64'} {t}"
-                    rows.append((name, functools.partial(fused, *args_, tiles=t, fma=fma), t))
+                    fn = functools.partial(fused, *args_, tiles=t, fma=fma, **kw)
+                    rows.append((name, fn, t))
             for name, fn, t in rows:
                 bad = _mismatches(ref, fn())
                 prof = kernel_profile(fn, reps=10, top=8)

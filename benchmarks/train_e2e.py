@@ -397,6 +397,14 @@ def _optimizer_words(optim_states: list[str]) -> str:
     return "optimizer states per row (fp32: torch's fused AdamW, else minifloat's AdamW)"
 
 
+def _timeline_cells(t: dict | None) -> str:
+    """'wall | idle (a / b / c)' from step_profile.idle_gaps, or dashes without a timeline."""
+    if not t:
+        return "— | —"
+    parts = " / ".join(f"{ms:.1f}" for ms, _ in t["idle_by_gap"].values())
+    return f"{t['wall_ms']:.1f} | {t['idle_ms']:.1f} ({parts})"
+
+
 def markdown(records: list[dict], args) -> str:
     lines = [
         f"`{' '.join(sys.argv)}`",
@@ -436,12 +444,13 @@ def markdown(records: list[dict], args) -> str:
     if profiled:
         lines += ["", "GPU kernel time per step (profiler, 3 steps):", "",
                   "| recipe | kernel ms | GEMM ms | attention ms | other ms | kernels/step "
-                  "| syncs/step |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| syncs/step | GPU wall ms | GPU idle ms (<= 5 / 5-50 / > 50 us gaps) |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in profiled:
             lines.append(
                 f"| {r['recipe']} | {r['kernel_ms']:.1f} | {r['gemm_ms']:.1f} | "
                 f"{r['attention_ms']:.1f} | {r['other_ms']:.1f} | {r['kernels_per_step']} | "
-                f"{r.get('syncs_per_step', '—')} |"
+                f"{r.get('syncs_per_step', '—')} | {_timeline_cells(r.get('timeline'))} |"
             )
         for r in profiled:
             if r.get("sync_sites"):
@@ -450,6 +459,10 @@ def markdown(records: list[dict], args) -> str:
             lines += ["", f"Top kernels, {r['recipe']}:", "", "| kernel | ms/step | launches |",
                       "|---|---|---|"]  # fmt: skip
             lines += [f"| `{n}` | {ms:.2f} | {c} |" for n, ms, c in r["top_kernels"]]
+            if r.get("timeline", {}).get("top_gaps"):
+                lines += ["", f"Longest GPU idle gaps, {r['recipe']} (3 steps):", "",
+                          "| us | kernel before | kernel after |", "|---|---|---|"]  # fmt: skip
+                lines += [f"| {us:.0f} | `{a}` | `{b}` |" for us, a, b in r["timeline"]["top_gaps"]]
             lines += ["", f"Host (CPU) self time by op, {r['recipe']} (profiled, so slower than "
                       f"unprofiled steps): {r['host_self_ms']:.1f} ms/step", "",
                       "| op | ms/step | calls |", "|---|---|---|"]  # fmt: skip

@@ -72,3 +72,23 @@ def test_dumped_kernel_source_is_this_process_own_file(tmp_path, monkeypatch):
     copied = common.dump_kernel_sources(names, tmp_path / "dump", "fp8-rowwise", 10)
     assert [p.read_text() for p in copied] == [own.read_text()]
     assert copied[0].name == "fp8-rowwise_0_triton_per_fused_amax_9.py"
+
+
+def test_idle_gaps_count_overlaps_once_and_class_gaps_by_length():
+    idle_gaps = load_benchmark("step_profile").idle_gaps
+    spans = [
+        (0.0, 100.0, "gemm"),
+        (50.0, 120.0, "other_stream"),  # overlaps: busy once
+        (123.0, 200.0, "cast"),  # a 3 us launch gap
+        (230.0, 300.0, "amax"),  # 30 us
+        (1300.0, 1400.0, "after_wait"),  # 1000 us
+    ]
+    t = idle_gaps(spans, steps=2)
+    assert t["wall_ms"] == 1400.0 / 1000.0 / 2
+    assert t["busy_ms"] == (120.0 + 77.0 + 70.0 + 100.0) / 1000.0 / 2
+    assert abs(t["idle_ms"] - (3.0 + 30.0 + 1000.0) / 1000.0 / 2) < 1e-12
+    assert t["idle_by_gap"] == {"gaps <= 5 us": [0.002, 0.5], "5-50 us": [0.015, 0.5],
+                                "> 50 us": [0.5, 0.5]}  # fmt: skip
+    assert t["top_gaps"][0] == [1000.0, "amax", "after_wait"]
+    assert t["top_gaps"][-1] == [3.0, "other_stream", "cast"]
+    assert idle_gaps([], steps=1) == {}

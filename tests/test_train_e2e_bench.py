@@ -86,3 +86,29 @@ def test_compile_options_parse_and_clash_with_a_mode(bench):
     with pytest.raises(SystemExit, match="cannot be combined"):
         bench.main(["--model", "tiny", "--device", "cpu", "--compile-mode", "reduce-overhead",
                     "--compile-options", "triton.prefer_nd_tiling=True"])  # fmt: skip
+
+
+def test_profile_table_shows_gpu_idle_time_and_longest_gaps(bench):
+    """A profiled row's GPU wall and idle time (step_profile.idle_gaps) sit beside its kernel
+    time; a row profiled before timelines were recorded shows dashes."""
+    import argparse
+
+    prof = {"kernel_ms": 229.0, "gemm_ms": 99.0, "attention_ms": 25.0, "other_ms": 105.0,
+            "kernels_per_step": 4000, "syncs_per_step": 0, "top_kernels": [],
+            "host_self_ms": 170.0, "top_host_ops": []}  # fmt: skip
+    timeline = {"wall_ms": 240.0, "busy_ms": 229.0, "idle_ms": 11.0,
+                "idle_by_gap": {"gaps <= 5 us": [4.0, 3900], "5-50 us": [2.0, 90],
+                                "> 50 us": [5.0, 10]},
+                "top_gaps": [[900.0, "triton_red_fused_amax_1", "nvjet_sm90_qqtst"]]}  # fmt: skip
+    records = [
+        {"recipe": r, "tokens_per_s": 1.0, "peak_mem_gib": 1.0, "step_ms": 1.0, "host_ms": 1.0,
+         "compile_s": 1.0, "graphs": 1, "graph_breaks": 0, **prof, **extra}
+        for r, extra in [("bf16", {}), ("fp8-rowwise", {"timeline": timeline})]
+    ]  # fmt: skip
+    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
+                              compile_scope="model", compile_mode=None, compile_options=None,
+                              layers=None, steps=2, warmup=1, optim_states=["fp32"])  # fmt: skip
+    table = bench.markdown(bench.with_ratios(records), args)
+    assert "| 4000 | 0 | 240.0 | 11.0 (4.0 / 2.0 / 5.0) |" in table
+    assert "| 4000 | 0 | — | — |" in table
+    assert "| 900 | `triton_red_fused_amax_1` | `nvjet_sm90_qqtst` |" in table
