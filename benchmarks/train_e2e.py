@@ -235,12 +235,12 @@ def make_step(net: nn.Module, opt: torch.optim.Optimizer, after_step=None):  # n
     return step
 
 
-def _sync(device: str) -> None:
+def sync_device(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
 
 
-def _timed(step, tokens: torch.Tensor) -> tuple[float, float]:
+def timed_step(step, tokens: torch.Tensor) -> tuple[float, float]:
     """Milliseconds of one step (CUDA events on the GPU, the wall clock elsewhere) and the host's
     milliseconds until ``step`` returned. A host time close to the step time means the GPU waits
     for launches (CPU-bound); far below it, the GPU is the limit."""
@@ -258,10 +258,10 @@ def _timed(step, tokens: torch.Tensor) -> tuple[float, float]:
     return ms, ms
 
 
-def _timed_stream(step, batches: list[torch.Tensor], steps: int) -> list[float]:
+def timed_stream(step, batches: list[torch.Tensor], steps: int) -> list[float]:
     """Milliseconds of each of `steps` steps run back to back, as a training loop runs them:
     CUDA events between steps and no host synchronization until the last, so the host may run
-    ahead and the GPU never waits for the next step's first launches (which `_timed`, with its
+    ahead and the GPU never waits for the next step's first launches (which `timed_step`, with its
     synchronization after every step, counts in every step)."""
     events = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
     events[0].record()
@@ -290,12 +290,12 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     counters.clear()
     t0 = time.perf_counter()
     step(batches[0])
-    _sync(args.device)
+    sync_device(args.device)
     compile_s = time.perf_counter() - t0
     print(f"{row}: first step (compilation) {compile_s:.0f} s", flush=True)
     for i in range(1, args.warmup):
         step(batches[i % len(batches)])
-    _sync(args.device)
+    sync_device(args.device)
     warmup_s = time.perf_counter() - t0
     # Between steps (grads freed): weights, optimizer states and whatever a recipe keeps across
     # steps (scale histories, cached quantized weights); the peak minus this is transient.
@@ -303,10 +303,10 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     if cuda:  # the whole row's peak so far (compilation and autotuning included) is kept
         peak_gib = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
-    timed = [_timed(step, batches[i % len(batches)]) for i in range(args.steps)]
+    timed = [timed_step(step, batches[i % len(batches)]) for i in range(args.steps)]
     times = [ms for ms, _ in timed]
     step_ms = statistics.median(times)
-    stream_ms = statistics.median(_timed_stream(step, batches, args.steps)) if cuda else None
+    stream_ms = statistics.median(timed_stream(step, batches, args.steps)) if cuda else None
     rec = {
         "model": args.model, "impl": args.impl, "recipe": row, "optim_states": optim_states,
         "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
@@ -385,7 +385,7 @@ def with_ratios(records: list[dict]) -> list[dict]:
     return records
 
 
-def _x(v: float | None) -> str:
+def ratio_cell(v: float | None) -> str:
     return "—" if v is None else f"{v:.2f}x"
 
 
@@ -405,12 +405,17 @@ def _timeline_cells(t: dict | None) -> str:
     return f"{t['wall_ms']:.1f} | {t['idle_ms']:.1f} ({parts})"
 
 
+def shape_words(args) -> str:
+    """'Model M (impl), batch B x T, vocab V': the first words of a results file's setup."""
+    return f"Model {args.model} ({args.impl}), batch {args.batch} x {args.seq}, vocab {args.vocab}"
+
+
 def markdown(records: list[dict], args) -> str:
     lines = [
         f"`{' '.join(sys.argv)}`",
         "",
-        f"Model {args.model} ({args.impl}), batch {args.batch} x {args.seq}, vocab {args.vocab}, "
-        f"torch.compile ({args.compile_scope}, mode {args.compile_mode or 'default'}"
+        f"{shape_words(args)}, torch.compile ({args.compile_scope}, "
+        f"mode {args.compile_mode or 'default'}"
         f"{f', options {args.compile_options}' if args.compile_options else ''}), bf16 "
         f"autocast, {_optimizer_words(args.optim_states)}"
         f"{f', {args.layers} layers' if args.layers else ''}; "
@@ -426,10 +431,11 @@ def markdown(records: list[dict], args) -> str:
         ratio = f" ({ratio:.2f}x)" if ratio and r["recipe"] != "bf16" else ""
         lines.append(
             f"| {r['recipe']} | {r.get('optim_states', 'fp32')} | {r['tokens_per_s']:,.0f} | "
-            f"{_x(r['speedup_vs_bf16'])} | "
-            f"{_x(r['speedup_vs_torchao_tensorwise'])} | {_x(r['speedup_vs_first_states'])} | "
+            f"{ratio_cell(r['speedup_vs_bf16'])} | "
+            f"{ratio_cell(r['speedup_vs_torchao_tensorwise'])} | "
+            f"{ratio_cell(r['speedup_vs_first_states'])} | "
             f"{r['peak_mem_gib']:.1f} | "
-            f"{_x(r['mem_vs_bf16'])} | {r.get('step_peak_gib', 0.0):.1f} | "
+            f"{ratio_cell(r['mem_vs_bf16'])} | {r.get('step_peak_gib', 0.0):.1f} | "
             f"{r.get('resident_gib', 0.0):.1f} | "
             f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | "
             f"{'—' if streamed is None else f'{streamed:.1f}'}{ratio} | {r['compile_s']:.0f} | "
@@ -437,7 +443,7 @@ def markdown(records: list[dict], args) -> str:
         )
     qag = [r for r in records if "speedup_vs_fsdp" in r]
     if qag:
-        ratios = ", ".join(f"{r['recipe']} {_x(r['speedup_vs_fsdp'])}" for r in qag)
+        ratios = ", ".join(f"{r['recipe']} {ratio_cell(r['speedup_vs_fsdp'])}" for r in qag)
         lines += ["", "Quantized weight all-gather against the plain FSDP2 row of the same recipe "
                   f"({records[0].get('world_size', 1)} rank(s)): {ratios}"]  # fmt: skip
     profiled = [r for r in records if "kernel_ms" in r]

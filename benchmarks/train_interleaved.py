@@ -1,0 +1,192 @@
+"""Training throughput of a few rows timed in alternation, so that each sees the same GPU state.
+
+    PYTHONPATH=src python benchmarks/train_interleaved.py --model 1.3B \
+        [--rows bf16,torchao-tensorwise,fp8-tensorwise] [--rounds 8] [--steps 5] [--tag NAME]
+
+`train_e2e.py` times its rows one after another, and a GPU's clocks follow its power draw and
+temperature: in one session-29 run the output head's bf16 GEMMs, the same work in every row, took
+8.30 ms a step in the second row and 8.76-9.16 ms in the fourth to sixth (memory-bound kernels
+did not move), a few per cent of bias by a row's place in the run, as much as a target's margin
+(fp8-tensorwise >= 1.05x torchao). Here every row is built, converted, compiled and warmed up
+first and all are held on the GPU together (five 1.3B rows fit an H200: 15.3 GiB each between
+steps plus one step's transient), then timed in `--rounds` rounds of `--steps` steps, the rows'
+order rotating each round, so every row runs early and late alike. Each round times the steps
+one by one (CUDA events, a synchronization after each) and then as many back to back
+("streamed", as `train_e2e.py`); a row's step time is the median over all its rounds' steps.
+
+Rows, model presets, data, optimizer and compilation are `train_e2e.py`'s (`--compile-scope
+none` skips compilation: a CPU smoke test). Peak memory is a row's own: the most allocated while
+it warmed up, less what the rows built before it held. The SM clock (NVML, where available) is
+sampled after each of a row's rounds. Writes `train_interleaved_<model>_<impl>[_<tag>]_<gpu>_
+<date>.{md,json}`; records hold `train_e2e.py`'s keys (`model`, `impl`, `recipe`, `tokens_per_s`,
+`speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`, `peak_mem_gib`, `mem_vs_bf16`, `gpu`,
+`date`, `step_ms`, `stream_step_ms`) plus `interleaved`, `rounds`, `round_ms` (each round's
+median) and `sm_clock_mhz` (the samples' median, None without NVML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import train_e2e as e2e  # noqa: E402
+from common import gpu_tag, write_results  # noqa: E402
+
+
+def _sm_clock() -> float | None:
+    """The current SM clock in MHz (NVML through torch), or None where it cannot be read."""
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # no CUDA, no NVML binding: the record says None
+        return None
+
+
+def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
+    """Row `row` converted, compiled and warmed up, with its own peak and resident memory."""
+    cuda = args.device == "cuda"
+    before = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    net = e2e.prepare(
+        e2e.build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers),
+        row,
+    )
+    if args.compile_scope != "none":
+        net = e2e.compile_model(net, args.compile_scope, args.compile_mode)
+    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"))
+    for i in range(args.warmup):
+        step(batches[i % len(batches)])
+        if i == 0:
+            print(f"{row}: first step done", flush=True)
+    e2e.sync_device(args.device)
+    gib = 2.0**30
+    return {
+        "recipe": row, "step": step, "times": [], "streamed": [], "round_ms": [], "clocks": [],
+        "peak_mem_gib": (torch.cuda.max_memory_allocated() - before) / gib if cuda else 0.0,
+        "resident_gib": (torch.cuda.memory_allocated() - before) / gib if cuda else 0.0,
+    }  # fmt: skip
+
+
+def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> None:
+    """`args.rounds` rounds of `args.steps` steps per row, the order rotating every round."""
+    for r in range(args.rounds):
+        k = r % len(rows)
+        order = rows[k:] + rows[:k]
+        for row in order:
+            step = row["step"]
+            ms = [e2e.timed_step(step, batches[i % len(batches)])[0] for i in range(args.steps)]
+            row["times"] += ms
+            row["round_ms"].append(statistics.median(ms))
+            if args.device == "cuda":
+                row["streamed"] += e2e.timed_stream(step, batches, args.steps)
+            row["clocks"].append(_sm_clock())
+        done = ", ".join(f"{w['recipe']} {w['round_ms'][-1]:.1f} ms" for w in order)
+        print(f"round {r + 1}/{args.rounds}: {done}", flush=True)
+
+
+def record(args, row: dict) -> dict:
+    step_ms = statistics.median(row["times"])
+    streamed = statistics.median(row["streamed"]) if row["streamed"] else None
+    clocks = [c for c in row["clocks"] if c is not None]
+    tokens = args.batch * args.seq
+    return {
+        "model": args.model, "impl": args.impl, "recipe": row["recipe"], "optim_states": "fp32",
+        "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
+        "tokens_per_s": tokens / step_ms * 1000.0, "step_ms": step_ms,
+        "step_ms_min": min(row["times"]), "step_ms_max": max(row["times"]),
+        "stream_step_ms": streamed,
+        "stream_tokens_per_s": tokens / streamed * 1000.0 if streamed else None,
+        "peak_mem_gib": row["peak_mem_gib"], "resident_gib": row["resident_gib"],
+        "interleaved": True, "rounds": args.rounds, "steps_per_round": args.steps,
+        "round_ms": row["round_ms"], "sm_clock_mhz": statistics.median(clocks) if clocks else None,
+        "compile_scope": args.compile_scope, "compile_mode": args.compile_mode or "default",
+        "gpu": gpu_tag(), "date": args.date or date.today().isoformat(),
+    }  # fmt: skip
+
+
+def _clock_cell(mhz: float | None) -> str:
+    return "—" if mhz is None else f"{mhz:.0f}"
+
+
+def markdown(records: list[dict], args) -> str:
+    lines = [
+        f"`{' '.join(sys.argv)}`",
+        "",
+        f"{e2e.shape_words(args)}, compile scope {args.compile_scope}, bf16 autocast, "
+        "torch's fused AdamW; every row "
+        f"held at once and timed in {args.rounds} rounds of {args.steps} steps, the order "
+        "rotating each round; medians over all rounds (round medians: min-max).",
+        "",
+        "| recipe | step ms (rounds) | vs bf16 | vs torchao tensorwise | streamed ms (vs bf16) "
+        "| peak GiB | mem vs bf16 | SM clock MHz |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        streamed, ratio = r["stream_step_ms"], r.get("stream_speedup_vs_bf16")
+        lines.append(
+            f"| {r['recipe']} | {r['step_ms']:.1f} ({min(r['round_ms']):.1f}-"
+            f"{max(r['round_ms']):.1f}) | {e2e.ratio_cell(r['speedup_vs_bf16'])} | "
+            f"{e2e.ratio_cell(r['speedup_vs_torchao_tensorwise'])} | "
+            f"{'—' if streamed is None else f'{streamed:.1f}'}"
+            f"{f' ({ratio:.2f}x)' if ratio else ''} | {r['peak_mem_gib']:.1f} | "
+            f"{e2e.ratio_cell(r['mem_vs_bf16'])} | "
+            f"{_clock_cell(r['sm_clock_mhz'])} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="1.3B", choices=sorted(e2e.PRESETS))
+    ap.add_argument("--impl", default="ours", choices=("ours", "hf"))
+    ap.add_argument("--rows", default="bf16,torchao-tensorwise,fp8-tensorwise")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5, help="steps per row and round")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--compile-scope", default="block", choices=("model", "block", "none"))
+    ap.add_argument("--compile-mode", default=None)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--out-dir", default=None)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--date", default=None)
+    args = ap.parse_args(argv)
+    args.batch, args.seq, args.vocab = e2e.PRESETS[args.model]
+    args.rows = args.rows.split(",")
+    if len(set(args.rows)) != len(args.rows):
+        raise SystemExit(f"--rows {','.join(args.rows)}: each row once")
+    if args.rounds < 1 or args.steps < 1:
+        raise SystemExit("--rounds and --steps must be at least 1")
+    for row in args.rows:  # a typo fails here, before any GPU time
+        name, mode = e2e.split_row(row)
+        if mode or "@" in name:
+            raise SystemExit(f"row {row}: plain recipes and torchao rows only")
+        if name not in e2e.TORCHAO_ROWS:
+            e2e.recipes.get(name)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen).to(args.device)
+        for _ in range(4)
+    ]
+    rows = [build_row(args, row, batches) for row in args.rows]
+    time_rounds(args, rows, batches)
+    records = e2e.with_ratios([record(args, row) for row in rows])
+    name = f"train_interleaved_{args.model}_{args.impl}" + (f"_{args.tag}" if args.tag else "")
+    out = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
+    md, _ = write_results(name, records, markdown(records, args), **out)
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""benchmarks/train_interleaved.py: rows built once and timed in rotating rounds; records with
+train_e2e.py's keys and ratios; one-line errors before any GPU time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("train_interleaved")
+
+
+def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
+    bench.main(["--model", "tiny", "--device", "cpu", "--compile-scope", "none",
+                "--rows", "bf16,fp8-tensorwise,fp4-dge", "--rounds", "3", "--steps", "2",
+                "--warmup", "1", "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
+    out = capsys.readouterr().out
+    # each round starts one row later
+    for i, first in enumerate(["bf16", "fp8-tensorwise", "fp4-dge"]):
+        assert f"round {i + 1}/3: {first} " in out
+    records = json.loads(next(tmp_path.glob("train_interleaved_tiny_ours_*.json")).read_text())
+    assert [r["recipe"] for r in records] == ["bf16", "fp8-tensorwise", "fp4-dge"]
+    for r in records:
+        assert r["interleaved"] and len(r["round_ms"]) == 3 and r["steps_per_round"] == 2
+        assert r["step_ms_min"] <= r["step_ms"] <= r["step_ms_max"]
+        assert r["tokens_per_s"] == pytest.approx(2 * 64 / r["step_ms"] * 1000.0)
+    assert records[0]["speedup_vs_bf16"] == 1.0
+    assert records[1]["speedup_vs_bf16"] == records[1]["tokens_per_s"] / records[0]["tokens_per_s"]
+    assert records[1]["speedup_vs_torchao_tensorwise"] is None  # no torchao row in this run
+    md = next(tmp_path.glob("train_interleaved_tiny_ours_*.md")).read_text()
+    assert "| fp8-tensorwise |" in md and "3 rounds of 2 steps" in md
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [("bf16,bf16", "each row once"), ("fp8-tensorwise+fsdp", "plain recipes"),
+     ("fp9", "unknown recipe")],
+)  # fmt: skip
+def test_bad_rows_fail_before_any_step(bench, rows, message):
+    with pytest.raises((SystemExit, ValueError), match=message):
+        bench.main(["--model", "tiny", "--device", "cpu", "--rows", rows])
