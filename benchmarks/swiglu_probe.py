@@ -427,7 +427,7 @@ def smoke() -> None:
                 print(m, n, config, "fma" if fma else "f64", "vs float32:", _mismatches(ref, new))
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     ap.add_argument("--date", default=None)
@@ -453,7 +453,21 @@ def main() -> None:
         default="f64,fma",
         help="the Triton rows' quotient forms: f64 (as shipped) and/or fma (Markstein)",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def _variants(compiled, args_, kw, tiles, quotients) -> list[tuple]:
+    """(name, call, tiles) of the compiled code as trained and of every Triton candidate."""
+    rows = [("inductor (as trained)", functools.partial(compiled, *args_, **kw), None)]
+    for t in tiles:
+        for fma in ("fma" in q for q in quotients):
+            name = f"triton {'fma' if fma else 'f64'} {t}"
+            rows.append((name, functools.partial(fused, *args_, tiles=t, fma=fma, **kw), t))
+    return rows
+
+
+def main() -> None:
+    args = _parse_args()
     torch.manual_seed(0)
     if args.smoke:
         return smoke()
@@ -461,25 +475,18 @@ def main() -> None:
     records, lines = [], []
     compiled = torch.compile(reference, fullgraph=True)
     tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
-    configs = args.configs.split(",")
     for m, n in ((16384, 5632), (16384, 11008)):
         g, u, dh, (pg, pu, px) = _inputs(m, n, "cuda")
         moved = m * n * (3 * 2 + 5)  # g, u, dh read once; five FP8 operands written
-        for config in configs:
+        for config in args.configs.split(","):
             extra = (pg, pu, px) if config == "fp4" else ()
             kw = dict(s_h=h_scale(g, u)) if config == "tensorwise" else {}
             ref = compiled(g, u, dh, config, *extra, **kw)
             unrounded = _mismatches(ref, fused(g, u, dh, config, *extra, round_amax=False, **kw))
             print(m, n, config, "maxima unrounded: mismatches", unrounded, flush=True)
-            args_ = (g, u, dh, config, *extra)
-            rows = [("inductor (as trained)", functools.partial(compiled, *args_, **kw), None)]
             quotients = args.quotients.split(",") if config != "tensorwise" else ["f64"]
-            for t in tiles:
-                for fma in ("fma" in q for q in quotients):
-                    name = f"triton {'fma' if fma else 'f64'} {t}"
-                    fn = functools.partial(fused, *args_, tiles=t, fma=fma, **kw)
-                    rows.append((name, fn, t))
-            for name, fn, t in rows:
+            args_ = (g, u, dh, config, *extra)
+            for name, fn, t in _variants(compiled, args_, kw, tiles, quotients):
                 bad = _mismatches(ref, fn())
                 prof = kernel_profile(fn, reps=10, top=8)
                 ms = time_ms(fn)
