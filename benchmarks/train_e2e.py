@@ -16,7 +16,9 @@ steps (forward, loss, backward, optimizer), each followed by a host synchronizat
 between them and no synchronization, as a training loop runs (the host may run ahead, so the GPU
 does not wait for a step's first launches; `stream_step_ms`, `stream_speedup_vs_bf16`).
 Rows named in `--profile` are then profiled for 3 steps: GPU kernel time per step split into
-GEMM / attention / everything else, kernel launches per step and the top kernels.
+GEMM / attention / everything else, kernel launches per step, the top kernels and the GPU's idle
+time between kernels by gap length (step_profile.idle_gaps). Rows timed one after another can
+run at different clocks; `train_interleaved.py` times a few rows in alternation.
 
 Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `125M` batch
 32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
