@@ -9,7 +9,9 @@ models, the measurement a `minifloat.SizeRule` could be taken from (`--no-breakd
 inside a compiled block quantizers fuse with their neighbours, docs/hopper_sessions.md, session 8).
 Every layer runs under bf16 autocast with fp32 master weights (as in training).
 The end-to-end time of one forward + backward is the median of CUDA-event timings with the L2
-flushed; the breakdown times the backend calls linear.py makes (quantization, the three GEMMs,
+flushed, synchronized after every step (`ms`) and with the steps back to back as a training loop
+runs them (`stream_ms`: the host may run ahead, so a step does not wait for its first launches;
+the issue-13 targets table shows both); the breakdown times the backend calls linear.py makes (quantization, the three GEMMs,
 DGE, OCC) one group at a time. Saved bytes count every tensor autograd saves for the backward
 except the parameters themselves. Results: benchmarks/results/linear_<gpu>_<date>.md + .json.
 
