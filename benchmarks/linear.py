@@ -12,8 +12,9 @@ The end-to-end time of one forward + backward is the median of CUDA-event timing
 flushed, synchronized after every step (`ms`) and with the steps back to back as a training loop
 runs them (`stream_ms`: the host may run ahead, so a step does not wait for its first launches;
 the issue-13 targets table shows both); the breakdown times the backend calls linear.py makes
-(quantization, the three GEMMs, DGE, OCC) one group at a time. Saved bytes count every tensor autograd saves for the backward
-except the parameters themselves. Results: benchmarks/results/linear_<gpu>_<date>.md + .json.
+(quantization, the three GEMMs, DGE, OCC) one group at a time. Saved bytes count every tensor
+autograd saves for the backward except the parameters themselves. Results:
+benchmarks/results/linear_<gpu>_<date>.md + .json.
 
 `--compile` wraps every layer (bf16 nn.Linear, torchao, QuantLinear) in torch.compile, as the
 trainer's `--compile` does: the fair comparison with torchao, which is meant to be compiled, and
