@@ -337,7 +337,7 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
             names = [name for name, _, _ in rec["kernels"]]
             dump_kernel_sources(names, Path(args.dump_kernels), row.replace(":", "_"), 10)
     del step, opt, compiled, net
-    _release()
+    release_memory()
     return rec
 
 
@@ -352,7 +352,7 @@ def make_optimizer(net: nn.Module, optim_states: str) -> torch.optim.Optimizer:
     return AdamW(net.parameters(), lr=1e-4, weight_decay=0.1, **preset)
 
 
-def _release() -> None:
+def release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> None:
                            "error": f"{type(exc).__name__}: {exc}"[-3000:]})  # fmt: skip
             traceback.print_exc()
             print(f"{label}: FAILED", flush=True)
-            _release()
+            release_memory()
         body = markdown(with_ratios(records), args)
         body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)
         if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 writes

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import traceback
 from datetime import date
 from pathlib import Path
 
@@ -73,21 +74,40 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     }  # fmt: skip
 
 
-def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> None:
-    """`args.rounds` rounds of `args.steps` steps per row, the order rotating every round."""
+def _failed(row: str, exc: Exception) -> dict:
+    """An error record (as train_e2e.py's): the run goes on with the other rows."""
+    traceback.print_exc()
+    print(f"{row}: FAILED", flush=True)
+    return {"recipe": row, "error": f"{type(exc).__name__}: {exc}"[-3000:]}
+
+
+def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> list[dict]:
+    """`args.rounds` rounds of `args.steps` steps per row, the order rotating every round. A row
+    that fails leaves the rounds (its error record is returned); the others go on."""
+    errors = []
     for r in range(args.rounds):
+        if not rows:
+            break
         k = r % len(rows)
         order = rows[k:] + rows[:k]
         for row in order:
             step = row["step"]
-            ms = [e2e.timed_step(step, batches[i % len(batches)])[0] for i in range(args.steps)]
+            try:
+                ms = [e2e.timed_step(step, batches[i % len(batches)])[0]
+                      for i in range(args.steps)]  # fmt: skip
+                cuda = args.device == "cuda"
+                streamed = e2e.timed_stream(step, batches, args.steps) if cuda else []
+            except Exception as exc:  # e.g. out of memory with every row held
+                errors.append(_failed(row["recipe"], exc))
+                rows.remove(row)
+                continue
             row["times"] += ms
+            row["streamed"] += streamed
             row["round_ms"].append(statistics.median(ms))
-            if args.device == "cuda":
-                row["streamed"] += e2e.timed_stream(step, batches, args.steps)
             row["clocks"].append(_sm_clock())
-        done = ", ".join(f"{w['recipe']} {w['round_ms'][-1]:.1f} ms" for w in order)
+        done = ", ".join(f"{w['recipe']} {w['round_ms'][-1]:.1f} ms" for w in order if w in rows)
         print(f"round {r + 1}/{args.rounds}: {done}", flush=True)
+    return errors
 
 
 def record(args, row: dict) -> dict:
@@ -179,12 +199,20 @@ def main(argv: list[str] | None = None) -> None:
         torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen).to(args.device)
         for _ in range(4)
     ]
-    rows = [build_row(args, row, batches) for row in args.rows]
-    time_rounds(args, rows, batches)
+    rows, errors = [], []
+    for name in args.rows:
+        try:
+            rows.append(build_row(args, name, batches))
+        except Exception as exc:  # one failing row must not lose the others
+            errors.append(_failed(name, exc))
+            e2e.release_memory()
+    errors += time_rounds(args, rows, batches) if rows else []
     records = e2e.with_ratios([record(args, row) for row in rows])
+    body = markdown(records, args)
+    body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)
     name = f"train_interleaved_{args.model}_{args.impl}" + (f"_{args.tag}" if args.tag else "")
     out = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
-    md, _ = write_results(name, records, markdown(records, args), **out)
+    md, _ = write_results(name, records + errors, body, **out)
     print(md.read_text())
 
 

@@ -44,3 +44,38 @@ def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
 def test_bad_rows_fail_before_any_step(bench, rows, message):
     with pytest.raises((SystemExit, ValueError), match=message):
         bench.main(["--model", "tiny", "--device", "cpu", "--rows", rows])
+
+
+def test_a_failing_row_leaves_the_others(bench, tmp_path, monkeypatch):
+    """A row whose build or step fails becomes an error record; the other rows are timed and
+    written (nothing lost on one row's failure, as in train_e2e.py)."""
+    build = bench.build_row
+
+    def build_or_fail(args, row, batches):
+        if row == "fp4-dge":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        built = build(args, row, batches)
+        if row == "fp8-tensorwise":  # builds, then fails in the second round's steps
+            calls, step = [0], built["step"]
+
+            def failing_step(tokens):
+                calls[0] += 1
+                if calls[0] > 3:
+                    raise RuntimeError("step failed (simulated)")
+                step(tokens)
+
+            built["step"] = failing_step
+        return built
+
+    monkeypatch.setattr(bench, "build_row", build_or_fail)
+    bench.main(["--model", "tiny", "--device", "cpu", "--compile-scope", "none",
+                "--rows", "bf16,fp8-tensorwise,fp4-dge", "--rounds", "3", "--steps", "2",
+                "--warmup", "1", "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
+    records = json.loads(next(tmp_path.glob("train_interleaved_tiny_ours_*.json")).read_text())
+    by_row = {r["recipe"]: r for r in records}
+    assert sorted(by_row) == ["bf16", "fp4-dge", "fp8-tensorwise"]
+    assert len(by_row["bf16"]["round_ms"]) == 3 and "error" not in by_row["bf16"]
+    assert "step failed" in by_row["fp8-tensorwise"]["error"]
+    assert "out of memory" in by_row["fp4-dge"]["error"]
+    md = next(tmp_path.glob("train_interleaved_tiny_ours_*.md")).read_text()
+    assert "fp4-dge: error `RuntimeError: CUDA out of memory (simulated)`" in md
