@@ -21,7 +21,8 @@ time between kernels by gap length (step_profile.idle_gaps). Rows timed one afte
 run at different clocks; `train_interleaved.py` times a few rows in alternation.
 
 Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `125M` batch
-32 x 1024, vocab 8192. Records are written after every row (a time limit keeps what ran) to
+32 x 1024, vocab 8192; `7B` batch 8 x 2048, vocab 32000, with fewer layers (`--layers 8`) to fit
+one GPU. Records are written after every row (a time limit keeps what ran) to
 benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `model`,
 `impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
 `peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`step_peak_gib`:
@@ -72,6 +73,9 @@ from step_profile import find_syncs, profile_steps  # noqa: E402
 PRESETS = {  # model -> (batch, seq, vocab)
     "1.3B": (8, 2048, 32000),
     "125M": (32, 1024, 8192),
+    # 7B width (dim 4096, FFN 11008) with 16,384 tokens a step, the one-layer benchmark's M; it
+    # fits one GPU with `--layers` (e.g. 8), not whole.
+    "7B": (8, 2048, 32000),
     "tiny": (2, 64, 512),  # a CPU smoke test of this script (--device cpu)
 }
 TORCHAO_ROWS = {"torchao-tensorwise": "tensorwise", "torchao-rowwise": "rowwise"}
