@@ -64,10 +64,11 @@ def one_block_llama(
     *,
     preset: str = "1.3B",
     device: str = "cpu",
+    compile_block: bool = True,
 ) -> Llama:
     """A one-block LLaMA of `preset`'s config, vocab 1000, on `device`, converted to `recipe`
-    (unless bf16), its block compiled; `width` "small": dim 256, FFN 704, 4 heads, any other
-    value: the preset's own widths."""
+    (unless bf16), its block compiled (unless `compile_block` is False); `width` "small": dim
+    256, FFN 704, 4 heads, any other value: the preset's own widths."""
     cfg = dataclasses.replace(
         get_config(preset, vocab_size=_VOCAB, max_seq_len=max_seq_len), n_layers=1
     )
@@ -79,7 +80,7 @@ def one_block_llama(
     net = net.to(device)
     if recipe != "bf16":
         convert(net, recipe)
-    for block in net.layers:
+    for block in net.layers if compile_block else ():
         block.compile()
     return net
 
@@ -103,6 +104,44 @@ def saved_for_backward(
         loss = net(tokens).float().square().mean()
     loss.backward()
     return seen
+
+
+class _Partitioned(Exception):
+    """Raised by `_record_forward` once the partitioned forward graph is recorded."""
+
+
+def forward_saves(net: Llama, tokens: torch.Tensor) -> list[tuple[str, torch.dtype, tuple]]:
+    """(name, dtype, shape) of every tensor the partitioned forward graph of `net`'s compiled
+    blocks hands to backward, without running the graph: inductor's own partition, then the
+    forward's code generation replaced by a recorder that stops the step. So it also covers
+    graphs that cannot run on the CPU (fp8-blockwise's block-scaled `torch._scaled_mm`).
+    Parameters and inputs passed through are included (names `primals_*`)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    found: list[tuple[str, torch.dtype, tuple]] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs, **kwargs):  # noqa: ANN001
+        out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        for node in out[1:]:  # out[0]: the block's output
+            val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+            if isinstance(val, torch.Tensor):
+                found.append((node.name, val.dtype, tuple(val.shape)))
+        raise _Partitioned
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):  # noqa: ANN001
+        return compile_fx(gm, example_inputs, inner_compile=record)
+
+    for block in net.layers:
+        block.compile(backend=backend)
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(tokens)
+    except Exception as exc:  # dynamo wraps the backend's exception (BackendCompilerFailed)
+        if not isinstance(getattr(exc, "inner_exception", exc), _Partitioned):
+            raise
+    finally:
+        torch._dynamo.reset()
+    return found
 
 
 class _Bans(logging.Handler):

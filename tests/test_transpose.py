@@ -2,7 +2,8 @@
 unpack-and-transpose of packed E2M1 codes equals `unpack_e2m1(...).t()`, bit for bit (CPU,
 compiled, and the Triton kernels on a GPU); `QOperand.transposed`, which tells the Hopper
 backend which GEMM operands to copy, is true exactly for the transposed views; and what a
-compiled block saves for backward (no extra operands, nothing quantized under fp4)."""
+compiled block saves for backward (no extra operands, nothing quantized under fp4, no padding
+buffer of a padded GEMM operand); `scaled_mm.pad_contraction`'s zero bytes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from minifloat import recipes
 from minifloat.kernels import EmulatedBackend
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.operand import pack_e2m1, round_to_storage, unpack_e2m1
+from minifloat.kernels.scaled_mm import pad_contraction
 from minifloat.kernels.transpose import transpose_copy, unpack_e2m1_t
 from minifloat.linear import QuantLinear, QuantLinearFunction
 from scripts import load_benchmark
@@ -274,3 +276,31 @@ def test_compiled_blockwise_block_saves_no_quantized_operand():
     The emulation computes its GEMMs: `torch._scaled_mm` has no block scales on the CPU."""
     dtypes = _saved_dtypes("fp8-blockwise")
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
+
+
+@pytest.mark.parametrize("recipe", ["fp8-blockwise", "fp8-tensorwise"])
+def test_padded_gemm_operands_leave_nothing_quantized_saved(recipe, monkeypatch):
+    """The Hopper path (forced on the CPU; the graph is partitioned, not run, since block-scaled
+    `_scaled_mm` has no CPU kernel) saves no FP8 or byte tensor for backward, also where a
+    block-scaled GEMM pads its contraction to 512 (the small block's dim 256 and FFN 704, as
+    7B's FFN 11008). The padding was a `torch.zeros` buffer written into, one node that forward
+    and backward shared, and the partitioner saved it: ~0.2 GiB a layer at 7B width
+    (docs/hopper_sessions.md, session 29)."""
+    force_hopper_path(monkeypatch)
+    net = _PROBE.one_block_llama(recipe, "small", compile_block=False)
+    saves = _PROBE.forward_saves(net, torch.randint(0, 1000, (2, 128)))
+    quantized = [(name, dtype) for name, dtype, _ in saves
+                 if dtype in (torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)]  # fmt: skip
+    assert quantized == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize(("k", "multiple"), [(704, 512), (11008, 512), (300, 16), (512, 512)])
+def test_pad_contraction_appends_zero_bytes(dtype, k, multiple):
+    """The operand's bytes, then zeros up to the multiple; eager and compiled alike."""
+    t = torch.randn(5, k).clamp(-400, 400).to(dtype)
+    for fn in (pad_contraction, torch.compile(pad_contraction)):
+        out = fn(t, multiple)
+        assert out.dtype == dtype and out.shape == (5, -(-k // multiple) * multiple)
+        assert torch.equal(out[:, :k].view(torch.uint8), t.view(torch.uint8))
+        assert not out[:, k:].view(torch.uint8).any()

@@ -51,9 +51,12 @@ def pad_contraction(t: torch.Tensor, multiple: int = 16) -> torch.Tensor:
         # an H200: key/value projections in fp32 beside a bf16 query). contiguous() is a no-op
         # on a contiguous tensor and copies FP8 values bit for bit.
         return t.contiguous()
-    out = torch.zeros((t.shape[0], k + pad), dtype=torch.uint8, device=t.device)
-    out[:, :k] = t.contiguous().view(torch.uint8)
-    return out.view(t.dtype)
+    # A pad, not zeros written into: under torch.compile a `torch.zeros` buffer of the padded
+    # shape was one graph node that forward and backward shared, and the partitioner saved it
+    # for backward (an all-zero [M, K + pad] per padded operand: ~0.2 GiB a layer for
+    # fp8-blockwise at 7B width, where K = 11008 pads to 11264; docs/hopper_sessions.md,
+    # session 29).
+    return torch.nn.functional.pad(t.contiguous().view(torch.uint8), (0, pad)).view(t.dtype)
 
 
 def _rowish_scale(scale: torch.Tensor, n: int, as_row: bool) -> torch.Tensor:
