@@ -115,7 +115,8 @@ def forward_saves(net: Llama, tokens: torch.Tensor) -> list[tuple[str, torch.dty
     blocks hands to backward, without running the graph: inductor's own partition, then the
     forward's code generation replaced by a recorder that stops the step. So it also covers
     graphs that cannot run on the CPU (fp8-blockwise's block-scaled `torch._scaled_mm`).
-    Parameters and inputs passed through are included (names `primals_*`)."""
+    Parameters and inputs passed through are included (names `primals_*`). `net`'s blocks stay
+    compiled with the recorder: build a fresh model to train."""
     from torch._inductor.compile_fx import compile_fx
 
     found: list[tuple[str, torch.dtype, tuple]] = []
