@@ -37,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  # noqa: E402
-from minifloat import delayed  # noqa: E402
+from minifloat import delayed, formats  # noqa: E402
 from minifloat.exact import div_rn_by_scale  # noqa: E402
 from minifloat.kernels.operand import (  # noqa: E402
     _row_amax,
@@ -74,7 +74,7 @@ def step(kind: str, variant: str, fmt: str, a, b, w, history):
         return quantize_operand(y, fmt, "tensor", scale=s)[0], amax
     amax = _row_amax(y).amax() if variant == "delayed_rows" else y.abs().amax()
     past = torch.where(history[0] < torch.inf, history[0], 0.0).amax()
-    s = scale_from_amax(past.reshape(1, 1), 448.0 if fmt == "e4m3" else 57344.0)
+    s = scale_from_amax(past.reshape(1, 1), formats.get(fmt).max)
     return round_to_storage(div_rn_by_scale(y.float(), s), fmt), amax.float()
 
 

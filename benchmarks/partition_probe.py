@@ -107,7 +107,7 @@ def saved_for_backward(
 
 
 class _Partitioned(Exception):
-    """Raised by `_record_forward` once the partitioned forward graph is recorded."""
+    """Raised by `forward_saves`' recorder once the partitioned forward graph is recorded."""
 
 
 def forward_saves(net: Llama, tokens: torch.Tensor) -> list[tuple[str, torch.dtype, tuple]]:

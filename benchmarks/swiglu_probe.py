@@ -373,7 +373,8 @@ def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid):
         g, u, dh, one, one, one, r_h.expand(n).contiguous(), r_g.expand(m).contiguous(),
         r_u.expand(m).contiguous(), r_g.expand(n).contiguous(), r_u.expand(n).contiguous(),
         h_t, dg_q, du_q, dg_t, du_t, m, n,
-        H_ROW=False, PRESCALE=False, H_MAX=448.0, H_E2M1=False, G_MAX=57344.0, G_E5M2=True,
+        H_ROW=False, PRESCALE=False, H_MAX=FMT["e4m3"][0], H_E2M1=False, G_MAX=FMT["e5m2"][0],
+        G_E5M2=True,
         BM=cbm, BN=cbn, GRID=grid, FMA=False, num_warps=cwarps,
     )  # fmt: skip
     return [(h_t, s_h), (dg_q, s_g), (dg_t, s_g), (du_q, s_u), (du_t, s_u)]
@@ -381,7 +382,7 @@ def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid):
 
 def h_scale(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """h's E4M3 tensor scale as forward computes it (the amax of the bf16 h)."""
-    return scale_from_amax((F.silu(g) * u).abs().amax().float().reshape(1, 1), 448.0)
+    return scale_from_amax((F.silu(g) * u).abs().amax().float().reshape(1, 1), FMT["e4m3"][0])
 
 
 # --------------------------------------------------------------------------- the probe
