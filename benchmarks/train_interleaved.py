@@ -16,12 +16,15 @@ one by one (CUDA events, a synchronization after each) and then as many back to 
 
 Rows, model presets, data, optimizer and compilation are `train_e2e.py`'s (`--compile-scope
 none` skips compilation: a CPU smoke test). Peak memory is a row's own: the most allocated while
-it warmed up, less what the rows built before it held. The SM clock (NVML, where available) is
-sampled after each of a row's rounds. Writes `train_interleaved_<model>_<impl>[_<tag>]_<gpu>_
+it warmed up, less what the rows built before it held. While a row's steps run, a thread samples
+the GPU's power draw, SM clock, temperature and clock-limit reasons (NVML, where available;
+`gpu_sampler.py`), every 20 ms. Writes `train_interleaved_<model>_<impl>[_<tag>]_<gpu>_
 <date>.{md,json}`; records hold `train_e2e.py`'s keys (`model`, `impl`, `recipe`, `tokens_per_s`,
 `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`, `peak_mem_gib`, `mem_vs_bf16`, `gpu`,
 `date`, `step_ms`, `stream_step_ms`) plus `interleaved`, `rounds`, `round_ms` (each round's
-median) and `sm_clock_mhz` (the samples' median, None without NVML).
+median), `sm_clock_mhz` (the samples' median, None without NVML), `gpu_samples` (medians of
+power, clock and temperature, and the share of samples under each limit reason) and
+`step_energy_j` (the GPU's energy counter over each round's streamed steps, per step; median).
 """
 
 from __future__ import annotations
@@ -38,14 +41,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_e2e as e2e  # noqa: E402
 from common import gpu_tag, write_results  # noqa: E402
-
-
-def _sm_clock() -> float | None:
-    """The current SM clock in MHz (NVML through torch), or None where it cannot be read."""
-    try:
-        return float(torch.cuda.clock_rate())
-    except Exception:  # no CUDA, no NVML binding: the record says None
-        return None
+from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
 
 
 def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
@@ -68,7 +64,8 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     e2e.sync_device(args.device)
     gib = 2.0**30
     return {
-        "recipe": row, "step": step, "times": [], "streamed": [], "round_ms": [], "clocks": [],
+        "recipe": row, "step": step, "times": [], "streamed": [], "round_ms": [], "samples": [],
+        "energy_j": [],
         "peak_mem_gib": (torch.cuda.max_memory_allocated() - before) / gib if cuda else 0.0,
         "resident_gib": (torch.cuda.memory_allocated() - before) / gib if cuda else 0.0,
     }  # fmt: skip
@@ -81,9 +78,12 @@ def _failed(row: str, exc: Exception) -> dict:
     return {"recipe": row, "error": f"{type(exc).__name__}: {exc}"[-3000:]}
 
 
-def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> list[dict]:
-    """`args.rounds` rounds of `args.steps` steps per row, the order rotating every round. A row
-    that fails leaves the rounds (its error record is returned); the others go on."""
+def time_rounds(
+    args, rows: list[dict], batches: list[torch.Tensor], sampler: GpuSampler
+) -> list[dict]:
+    """`args.rounds` rounds of `args.steps` steps per row, the order rotating every round, the
+    GPU sampled while each row steps. A row that fails leaves the rounds (its error record is
+    returned); the others go on."""
     errors = []
     for r in range(args.rounds):
         if not rows:
@@ -93,10 +93,13 @@ def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> list[dic
         for row in order:
             step = row["step"]
             try:
-                ms = [e2e.timed_step(step, batches[i % len(batches)])[0]
-                      for i in range(args.steps)]  # fmt: skip
-                cuda = args.device == "cuda"
-                streamed = e2e.timed_stream(step, batches, args.steps) if cuda else []
+                with sampler.collect() as samples:
+                    ms = [e2e.timed_step(step, batches[i % len(batches)])[0]
+                          for i in range(args.steps)]  # fmt: skip
+                    cuda = args.device == "cuda"
+                    e0 = sampler.energy_j()
+                    streamed = e2e.timed_stream(step, batches, args.steps) if cuda else []
+                    e1 = sampler.energy_j()
             except Exception as exc:  # e.g. out of memory with every row held
                 errors.append(_failed(row["recipe"], exc))
                 rows.remove(row)
@@ -104,7 +107,9 @@ def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> list[dic
             row["times"] += ms
             row["streamed"] += streamed
             row["round_ms"].append(statistics.median(ms))
-            row["clocks"].append(_sm_clock())
+            row["samples"] += samples
+            if e0 is not None and streamed:  # the streamed steps' energy, per step
+                row["energy_j"].append((e1 - e0) / len(streamed))
         done = ", ".join(f"{w['recipe']} {w['round_ms'][-1]:.1f} ms" for w in order if w in rows)
         print(f"round {r + 1}/{args.rounds}: {done}", flush=True)
     return errors
@@ -113,7 +118,7 @@ def time_rounds(args, rows: list[dict], batches: list[torch.Tensor]) -> list[dic
 def record(args, row: dict) -> dict:
     step_ms = statistics.median(row["times"])
     streamed = statistics.median(row["streamed"]) if row["streamed"] else None
-    clocks = [c for c in row["clocks"] if c is not None]
+    gpu = GpuSampler.summary(row["samples"])
     tokens = args.batch * args.seq
     return {
         "model": args.model, "impl": args.impl, "recipe": row["recipe"], "optim_states": "fp32",
@@ -124,14 +129,23 @@ def record(args, row: dict) -> dict:
         "stream_tokens_per_s": tokens / streamed * 1000.0 if streamed else None,
         "peak_mem_gib": row["peak_mem_gib"], "resident_gib": row["resident_gib"],
         "interleaved": True, "rounds": args.rounds, "steps_per_round": args.steps,
-        "round_ms": row["round_ms"], "sm_clock_mhz": statistics.median(clocks) if clocks else None,
+        "round_ms": row["round_ms"], "sm_clock_mhz": gpu.get("sm_mhz"), "gpu_samples": gpu,
+        "step_energy_j": statistics.median(row["energy_j"]) if row["energy_j"] else None,
         "compile_scope": args.compile_scope, "compile_mode": args.compile_mode or "default",
         "gpu": gpu_tag(), "date": args.date or date.today().isoformat(),
     }  # fmt: skip
 
 
-def _clock_cell(mhz: float | None) -> str:
-    return "—" if mhz is None else f"{mhz:.0f}"
+def _joules(j: float | None) -> str:
+    return "—" if j is None else f"{j:.1f}"
+
+
+def _gpu_cells(gpu: dict) -> str:
+    """SM clock, power (median / 90th percentile), temperature and the power-cap share."""
+    if not gpu:
+        return "— | — | — | —"
+    return (f"{gpu['sm_mhz']:.0f} | {gpu['power_w']:.0f} / {gpu['power_p90_w']:.0f} | "
+            f"{gpu['temp_c']:.0f} | {100 * gpu['share_sw_power_cap']:.0f}%")  # fmt: skip
 
 
 def markdown(records: list[dict], args) -> str:
@@ -144,8 +158,9 @@ def markdown(records: list[dict], args) -> str:
         "rotating each round; medians over all rounds (round medians: min-max).",
         "",
         "| recipe | step ms (rounds) | vs bf16 | vs torchao tensorwise | streamed ms (vs bf16) "
-        "| peak GiB | mem vs bf16 | SM clock MHz |",
-        "|---|---|---|---|---|---|---|---|",
+        "| peak GiB | mem vs bf16 | SM clock MHz | power W (p90) | temp C | at power cap "
+        "| J a step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         streamed, ratio = r["stream_step_ms"], r.get("stream_speedup_vs_bf16")
@@ -156,7 +171,7 @@ def markdown(records: list[dict], args) -> str:
             f"{'—' if streamed is None else f'{streamed:.1f}'}"
             f"{f' ({ratio:.2f}x)' if ratio else ''} | {r['peak_mem_gib']:.1f} | "
             f"{e2e.ratio_cell(r['mem_vs_bf16'])} | "
-            f"{_clock_cell(r['sm_clock_mhz'])} |"
+            f"{_gpu_cells(r['gpu_samples'])} | {_joules(r['step_energy_j'])} |"
         )
     return "\n".join(lines)
 
@@ -206,7 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:  # one failing row must not lose the others
             errors.append(_failed(name, exc))
             e2e.release_memory()
-    errors += time_rounds(args, rows, batches) if rows else []
+    cuda = args.device == "cuda"
+    sampler = GpuSampler(nvml_reader(torch.cuda.current_device()) if cuda else None)
+    errors += time_rounds(args, rows, batches, sampler) if rows else []
     records = e2e.with_ratios([record(args, row) for row in rows])
     body = markdown(records, args)
     body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)

@@ -1,0 +1,151 @@
+"""What does DGE's weight-gradient correction cost on the GPU, and where? (issue 13)
+
+    PYTHONPATH=src python benchmarks/dge_probe.py [--device cpu] [--out-dir DIR] [--date D]
+
+A 1.3B fp4-dge step spends ~9 ms more GPU time than fp4-direct's (`train_e2e_1.3B_ours_s29_
+fp4_prof_...`: 245.8 against 236.7 ms of kernels), though DGE adds only a read of dw and a write
+of the corrected dw (8 bytes a weight, ~2.5 ms at copy bandwidth for 1.3B weights). The kernels
+that carry it (the weight's E2M1 re-quantization, its transposed copy for dgrad and DGE's
+rescaling of dw, fused by inductor) run at ~1.7 TB/s: arithmetic, not memory, binds them.
+
+This compiles the backward's weight work of one linear as training does, for several weight
+shapes, in variants:
+- `direct`: fp4-direct's: the row-scaled E2M1 weight written transposed (no DGE);
+- `dge`: fp4-dge's as shipped (`dge.dge_scale`: frexp/ldexp for the grid spacing, `pow`);
+- `dge_bits`: the E2M1 spacing read from the float32 bits, as `operand.round_to_storage` does
+  (exact: the same values as frexp/ldexp), and `pow`;
+- `dge_bits_exp2`: the same with |t|^(1/k-1) as exp2((1/k-1)·log2|t|) (not the same bits as
+  `pow`; the largest difference is reported);
+- `dge_bits_nopow`: the same without the power (a lower bound for the arithmetic, not DGE).
+GPU kernel time per call (profiler), launches, the bytes of one ideal pass (w and dw read,
+the E2M1 bytes and the corrected dw written) over that time as a share of copy, and whether the
+compiled variant equals its eager form bit for bit. `--device cpu` runs small shapes eagerly and
+compiled, without timing (a smoke test). Writes `dge_probe_<gpu>_<date>.{md,json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  # noqa: E402
+from minifloat import dge, formats  # noqa: E402
+from minifloat.exact import div_rn_by_scale  # noqa: E402
+from minifloat.kernels.operand import quantize_operand  # noqa: E402
+
+VARIANTS = ("direct", "dge", "dge_bits", "dge_bits_exp2", "dge_bits_nopow")
+K, CAP = 5.0, 3.0
+_E2M1 = formats.get("e2m1")
+
+
+def _t_bits(x: torch.Tensor) -> torch.Tensor:
+    """DGE's t for E2M1, float32 x: the spacing 2^e read from the bits (e = binade - 1,
+    clamped to [-1, 1]), as `round_to_storage` rounds; max takes the last interval."""
+    mag = x.abs().clamp(max=_E2M1.max)
+    e = ((mag.view(torch.int32) >> 23) - 128).clamp(-1, 1)
+    step = ((e + 127) << 23).view(torch.float32)
+    inv_step = ((127 - e) << 23).view(torch.float32)
+    top = mag >= _E2M1.max
+    a = torch.where(top, _E2M1.below_max, torch.floor(mag * inv_step) * step)
+    inv_delta = torch.where(top, 1.0 / (_E2M1.max - _E2M1.below_max), inv_step)
+    return (2.0 * (mag - a) * inv_delta - 1.0).clamp(-1.0, 1.0)
+
+
+def _derivative(x: torch.Tensor, variant: str) -> torch.Tensor:
+    """f'(x) of `variant` (float32 x), NaN kept."""
+    if variant == "dge":
+        return dge.dge_derivative(x, "e2m1", K, CAP)
+    u = _t_bits(x).abs()
+    if variant == "dge_bits":
+        p = u.pow(1.0 / K - 1.0)
+    elif variant == "dge_bits_exp2":
+        p = torch.exp2((1.0 / K - 1.0) * torch.log2(u))
+    else:
+        p = u
+    return torch.where(torch.isnan(x), x, ((1.0 / K) * p).clamp(max=CAP))
+
+
+def weight_backward(w: torch.Tensor, dw: torch.Tensor, variant: str):
+    """The backward's weight work of one linear: w's E2M1 row quantization written transposed
+    (dgrad's operand) and, unless `direct`, dw * f'(w / s_w)."""
+    w_q, s_w = quantize_operand(w, "e2m1", "row")
+    w_q_t = w_q.t().contiguous()
+    if variant == "direct":
+        return w_q_t, s_w
+    return w_q_t, dw * _derivative(div_rn_by_scale(w, s_w), variant)
+
+
+def _bits_equal(a: tuple, b: tuple) -> bool:
+    """Every tensor of a equals b's byte for byte (NaN payloads included)."""
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
+    return all(torch.equal(as_bytes(x), as_bytes(y)) for x, y in zip(a, b, strict=True))
+
+
+def _max_rel_vs_head(w, dw, variant) -> float:
+    """Largest relative difference of the corrected dw against `dge` (eager)."""
+    ref = weight_backward(w, dw, "dge")[1].double()
+    got = weight_backward(w, dw, variant)[1].double()
+    return ((got - ref).abs() / ref.abs().clamp_min(1e-30)).max().item()
+
+
+def run_case(n: int, k: int, device: str, timed: bool, copy_gbs: float) -> list[dict]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    w = torch.randn(n, k, device=device, generator=gen) * 0.02
+    dw = torch.randn(n, k, device=device, generator=gen)
+    out = []
+    for variant in VARIANTS:
+        torch._dynamo.reset()
+        fn = torch.compile(weight_backward)
+        same = _bits_equal(fn(w, dw, variant), weight_backward(w, dw, variant))
+        rec = {"shape": [n, k], "variant": variant, "compiled_equals_eager": same}
+        if variant.startswith("dge_"):
+            rec["max_rel_vs_dge"] = _max_rel_vs_head(w, dw, variant)
+        if timed:
+            prof = kernel_profile(lambda fn=fn, v=variant: fn(w, dw, v), reps=20, top=4)
+            moved = n * k * (4 + 1 + (8 if variant != "direct" else 0))
+            rec |= {"kernel_us": prof["kernel_ms"] * 1e3, "kernels": prof["kernels"],
+                    "pct_of_copy": 100 * moved / (prof["kernel_ms"] * 1e-3) / 1e9 / copy_gbs,
+                    "top_kernels": prof["top_kernels"]}  # fmt: skip
+        out.append(rec)
+        print(n, k, variant, {k_: v for k_, v in rec.items() if k_ != "top_kernels"}, flush=True)
+    return out
+
+
+def _row(r: dict) -> str:
+    timed = (f"{r['kernel_us']:.1f} | {r['kernels']:.0f} | {r['pct_of_copy']:.0f}%"
+             if "kernel_us" in r else "— | — | —")  # fmt: skip
+    rel = f"{r['max_rel_vs_dge']:.1e}" if "max_rel_vs_dge" in r else "—"
+    return (f"| {r['shape'][0]}x{r['shape'][1]} | {r['variant']} | {timed} | "
+            f"{r['compiled_equals_eager']} | {rel} |")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--date", default=None)
+    args = ap.parse_args(argv)
+    timed = args.device == "cuda"
+    shapes = [(5632, 2048), (2048, 5632), (2048, 2048), (11008, 4096)] if timed else [(96, 64)]
+    copy_gbs = copy_bandwidth() if timed else 0.0
+    records = [r for n, k in shapes for r in run_case(n, k, args.device, timed, copy_gbs)]
+    body = (
+        f"`{' '.join(sys.argv)}`\n\nCopy bandwidth {copy_gbs:.0f} GB/s. The backward's weight "
+        "work of one linear, compiled (E2M1 row quantization written transposed, and DGE's "
+        "rescaling of dw): GPU kernel time per call, launches, one ideal pass (w and dw read, "
+        "E2M1 bytes and dw written; `direct`: w read, bytes written) as a share of copy; "
+        "compiled equal to eager (bits); the largest relative difference of the corrected dw "
+        "from `dge`'s.\n\n"
+        "| weight | variant | kernel us | kernels | one pass vs copy | compiled = eager "
+        "| max rel vs dge |\n|---|---|---|---|---|---|---|\n" + "\n".join(_row(r) for r in records)
+    )
+    md, _ = write_results("dge_probe", records, body, out_dir=Path(args.out_dir), day=args.date)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""benchmarks/dge_probe.py: its bit-read E2M1 intervals give DGE's derivative exactly (so the
+variant times the same arithmetic result), and the exp2 form stays within float32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minifloat import dge, formats
+from scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return load_benchmark("dge_probe")
+
+
+def _adversarial() -> torch.Tensor:
+    grid = formats.get("e2m1").grid.float()
+    mids = (grid[1:] + grid[:-1]) / 2
+    special = torch.tensor([0.0, -0.0, 6.0, -6.0, 6.5, 1e30, 1e-30, 1e-45, float("nan")])
+    points = torch.cat([grid, mids])
+    near = torch.cat([points * (1 + 2**-23), points * (1 - 2**-24)])  # one float32 ulp away
+    rand = torch.rand(20000, generator=torch.Generator().manual_seed(0)) * 14 - 7
+    return torch.cat([points, -points, special, near, -near, rand])
+
+
+def test_bit_intervals_equal_dge_derivative(probe):
+    x = _adversarial()
+    want = dge.dge_derivative(x, "e2m1", probe.K, probe.CAP)
+    got = probe._derivative(x, "dge_bits")
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
+def test_exp2_form_within_float32_rounding(probe):
+    x = _adversarial()
+    x = x[~torch.isnan(x)]
+    want = dge.dge_derivative(x, "e2m1", probe.K, probe.CAP).double()
+    got = probe._derivative(x, "dge_bits_exp2").double()
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=0)  # a few float32 ulps
+
+
+def test_weight_backward_variants_share_the_operand(probe):
+    gen = torch.Generator().manual_seed(1)
+    w, dw = torch.randn(64, 96, generator=gen) * 0.02, torch.randn(64, 96, generator=gen)
+    ref = probe.weight_backward(w, dw, "dge")
+    for variant in probe.VARIANTS:
+        out = probe.weight_backward(w, dw, variant)
+        assert torch.equal(out[0].view(torch.uint8), ref[0].view(torch.uint8)), variant
+    assert torch.equal(probe.weight_backward(w, dw, "dge_bits")[1], ref[1])

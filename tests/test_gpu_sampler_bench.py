@@ -1,0 +1,76 @@
+"""benchmarks/gpu_sampler.py: samples taken in a thread only while a block runs; medians and the
+share of samples under each clock-limit reason; no NVML, no samples, no failure."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def sampler_mod():
+    return load_benchmark("gpu_sampler")
+
+
+def _reader(power_cap_every: int = 2):
+    """NVML-shaped readings: power 600, 610, ... W; the power-cap bit on every other one."""
+    count = itertools.count()
+
+    def read() -> dict:
+        i = next(count)
+        cap = 0x4 if i % power_cap_every == 0 else 0
+        return {"power_w": 600.0 + 10 * i, "sm_mhz": 1500.0 + i, "temp_c": 60.0,
+                "reasons": cap | 0x1, "power_limit_w": 700.0, "energy_mj": 1000.0 * i}  # fmt: skip
+
+    return read, count
+
+
+def test_samples_only_while_the_block_runs(sampler_mod):
+    read, count = _reader()
+    sampler = sampler_mod.GpuSampler(read, interval_s=0.005)
+    with sampler.collect() as samples:
+        time.sleep(0.1)
+    taken = len(samples)
+    assert taken >= 3
+    time.sleep(0.05)
+    assert len(samples) == taken and next(count) == taken  # the thread stopped with the block
+    s = sampler.summary(samples)
+    assert s["samples"] == taken and s["power_limit_w"] == 700.0 and s["temp_c"] == 60.0
+    assert s["power_w"] == pytest.approx(600.0 + 10 * (taken - 1) / 2)
+    assert s["sm_mhz"] == pytest.approx(1500.0 + (taken - 1) / 2)
+    assert s["power_p90_w"] >= s["power_w"]
+    assert s["share_sw_power_cap"] == pytest.approx(((taken + 1) // 2) / taken)
+    assert s["share_hw_slowdown"] == 0.0  # bit 0x1 (idle) is not a limit reason
+
+
+def test_no_reader_or_failing_reads_lose_nothing_else(sampler_mod):
+    with sampler_mod.GpuSampler(None).collect() as samples:
+        pass
+    assert samples == [] and sampler_mod.GpuSampler.summary(samples) == {}
+    read, _ = _reader()
+    calls = itertools.count()
+
+    def flaky() -> dict:
+        if next(calls) % 2:
+            raise RuntimeError("NVML busy")
+        return read()
+
+    with sampler_mod.GpuSampler(flaky, interval_s=0.005).collect() as samples:
+        time.sleep(0.06)
+    assert samples and all(s["power_limit_w"] == 700.0 for s in samples)
+
+
+def test_energy_counter_in_joules(sampler_mod):
+    read, _ = _reader()
+    sampler = sampler_mod.GpuSampler(read)
+    assert sampler.energy_j() == 0.0 and sampler.energy_j() == 1.0
+    assert sampler_mod.GpuSampler(None).energy_j() is None
+
+
+def test_bad_interval(sampler_mod):
+    with pytest.raises(ValueError, match="interval_s"):
+        sampler_mod.GpuSampler(None, interval_s=0)
