@@ -9,7 +9,6 @@ samples NVML from a background thread for as long as a block runs:
     with sampler.collect() as samples:
         run_steps()
     sampler.summary(samples)         # medians and the share of samples under each limit
-    sampler.energy_j()               # the GPU's energy counter (J since the driver loaded)
 
 NVML's calls release the GIL (ctypes), so the sampling thread does not hold up the host's
 kernel launches at the default 20 ms interval.
@@ -37,9 +36,9 @@ Reader = Callable[[], dict]
 
 
 def nvml_reader(index: int = 0) -> Reader | None:
-    """A function reading GPU `index`'s power (W), SM clock (MHz), temperature (C), clock
-    reasons (bit mask) and energy counter (mJ) through NVML, or None where NVML is missing or
-    fails."""
+    """A function reading GPU `index`'s power (W), SM clock (MHz), temperature (C) and clock
+    reasons (bit mask) through NVML, or None where NVML is missing or fails. NVML's power is
+    averaged over about a second on recent GPUs; a block's median is what it drew steadily."""
     try:
         import pynvml
 
@@ -58,7 +57,6 @@ def nvml_reader(index: int = 0) -> Reader | None:
             "temp_c": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
             "reasons": int(reasons(handle)),
             "power_limit_w": limit_w,
-            "energy_mj": float(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)),
         }
 
     return read
@@ -95,11 +93,6 @@ class GpuSampler:
         finally:
             stop.set()
             thread.join()
-
-    def energy_j(self) -> float | None:
-        """The GPU's energy counter in joules (differences of two reads: the energy between
-        them), or None without a reader."""
-        return None if self.read is None else self.read()["energy_mj"] / 1000.0
 
     @staticmethod
     def summary(samples: list[dict]) -> dict:

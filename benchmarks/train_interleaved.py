@@ -22,9 +22,8 @@ the GPU's power draw, SM clock, temperature and clock-limit reasons (NVML, where
 <date>.{md,json}`; records hold `train_e2e.py`'s keys (`model`, `impl`, `recipe`, `tokens_per_s`,
 `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`, `peak_mem_gib`, `mem_vs_bf16`, `gpu`,
 `date`, `step_ms`, `stream_step_ms`) plus `interleaved`, `rounds`, `round_ms` (each round's
-median), `sm_clock_mhz` (the samples' median, None without NVML), `gpu_samples` (medians of
-power, clock and temperature, and the share of samples under each limit reason) and
-`step_energy_j` (the GPU's energy counter over each round's streamed steps, per step; median).
+median), `sm_clock_mhz` (the samples' median, None without NVML), and `gpu_samples` (medians of
+power, clock and temperature, and the share of samples under each limit reason).
 """
 
 from __future__ import annotations
@@ -65,7 +64,6 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     gib = 2.0**30
     return {
         "recipe": row, "step": step, "times": [], "streamed": [], "round_ms": [], "samples": [],
-        "energy_j": [],
         "peak_mem_gib": (torch.cuda.max_memory_allocated() - before) / gib if cuda else 0.0,
         "resident_gib": (torch.cuda.memory_allocated() - before) / gib if cuda else 0.0,
     }  # fmt: skip
@@ -97,9 +95,7 @@ def time_rounds(
                     ms = [e2e.timed_step(step, batches[i % len(batches)])[0]
                           for i in range(args.steps)]  # fmt: skip
                     cuda = args.device == "cuda"
-                    e0 = sampler.energy_j()
                     streamed = e2e.timed_stream(step, batches, args.steps) if cuda else []
-                    e1 = sampler.energy_j()
             except Exception as exc:  # e.g. out of memory with every row held
                 errors.append(_failed(row["recipe"], exc))
                 rows.remove(row)
@@ -108,8 +104,6 @@ def time_rounds(
             row["streamed"] += streamed
             row["round_ms"].append(statistics.median(ms))
             row["samples"] += samples
-            if e0 is not None and streamed:  # the streamed steps' energy, per step
-                row["energy_j"].append((e1 - e0) / len(streamed))
         done = ", ".join(f"{w['recipe']} {w['round_ms'][-1]:.1f} ms" for w in order if w in rows)
         print(f"round {r + 1}/{args.rounds}: {done}", flush=True)
     return errors
@@ -130,14 +124,9 @@ def record(args, row: dict) -> dict:
         "peak_mem_gib": row["peak_mem_gib"], "resident_gib": row["resident_gib"],
         "interleaved": True, "rounds": args.rounds, "steps_per_round": args.steps,
         "round_ms": row["round_ms"], "sm_clock_mhz": gpu.get("sm_mhz"), "gpu_samples": gpu,
-        "step_energy_j": statistics.median(row["energy_j"]) if row["energy_j"] else None,
         "compile_scope": args.compile_scope, "compile_mode": args.compile_mode or "default",
         "gpu": gpu_tag(), "date": args.date or date.today().isoformat(),
     }  # fmt: skip
-
-
-def _joules(j: float | None) -> str:
-    return "—" if j is None else f"{j:.1f}"
 
 
 def _gpu_cells(gpu: dict) -> str:
@@ -158,9 +147,8 @@ def markdown(records: list[dict], args) -> str:
         "rotating each round; medians over all rounds (round medians: min-max).",
         "",
         "| recipe | step ms (rounds) | vs bf16 | vs torchao tensorwise | streamed ms (vs bf16) "
-        "| peak GiB | mem vs bf16 | SM clock MHz | power W (p90) | temp C | at power cap "
-        "| J a step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak GiB | mem vs bf16 | SM clock MHz | power W (p90) | temp C | at power cap |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         streamed, ratio = r["stream_step_ms"], r.get("stream_speedup_vs_bf16")
@@ -171,7 +159,7 @@ def markdown(records: list[dict], args) -> str:
             f"{'—' if streamed is None else f'{streamed:.1f}'}"
             f"{f' ({ratio:.2f}x)' if ratio else ''} | {r['peak_mem_gib']:.1f} | "
             f"{e2e.ratio_cell(r['mem_vs_bf16'])} | "
-            f"{_gpu_cells(r['gpu_samples'])} | {_joules(r['step_energy_j'])} |"
+            f"{_gpu_cells(r['gpu_samples'])} |"
         )
     return "\n".join(lines)
 

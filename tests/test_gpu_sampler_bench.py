@@ -24,7 +24,7 @@ def _reader(power_cap_every: int = 2):
         i = next(count)
         cap = 0x4 if i % power_cap_every == 0 else 0
         return {"power_w": 600.0 + 10 * i, "sm_mhz": 1500.0 + i, "temp_c": 60.0,
-                "reasons": cap | 0x1, "power_limit_w": 700.0, "energy_mj": 1000.0 * i}  # fmt: skip
+                "reasons": cap | 0x1, "power_limit_w": 700.0}  # fmt: skip
 
     return read, count
 
@@ -62,13 +62,6 @@ def test_no_reader_or_failing_reads_lose_nothing_else(sampler_mod):
     with sampler_mod.GpuSampler(flaky, interval_s=0.005).collect() as samples:
         time.sleep(0.06)
     assert samples and all(s["power_limit_w"] == 700.0 for s in samples)
-
-
-def test_energy_counter_in_joules(sampler_mod):
-    read, _ = _reader()
-    sampler = sampler_mod.GpuSampler(read)
-    assert sampler.energy_j() == 0.0 and sampler.energy_j() == 1.0
-    assert sampler_mod.GpuSampler(None).energy_j() is None
 
 
 def test_bad_interval(sampler_mod):

@@ -1,26 +1,26 @@
-"""Time and energy of one training step's linear-layer GEMMs alone, bf16 against FP8 (issue 13).
+"""Time, power and SM clock of one training step's linear-layer GEMMs alone, bf16 against FP8.
 
-    PYTHONPATH=src python benchmarks/gemm_energy.py --model 1.3B \
-        [--steps-file train_interleaved_....json] [--reps 10] [--device cpu]
+    PYTHONPATH=src python benchmarks/step_gemms.py --model 1.3B \
+        [--steps-file train_interleaved_....json] [--reps 20] [--device cpu]
 
 On an H200 a 1.3B training step runs at the GPU's 700 W power limit in every row, bf16's
-included (`train_interleaved_1.3B_ours_s30_power_...`: 100 % of the samples under the power
-cap, 692-694 W), and the SM clock settles where the row's work draws that power. A step's time
-is then its energy over ~693 W, and a recipe's speed-up over bf16 is bf16's energy a step over
-the recipe's. This runs the GEMMs of every linear layer of one step (fprop, dgrad and wgrad of
-q, k, v, o, gate, up and down in every block, M = batch x seq tokens) back to back, as bf16
-`torch.mm` (bf16 out) and as `scaled_mm_rowish` the way minifloat's Hopper backend calls it
-(fp8-tensorwise: E4M3 x E4M3 fprop with fast accumulation, E5M2 x E4M3 dgrad, bf16 out; wgrad
-float32 out; fp8-rowwise: the same with row scales), and reads the GPU's energy counter (NVML)
-around `--reps` repetitions.
+included (`train_interleaved_1.3B_ours_s30_power_...`: every NVML sample under the power cap,
+692-694 W medians), and the SM clock settles where the row's work draws that power. This runs the
+GEMMs of every linear layer of one step (fprop, dgrad and wgrad of q, k, v, o, gate, up and down
+in every block, M = batch x seq tokens) back to back, as bf16 `torch.mm` (bf16 out) and as
+`scaled_mm_rowish` the way minifloat's Hopper backend calls it (fp8-tensorwise: E4M3 x E4M3 fprop
+with fast accumulation, E5M2 x E4M3 dgrad, bf16 out; wgrad float32 out; fp8-rowwise: the same
+with row scales), `--reps` times, with the GPU's power, clock and limit reasons sampled
+(`gpu_sampler.py`).
 
-With `--steps-file` (a `train_interleaved.py` result with `step_energy_j`) it also writes each
-row's bound: bf16's step with its GEMMs' energy replaced by the recipe's GEMMs' and everything
-else (quantization included) costing what it costs bf16, i.e. E_bf16 / (E_bf16 - G_bf16 + G_r)
-for energy and the same with milliseconds; the recipe's measured speed-up beside it.
+With `--steps-file` (a `train_interleaved.py` result) it also writes each row's bound: bf16's
+step with its GEMMs' time replaced by the recipe's and everything else (attention, norms, the
+output head, the optimizer) costing what it costs bf16, i.e. T_bf16 / (T_bf16 - G_bf16 + G_r),
+with no time for quantization; the recipe's measured speed-up beside it, and the time its
+quantization and glue take (its step less the bound's).
 
-`--device cpu` runs the tiny preset once without energy (a smoke test). Writes
-`gemm_energy_<model>_<gpu>_<date>.{md,json}`.
+`--device cpu` runs the tiny preset once, untimed (a smoke test). Writes
+`step_gemms_<model>_<gpu>_<date>.{md,json}`.
 """
 
 from __future__ import annotations
@@ -110,27 +110,24 @@ def step_gemms(kind: str, model: str, m: int, device: str):
 
 
 def measure(run, sampler: GpuSampler, reps: int, cuda: bool) -> dict:
-    """Milliseconds and joules of one `run()` (medians of nothing: totals over `reps` / reps)."""
+    """Milliseconds of one `run()` (the mean over `reps` back to back) and the GPU's samples."""
     run()  # warm-up: cuBLAS handles and heuristics
     if not cuda:
-        return {"ms": None, "joules": None}
+        return {"ms": None, "gpu_samples": {}}
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with sampler.collect() as samples:
-        e0 = sampler.energy_j()
         start.record()
         for _ in range(reps):
             run()
         end.record()
         end.synchronize()
-        e1 = sampler.energy_j()
-    ms = start.elapsed_time(end) / reps
-    out = {"ms": ms, "joules": None if e0 is None else (e1 - e0) / reps}
-    return out | {"gpu_samples": GpuSampler.summary(samples)}
+    return {"ms": start.elapsed_time(end) / reps, "gpu_samples": GpuSampler.summary(samples)}
 
 
 def bounds(records: list[dict], steps: list[dict]) -> list[dict]:
-    """Each interleaved row's bound: bf16's step with its GEMMs swapped for the recipe's."""
+    """Each interleaved row's bound: bf16's step with its GEMMs swapped for the recipe's, and
+    what the row spends over it (quantization and glue)."""
     by_set = {r["set"]: r for r in records}
     rows = {r["recipe"]: r for r in steps if "error" not in r}
     bf16, g_bf16 = rows.get("bf16"), by_set["bf16"]
@@ -139,13 +136,10 @@ def bounds(records: list[dict], steps: list[dict]) -> list[dict]:
         g = by_set.get(name)
         if g is None or bf16 is None:
             continue
-        b = {"recipe": name, "measured_speedup": bf16["step_ms"] / row["step_ms"]}
-        b["time_bound"] = bf16["step_ms"] / (bf16["step_ms"] - g_bf16["ms"] + g["ms"])
-        if bf16.get("step_energy_j") and g_bf16.get("joules"):
-            e_bf16 = bf16["step_energy_j"]
-            b["energy_bound"] = e_bf16 / (e_bf16 - g_bf16["joules"] + g["joules"])
-            b["measured_energy_ratio"] = e_bf16 / row["step_energy_j"]
-        out.append(b)
+        bound_ms = bf16["step_ms"] - g_bf16["ms"] + g["ms"]
+        out.append({"recipe": name, "measured_speedup": bf16["step_ms"] / row["step_ms"],
+                    "bound_ms": bound_ms, "bound": bf16["step_ms"] / bound_ms,
+                    "overhead_ms": row["step_ms"] - bound_ms})  # fmt: skip
     return out
 
 
@@ -179,23 +173,22 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
     lines = [f"`{' '.join(sys.argv)}`", "", f"Every linear GEMM of one {model} training step "
              f"({batch * seq} tokens), back to back, {args.reps} repetitions after one warm-up.",
-             "", "| GEMMs | ms a step | J a step | mean W | SM clock MHz |",
+             "", "| GEMMs | ms a step | power W | SM clock MHz | at power cap |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in records:
-        gpu = r.get("gpu_samples") or {}
-        watts = r["joules"] / r["ms"] * 1000 if r["joules"] else None
-        lines.append(f"| {r['set']} | {_cell(r['ms'], '.1f')} | {_cell(r['joules'], '.1f')} | "
-                     f"{_cell(watts, '.0f')} | {_cell(gpu.get('sm_mhz'), '.0f')} |")  # fmt: skip
+        gpu = r["gpu_samples"]
+        cap = 100 * gpu["share_sw_power_cap"] if gpu else None
+        lines.append(f"| {r['set']} | {_cell(r['ms'], '.1f')} | {_cell(gpu.get('power_w'), '.0f')}"
+                     f" | {_cell(gpu.get('sm_mhz'), '.0f')} | {_cell(cap, '.0f')}% |")  # fmt: skip
     found = bounds(records, steps) if steps and cuda else []
     if found:
         lines += ["", f"Bounds from `{Path(args.steps_file).name}` (bf16's step with its GEMMs "
                   "replaced by the recipe's, everything else as bf16's):", "",
-                  "| recipe | measured vs bf16 | time bound | energy ratio | energy bound |",
+                  "| recipe | measured vs bf16 | bound ms | bound vs bf16 | over the bound ms |",
                   "|---|---|---|---|---|"]  # fmt: skip
-        lines += [f"| {b['recipe']} | {b['measured_speedup']:.2f}x | {b['time_bound']:.2f}x | "
-                  f"{_cell(b.get('measured_energy_ratio'), '.2f')}x | "
-                  f"{_cell(b.get('energy_bound'), '.2f')}x |" for b in found]  # fmt: skip
-    md, _ = write_results(f"gemm_energy_{model}", records + found, "\n".join(lines),
+        lines += [f"| {b['recipe']} | {b['measured_speedup']:.2f}x | {b['bound_ms']:.1f} | "
+                  f"{b['bound']:.2f}x | {b['overhead_ms']:.1f} |" for b in found]  # fmt: skip
+    md, _ = write_results(f"step_gemms_{model}", records + found, "\n".join(lines),
                           out_dir=Path(args.out_dir), day=args.date)  # fmt: skip
     print(md.read_text())
 
