@@ -1,0 +1,35 @@
+"""benchmarks/kernel_power.py: every workload runs on the CPU (smoke), and the float32 cast it
+uses as a power reference is a real E4M3 cast of the same tensor (values within one E4M3 step
+of minifloat's float64-quotient cast)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from minifloat.kernels.operand import quantize_operand
+from scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("kernel_power")
+
+
+def test_every_workload_runs_on_cpu(bench, tmp_path):
+    bench.main(["--device", "cpu", "--out-dir", str(tmp_path), "--date", "2026-01-01"])
+    records = json.loads(next(tmp_path.glob("kernel_power_cpu_*.json")).read_text())
+    assert [r["workload"] for r in records] == [
+        "copy", "amax", "cast_f64", "cast_f32", "gemm_fp8", "gemm_bf16"]  # fmt: skip
+
+
+def test_float32_cast_is_an_e4m3_cast_of_the_same_values(bench):
+    x = torch.randn(256, 384, generator=torch.Generator().manual_seed(0)).bfloat16()
+    q32, scale = bench._cast_f32(x)
+    q64, s64 = quantize_operand(x, "e4m3", "tensor")
+    assert q32.dtype == q64.dtype == torch.float8_e4m3fn
+    torch.testing.assert_close(1 / scale, s64.reshape(()), rtol=1e-6, atol=0)
+    a, b = q32.float(), q64.float()
+    assert ((a - b).abs() <= a.abs().clamp_min(2**-6) / 8).all()  # at most one E4M3 step
