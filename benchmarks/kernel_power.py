@@ -15,6 +15,9 @@ GPU (`gpu_sampler.py`):
   quotient in float64);
 - `cast_f32`: the same amax, the cast as x * (448 / amax) in float32 (torchao's form; not
   minifloat's numerics, a reference for the power);
+- `given_f64`, `given_fma`, `given_mul`: the cast alone, its scale given (no amax pass), the
+  quotient in float64 (minifloat's), in float32 with Markstein's two FMAs (exact, the same bits;
+  `division_probe.py`'s, scale factors computed once) and as a float32 multiply by 1/s (inexact);
 - `gemm_fp8`, `gemm_bf16`: [16384, 2048] x [2048, 5632] (the 1.3B gate projection's fprop).
 Reports the per-call time, the bytes per second, and the median power and SM clock. `--device
 cpu` runs each workload once on small tensors (a smoke test). Writes
@@ -32,7 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, write_results  # noqa: E402
+from division_probe import div_fma_by_factors, div_mul, fma_factors  # noqa: E402
 from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
+from minifloat.exact import div_rn  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
 
@@ -43,6 +48,18 @@ def _cast_f32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = x.abs().amax().float()
     scale = E4M3_MAX / amax
     return (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def cast_given(x: torch.Tensor, scale: torch.Tensor, form: str, factors=None) -> torch.Tensor:
+    """x / scale onto E4M3 (saturating), the quotient in `form`: f64, fma or mul."""
+    v = x.float()
+    if form == "f64":
+        q = div_rn(v, scale)
+    elif form == "fma":
+        q = div_fma_by_factors(v, factors)
+    else:
+        q = div_mul(v, scale)
+    return q.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 def workloads(m: int, k: int, n: int, device: str) -> dict:
@@ -57,12 +74,18 @@ def workloads(m: int, k: int, n: int, device: str) -> dict:
     amax = torch.compile(lambda t: t.abs().amax())
     cast64 = torch.compile(lambda t: quantize_operand(t, "e4m3", "tensor"))
     cast32 = torch.compile(_cast_f32)
+    given = torch.compile(cast_given)
+    scale = quantize_operand(x, "e4m3", "tensor")[1]
+    factors = fma_factors(scale)
     elems = m * n
     return {
         "copy": (lambda: out.copy_(x), 4 * elems),
         "amax": (lambda: amax(x), 2 * elems),
         "cast_f64": (lambda: cast64(x), 2 * 2 * elems + elems),
         "cast_f32": (lambda: cast32(x), 2 * 2 * elems + elems),
+        "given_f64": (lambda: given(x, scale, "f64"), 3 * elems),
+        "given_fma": (lambda: given(x, scale, "fma", factors), 3 * elems),
+        "given_mul": (lambda: given(x, scale, "mul"), 3 * elems),
         "gemm_fp8": (lambda: scaled_mm_rowish(a_q, one, w_q, one, out_dtype=torch.bfloat16,
                                               use_fast_accum=True), None),
         "gemm_bf16": (lambda: torch.mm(a, w.t()), None),
@@ -118,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         f"`{' '.join(sys.argv)}`\n\nEach workload back to back for ~{args.seconds} s; "
         f"x bf16 [{m}, {n}], GEMMs [{m}, {k}] x [{k}, {n}]. GB/s counts the bytes one call "
         "moves (copy: read + write; amax: read; casts: the amax's read, the cast's read and its "
-        "write); power and SM clock are the NVML samples' medians.\n\n"
+        "write; given: the cast's read and write); power and SM clock are the NVML samples' "
+        "medians.\n\n"
         "| workload | ms a call | GB/s | power W | SM clock MHz | at power cap |\n"
         "|---|---|---|---|---|---|\n" + "\n".join(lines)
     )

@@ -22,7 +22,8 @@ def test_every_workload_runs_on_cpu(bench, tmp_path):
     bench.main(["--device", "cpu", "--out-dir", str(tmp_path), "--date", "2026-01-01"])
     records = json.loads(next(tmp_path.glob("kernel_power_cpu_*.json")).read_text())
     assert [r["workload"] for r in records] == [
-        "copy", "amax", "cast_f64", "cast_f32", "gemm_fp8", "gemm_bf16"]  # fmt: skip
+        "copy", "amax", "cast_f64", "cast_f32", "given_f64", "given_fma", "given_mul",
+        "gemm_fp8", "gemm_bf16"]  # fmt: skip
 
 
 def test_float32_cast_is_an_e4m3_cast_of_the_same_values(bench):
@@ -33,3 +34,16 @@ def test_float32_cast_is_an_e4m3_cast_of_the_same_values(bench):
     torch.testing.assert_close(1 / scale, s64.reshape(()), rtol=1e-6, atol=0)
     a, b = q32.float(), q64.float()
     assert ((a - b).abs() <= a.abs().clamp_min(2**-6) / 8).all()  # at most one E4M3 step
+
+
+def test_given_scale_casts_fma_equals_float64_compiled(bench):
+    """Markstein's FMA quotient is exact: compiled, its E4M3 bytes equal the float64 quotient's
+    (and `quantize_operand`'s), so the power of the two forms compares the same result."""
+    x = torch.randn(512, 768, generator=torch.Generator().manual_seed(0)).bfloat16()
+    x[0, :8] = torch.tensor([3.0, -7.5, 1e-8, 0.0, 448.0, -1.0, 2**-9, 100.0]).bfloat16()
+    want, scale = quantize_operand(x, "e4m3", "tensor")
+    cast = torch.compile(bench.cast_given)
+    f64 = cast(x, scale, "f64")
+    fma = cast(x, scale, "fma", bench.fma_factors(scale))
+    assert torch.equal(f64.view(torch.uint8), want.view(torch.uint8))
+    assert torch.equal(fma.view(torch.uint8), want.view(torch.uint8))
