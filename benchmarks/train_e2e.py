@@ -27,7 +27,9 @@ benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `
 `impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
 `peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`step_peak_gib`:
 the peak of the timed steps alone, where `peak_mem_gib` also covers compilation; `resident_gib`:
-memory held between steps, so the peak minus it is what a step allocates and frees).
+memory held between steps, so the peak minus it is what a step allocates and frees;
+`sm_clock_mhz` and `gpu_samples`: the GPU's SM clock, power and limit reasons while the row's
+timed steps ran, `gpu_sampler.py`, where NVML can be read).
 
 FSDP2 rows (issue 17): a row `RECIPE+fsdp` shards the model with `minifloat.distributed.apply_fsdp`
 (each block, then the root; fp32 parameters all-gathered, bf16 autocast, fp32 reduce-scatter, the
@@ -63,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch._dynamo.utils import counters  # noqa: E402
 
 from common import dump_kernel_sources, gpu_tag, write_results  # noqa: E402
+from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.blocks import find_repeated_blocks  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
@@ -309,10 +312,15 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     if cuda:  # the whole row's peak so far (compilation and autotuning included) is kept
         peak_gib = torch.cuda.max_memory_allocated() / 2**30
         torch.cuda.reset_peak_memory_stats()
-    timed = [timed_step(step, batches[i % len(batches)]) for i in range(args.steps)]
+    # The GPU's power and SM clock while the row steps: at a power limit they set the GEMMs'
+    # speed (docs/hopper_sessions.md, session 30).
+    sampler = GpuSampler(nvml_reader(torch.cuda.current_device()) if cuda else None)
+    with sampler.collect() as samples:
+        timed = [timed_step(step, batches[i % len(batches)]) for i in range(args.steps)]
+        stream_ms = statistics.median(timed_stream(step, batches, args.steps)) if cuda else None
     times = [ms for ms, _ in timed]
     step_ms = statistics.median(times)
-    stream_ms = statistics.median(timed_stream(step, batches, args.steps)) if cuda else None
+    gpu = GpuSampler.summary(samples)
     rec = {
         "model": args.model, "impl": args.impl, "recipe": row, "optim_states": optim_states,
         "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
@@ -321,6 +329,7 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
         "host_ms": statistics.median(h for _, h in timed),
         "stream_step_ms": stream_ms,
         "stream_tokens_per_s": args.batch * args.seq / stream_ms * 1000.0 if stream_ms else None,
+        "sm_clock_mhz": gpu.get("sm_mhz"), "gpu_samples": gpu,
         "warmup_s": warmup_s, "compile_s": compile_s,
         "graphs": counters["stats"]["unique_graphs"],
         "graph_breaks": sum(counters["graph_break"].values()),
@@ -416,6 +425,10 @@ def shape_words(args) -> str:
     return f"Model {args.model} ({args.impl}), batch {args.batch} x {args.seq}, vocab {args.vocab}"
 
 
+def _clock_power(gpu: dict | None) -> str:
+    return f"{gpu['sm_mhz']:.0f} / {gpu['power_w']:.0f}" if gpu else "—"
+
+
 def markdown(records: list[dict], args) -> str:
     lines = [
         f"`{' '.join(sys.argv)}`",
@@ -429,8 +442,8 @@ def markdown(records: list[dict], args) -> str:
         "",
         "| recipe | states | tokens/s | vs bf16 | vs torchao tensorwise | vs first states "
         "| peak GiB | mem vs bf16 | step peak GiB | resident GiB | step ms | host ms "
-        "| streamed step ms | compile s | graphs / breaks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| streamed step ms | compile s | graphs / breaks | SM clock MHz / power W |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         streamed, ratio = r.get("stream_step_ms"), r.get("stream_speedup_vs_bf16")
@@ -445,7 +458,7 @@ def markdown(records: list[dict], args) -> str:
             f"{r.get('resident_gib', 0.0):.1f} | "
             f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | "
             f"{'—' if streamed is None else f'{streamed:.1f}'}{ratio} | {r['compile_s']:.0f} | "
-            f"{r['graphs']} / {r['graph_breaks']} |"
+            f"{r['graphs']} / {r['graph_breaks']} | {_clock_power(r.get('gpu_samples'))} |"
         )
     qag = [r for r in records if "speedup_vs_fsdp" in r]
     if qag:

@@ -112,3 +112,19 @@ def test_profile_table_shows_gpu_idle_time_and_longest_gaps(bench):
     assert "| 4000 | 0 | 240.0 | 11.0 (4.0 / 2.0 / 5.0) |" in table
     assert "| 4000 | 0 | — | — |" in table
     assert "| 900 | `triton_red_fused_amax_1` | `nvjet_sm90_qqtst` |" in table
+
+
+def test_rows_run_on_cpu_with_gpu_samples_empty(bench, tmp_path):
+    """A whole run on the CPU (tiny preset, two layers, compiled per block): the row's record and
+    table line, with the GPU sample fields empty where NVML cannot be read."""
+    import json
+
+    bench.main(["--model", "tiny", "--device", "cpu", "--layers", "2",
+                "--rows", "bf16", "--steps", "2", "--warmup", "1",
+                "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
+    records = json.loads(next(tmp_path.glob("train_e2e_*.json")).read_text())
+    assert [r["recipe"] for r in records] == ["bf16"]
+    assert records[0]["gpu_samples"] == {} and records[0]["sm_clock_mhz"] is None
+    md = next(tmp_path.glob("train_e2e_*.md")).read_text()
+    bf16_row = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
+    assert "SM clock MHz / power W |" in md and bf16_row.endswith(" / 0 | — |")

@@ -28,6 +28,7 @@ def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
     for r in records:
         assert r["interleaved"] and len(r["round_ms"]) == 3 and r["steps_per_round"] == 2
         assert r["step_ms_min"] <= r["step_ms"] <= r["step_ms_max"]
+        assert r["gpu_samples"] == {} and r["sm_clock_mhz"] is None  # no NVML on the CPU
         assert r["tokens_per_s"] == pytest.approx(2 * 64 / r["step_ms"] * 1000.0)
     assert records[0]["speedup_vs_bf16"] == 1.0
     assert records[1]["speedup_vs_bf16"] == records[1]["tokens_per_s"] / records[0]["tokens_per_s"]
