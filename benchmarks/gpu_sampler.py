@@ -5,7 +5,7 @@ slower in a row that draws more power: session 29's rows timed in alternation ra
 at a lower SM clock than torchao's row. Reading the clock once after a round says little; this
 samples NVML from a background thread for as long as a block runs:
 
-    sampler = GpuSampler()           # None-valued samples where NVML cannot be read
+    sampler = GpuSampler.for_device("cuda")   # no samples off CUDA or without NVML
     with sampler.collect() as samples:
         run_steps()
     sampler.summary(samples)         # medians and the share of samples under each limit
@@ -20,6 +20,8 @@ import contextlib
 import statistics
 import threading
 from collections.abc import Callable, Iterator
+
+import torch
 
 __all__ = ["GpuSampler", "nvml_reader", "LIMIT_REASONS"]
 
@@ -70,6 +72,13 @@ class GpuSampler:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         self.read = read
         self.interval_s = interval_s
+
+    @classmethod
+    def for_device(cls, device: str, interval_s: float = 0.02) -> GpuSampler:
+        """A sampler of the current CUDA device for `device` "cuda"; one that takes no samples
+        for any other device (a CPU run) or where NVML cannot be read."""
+        cuda = device == "cuda"
+        return cls(nvml_reader(torch.cuda.current_device()) if cuda else None, interval_s)
 
     @contextlib.contextmanager
     def collect(self) -> Iterator[list[dict]]:

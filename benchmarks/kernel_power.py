@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, write_results  # noqa: E402
 from division_probe import div_fma_by_factors, div_mul, fma_factors  # noqa: E402
-from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
+from gpu_sampler import GpuSampler  # noqa: E402
 from minifloat.exact import div_rn  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
@@ -69,8 +69,8 @@ def workloads(m: int, k: int, n: int, device: str) -> dict:
     out = torch.empty_like(x)
     a = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, k, device=device, generator=gen).to(torch.bfloat16)
-    a_q, w_q, one = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn), torch.ones(1, 1)
-    one = one.to(device)
+    a_q, w_q = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones(1, 1, device=device)
     amax = torch.compile(lambda t: t.abs().amax())
     cast64 = torch.compile(lambda t: quantize_operand(t, "e4m3", "tensor"))
     cast32 = torch.compile(_cast_f32)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
     m, k, n = (16384, 2048, 5632) if cuda else (64, 32, 48)
-    sampler = GpuSampler(nvml_reader(torch.cuda.current_device()) if cuda else None)
+    sampler = GpuSampler.for_device(args.device)
     records, lines = [], []
     for name, (fn, nbytes) in workloads(m, k, n, args.device).items():
         rec = {"workload": name, "shape": [m, k, n]} | run(fn, args.seconds, sampler, cuda)

@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, write_results  # noqa: E402
-from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
+from gpu_sampler import GpuSampler  # noqa: E402
 from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
 from minifloat.models.llama import get_config  # noqa: E402
 from train_e2e import PRESETS  # noqa: E402
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     cuda = args.device == "cuda"
     model = args.model if cuda else "tiny"
     batch, seq, _ = PRESETS[args.model] if cuda else (1, 64, None)
-    sampler = GpuSampler(nvml_reader(torch.cuda.current_device()) if cuda else None)
+    sampler = GpuSampler.for_device(args.device)
     records = []
     for kind in SETS:
         rec = {"set": kind, "model": model, "tokens": batch * seq}

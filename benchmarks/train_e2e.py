@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torch._dynamo.utils import counters  # noqa: E402
 
 from common import dump_kernel_sources, gpu_tag, write_results  # noqa: E402
-from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
+from gpu_sampler import GpuSampler  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.blocks import find_repeated_blocks  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
@@ -314,7 +314,7 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
         torch.cuda.reset_peak_memory_stats()
     # The GPU's power and SM clock while the row steps: at a power limit they set the GEMMs'
     # speed (docs/hopper_sessions.md, session 30).
-    sampler = GpuSampler(nvml_reader(torch.cuda.current_device()) if cuda else None)
+    sampler = GpuSampler.for_device(args.device)
     with sampler.collect() as samples:
         timed = [timed_step(step, batches[i % len(batches)]) for i in range(args.steps)]
         stream_ms = statistics.median(timed_stream(step, batches, args.steps)) if cuda else None

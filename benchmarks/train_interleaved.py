@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_e2e as e2e  # noqa: E402
 from common import gpu_tag, write_results  # noqa: E402
-from gpu_sampler import GpuSampler, nvml_reader  # noqa: E402
+from gpu_sampler import GpuSampler  # noqa: E402
 
 
 def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
@@ -209,8 +209,7 @@ def main(argv: list[str] | None = None) -> None:
         except Exception as exc:  # one failing row must not lose the others
             errors.append(_failed(name, exc))
             e2e.release_memory()
-    cuda = args.device == "cuda"
-    sampler = GpuSampler(nvml_reader(torch.cuda.current_device()) if cuda else None)
+    sampler = GpuSampler.for_device(args.device)
     errors += time_rounds(args, rows, batches, sampler) if rows else []
     records = e2e.with_ratios([record(args, row) for row in rows])
     body = markdown(records, args)

@@ -67,3 +67,11 @@ def test_no_reader_or_failing_reads_lose_nothing_else(sampler_mod):
 def test_bad_interval(sampler_mod):
     with pytest.raises(ValueError, match="interval_s"):
         sampler_mod.GpuSampler(None, interval_s=0)
+
+
+def test_no_samples_off_cuda(sampler_mod):
+    sampler = sampler_mod.GpuSampler.for_device("cpu")
+    assert sampler.read is None
+    with sampler.collect() as samples:
+        pass
+    assert samples == []
