@@ -17,6 +17,9 @@ that only the per-element arithmetic differs. `--part amax_forms`: the SwiGLU's 
 (forward: silu(g) * u; backward: dg and du) and a [16384, 2048] operand's, reduced as
 `amax()`, rows first, or in chunks of 2,048 to 131,072 elements.
 
+`div_table_bf16` (session 31) is a fourth exact form for bfloat16 numerators, by a table of the
+128 significands' quotients; `kernel_power.py` times and samples it (`given_bf16`).
+
 GPU kernel time per call (profiler) and whether each variant's FP8 bytes (or amaxes) equal the
 float64 (`amax()`) one's, written to `division_probe[_<part>]_<gpu>_<date>.{md,json}`. On the
 CPU it runs small shapes, checks the bytes only and writes nothing. See
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from common import RESULTS_DIR, kernel_ms, write_results  # noqa: E402
+from minifloat import exact  # noqa: E402
 from minifloat.exact import div_rn  # noqa: E402
 from minifloat.kernels.operand import scale_from_amax  # noqa: E402
 
@@ -65,6 +69,48 @@ def div_fma_by_factors(a: torch.Tensor, factors: tuple[torch.Tensor, ...]) -> to
     q0 = x * r
     err = FMA(-q0, s1, x)
     return torch.where(torch.isfinite(err) & (q0 != 0), FMA(err, r, q0), q0)
+
+
+def div_table_bf16(a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`div_rn(a.float(), scale)` for a bfloat16 `a` and one float32 `scale`, in float32 and
+    integer arithmetic: no float64 per element.
+
+    A bfloat16 number is ±(1 + j/128)·2^e, so a / s = ((1 + j/128) / s1)·2^(e - k) with
+    s = s1·2^k, s1 in [1, 2). Rounding commutes with the power of two wherever the result is a
+    normal float32, so the quotient is an entry of a 128-entry table T[j] = RN((1 + j/128) / s1)
+    (made once by `div_rn`) with 2^(e - k) added to its exponent bits. The same bits as
+    `div_rn` for every quotient of magnitude above 2^-126 (inf where it overflows); smaller
+    ones give a signed zero, where `div_rn` may give a subnormal (every grid rounds both to
+    zero). Zero, inf and NaN numerators and zero, inf and NaN scales as `div_rn` treats them.
+
+    Tried in session 31 (docs/hopper_sessions.md) as the tensor-scaled quantizers' quotient of
+    bfloat16 inputs, because the float64 product draws ~75 W more than a float32 multiply at
+    the same speed and a step runs at the GPU's power limit. Compiled on an H200 the gather and
+    integer work took 2.7x the float64 cast's time, and for a subnormal scale (2^-149) it gave
+    zeros where the CPU does not (not diagnosed); kept as `kernel_power.py`'s `given_bf16`.
+    """
+    xf = a.float()
+    s = scale.float().reshape(())
+    s1, e_s = torch.frexp(s)  # s = s1·2^e_s, |s1| in [0.5, 1)
+    j = torch.arange(_BF16_FRACTIONS, device=a.device, dtype=torch.float32)
+    table = div_rn(1 + j / _BF16_FRACTIONS, 2 * s1).view(torch.int32)  # normal, signed as s
+    if torch.compiler.is_compiling():
+        table = exact.written_once(table)  # one small buffer; inline, every element would divide
+    bits = xf.view(torch.int32)
+    # Subnormal numerators are read after an exact scaling by 2^64, which makes them normal.
+    sub = (((bits >> 23) & 255) == 0).to(torch.int32)
+    bits = (xf * ((sub * 64 + 127) << 23).view(torch.float32)).view(torch.int32)
+    t = table[(bits >> 16) & (_BF16_FRACTIONS - 1)]
+    exponent = ((t >> 23) & 255) + ((bits >> 23) & 255) - 64 * sub - 127 - (e_s - 1)
+    clamped = exponent.clamp(0, 255)
+    normal = ((clamped > 0) & (clamped < 255)).to(torch.int32)  # else zero or inf
+    q = (clamped << 23) | ((t & 0x7FFFFF) * normal) | ((t ^ bits) & -(2**31))
+    ordinary = torch.isfinite(xf) & (xf != 0) & torch.isfinite(s) & (s != 0)
+    special = xf * torch.where(torch.isfinite(s) & (s != 0), torch.sign(s), s.reciprocal())
+    return torch.where(ordinary, q.view(torch.float32), special)
+
+
+_BF16_FRACTIONS = 128  # the significands 1 + j/128 of bfloat16 numbers
 
 
 def div_fma(a: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

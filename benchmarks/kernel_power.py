@@ -15,9 +15,11 @@ GPU (`gpu_sampler.py`):
   quotient in float64);
 - `cast_f32`: the same amax, the cast as x * (448 / amax) in float32 (torchao's form; not
   minifloat's numerics, a reference for the power);
-- `given_f64`, `given_fma`, `given_mul`: the cast alone, its scale given (no amax pass), the
-  quotient in float64 (minifloat's), in float32 with Markstein's two FMAs (exact, the same bits;
-  `division_probe.py`'s, scale factors computed once) and as a float32 multiply by 1/s (inexact);
+- `given_f64`, `given_fma`, `given_bf16`, `given_mul`: the cast alone, its scale given (no amax
+  pass), the quotient in float64 (minifloat's), in float32 with Markstein's two FMAs (exact, the
+  same bits; `division_probe.py`'s, scale factors computed once), from a table of the 128
+  bfloat16 significands' quotients (`division_probe.div_table_bf16`: exact, float32 and integer
+  arithmetic) and as a float32 multiply by 1/s (inexact);
 - `gemm_fp8`, `gemm_bf16`: [16384, 2048] x [2048, 5632] (the 1.3B gate projection's fprop).
 Reports the per-call time, the bytes per second, and the median power and SM clock. `--device
 cpu` runs each workload once on small tensors (a smoke test). Writes
@@ -35,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, write_results  # noqa: E402
-from division_probe import div_fma_by_factors, div_mul, fma_factors  # noqa: E402
+from division_probe import div_fma_by_factors, div_mul, div_table_bf16, fma_factors  # noqa: E402
 from gpu_sampler import GpuSampler  # noqa: E402
 from minifloat.exact import div_rn  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
@@ -51,9 +53,11 @@ def _cast_f32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def cast_given(x: torch.Tensor, scale: torch.Tensor, form: str, factors=None) -> torch.Tensor:
-    """x / scale onto E4M3 (saturating), the quotient in `form`: f64, fma or mul."""
+    """x / scale onto E4M3 (saturating), the quotient in `form`: f64, fma, bf16 or mul."""
     v = x.float()
-    if form == "f64":
+    if form == "bf16":
+        q = div_table_bf16(x, scale)
+    elif form == "f64":
         q = div_rn(v, scale)
     elif form == "fma":
         q = div_fma_by_factors(v, factors)
@@ -85,6 +89,7 @@ def workloads(m: int, k: int, n: int, device: str) -> dict:
         "cast_f32": (lambda: cast32(x), 2 * 2 * elems + elems),
         "given_f64": (lambda: given(x, scale, "f64"), 3 * elems),
         "given_fma": (lambda: given(x, scale, "fma", factors), 3 * elems),
+        "given_bf16": (lambda: given(x, scale, "bf16"), 3 * elems),
         "given_mul": (lambda: given(x, scale, "mul"), 3 * elems),
         "gemm_fp8": (lambda: scaled_mm_rowish(a_q, one, w_q, one, out_dtype=torch.bfloat16,
                                               use_fast_accum=True), None),
