@@ -1,6 +1,7 @@
-"""benchmarks/kernel_power.py: every workload runs on the CPU (smoke), and the float32 cast it
+"""benchmarks/kernel_power.py: every workload runs on the CPU (smoke), the float32 cast it
 uses as a power reference is a real E4M3 cast of the same tensor (values within one E4M3 step
-of minifloat's float64-quotient cast)."""
+of minifloat's float64-quotient cast), and the exact quotients it compares (FMA, bfloat16
+table) give the float64 quotient's bits."""
 
 from __future__ import annotations
 
