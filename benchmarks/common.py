@@ -235,3 +235,11 @@ def dump_kernel_sources(names: list[str], dest: Path, prefix: str, limit: int) -
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def same_bytes(a, b) -> bool:
+    """Whether tensors `a` and `b` (or equal-length tuples of them) hold the same bytes: values
+    compared bit for bit, NaN payloads and the sign of zero included."""
+    a, b = (a,) if torch.is_tensor(a) else a, (b,) if torch.is_tensor(b) else b
+    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
+    return all(torch.equal(as_bytes(x), as_bytes(y)) for x, y in zip(a, b, strict=True))

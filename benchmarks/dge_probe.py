@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  # noqa: E402
+from common import RESULTS_DIR, copy_bandwidth, kernel_profile, same_bytes, write_results  # noqa: E402
 from minifloat import dge, formats  # noqa: E402
 from minifloat.exact import div_rn_by_scale  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
@@ -79,12 +79,6 @@ def weight_backward(w: torch.Tensor, dw: torch.Tensor, variant: str):
     return w_q_t, dw * _derivative(div_rn_by_scale(w, s_w), variant)
 
 
-def _bits_equal(a: tuple, b: tuple) -> bool:
-    """Every tensor of a equals b's byte for byte (NaN payloads included)."""
-    as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
-    return all(torch.equal(as_bytes(x), as_bytes(y)) for x, y in zip(a, b, strict=True))
-
-
 def _max_rel_vs_head(w, dw, variant) -> float:
     """Largest relative difference of the corrected dw against `dge` (eager)."""
     ref = weight_backward(w, dw, "dge")[1].double()
@@ -100,7 +94,7 @@ def run_case(n: int, k: int, device: str, timed: bool, copy_gbs: float) -> list[
     for variant in VARIANTS:
         torch._dynamo.reset()
         fn = torch.compile(weight_backward)
-        same = _bits_equal(fn(w, dw, variant), weight_backward(w, dw, variant))
+        same = same_bytes(fn(w, dw, variant), weight_backward(w, dw, variant))
         rec = {"shape": [n, k], "variant": variant, "compiled_equals_eager": same}
         if variant.startswith("dge_"):
             rec["max_rel_vs_dge"] = _max_rel_vs_head(w, dw, variant)

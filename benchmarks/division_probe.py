@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from common import RESULTS_DIR, kernel_ms, write_results  # noqa: E402
+from common import RESULTS_DIR, kernel_ms, same_bytes, write_results  # noqa: E402
 from minifloat import exact  # noqa: E402
 from minifloat.exact import div_rn  # noqa: E402
 from minifloat.kernels.operand import scale_from_amax  # noqa: E402
@@ -99,7 +99,7 @@ def div_table_bf16(a: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     bits = xf.view(torch.int32)
     # Subnormal numerators are read after an exact scaling by 2^64, which makes them normal.
     sub = (((bits >> 23) & 255) == 0).to(torch.int32)
-    bits = (xf * ((sub * 64 + 127) << 23).view(torch.float32)).view(torch.int32)
+    bits = (xf * _pow2(sub * 64)).view(torch.int32)
     t = table[(bits >> 16) & (_BF16_FRACTIONS - 1)]
     exponent = ((t >> 23) & 255) + ((bits >> 23) & 255) - 64 * sub - 127 - (e_s - 1)
     clamped = exponent.clamp(0, 255)
@@ -151,12 +151,6 @@ def kernel_us(fn, *args) -> float:
     if DEVICE != "cuda":
         return float("nan")
     return 1e3 * (kernel_ms(lambda: fn(*args)) or float("nan"))
-
-
-def _same_bytes(a, b) -> bool:
-    a, b = (a,) if torch.is_tensor(a) else a, (b,) if torch.is_tensor(b) else b
-    pairs = zip(a, b, strict=True)
-    return all(torch.equal(x.view(torch.uint8), y.view(torch.uint8)) for x, y in pairs)
 
 
 def swiglu_scales_given(div):
@@ -262,7 +256,7 @@ def main() -> None:
         out[f"{label}_quant_us"] = kernel_us(quant, x)
         out[f"{label}_swiglu_us"] = kernel_us(swiglu, dh, g, u, s_h)
         ref = ref or got
-        out[f"{label}_equal_to_f64"] = _same_bytes(got[0], ref[0]) and _same_bytes(got[1], ref[1])
+        out[f"{label}_equal_to_f64"] = same_bytes(got[0], ref[0]) and same_bytes(got[1], ref[1])
         print(label, {k: v for k, v in out.items() if k.startswith(label)}, flush=True)
     swiglu = torch.compile(make_swiglu(div_rn, transpose=False), fullgraph=True)
     out["f64_swiglu_untransposed_us"] = kernel_us(swiglu, dh, g, u, s_h)
