@@ -40,9 +40,9 @@ from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  #
 from minifloat import delayed, formats  # noqa: E402
 from minifloat.exact import div_rn_by_scale  # noqa: E402
 from minifloat.kernels.operand import (  # noqa: E402
-    _row_amax,
     quantize_operand,
     round_to_storage,
+    row_amax,
     scale_from_amax,
 )
 from minifloat.recipes import DelayedScaling  # noqa: E402
@@ -72,7 +72,7 @@ def step(kind: str, variant: str, fmt: str, a, b, w, history):
         amax = delayed.amax(y)
         s = delayed.history_scale(history, delayed.INPUT, amax, fmt, _CFG)
         return quantize_operand(y, fmt, "tensor", scale=s)[0], amax
-    amax = _row_amax(y).amax() if variant == "delayed_rows" else y.abs().amax()
+    amax = row_amax(y).amax() if variant == "delayed_rows" else y.abs().amax()
     past = torch.where(history[0] < torch.inf, history[0], 0.0).amax()
     s = scale_from_amax(past.reshape(1, 1), formats.get(fmt).max)
     return round_to_storage(div_rn_by_scale(y.float(), s), fmt), amax.float()

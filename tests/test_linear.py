@@ -117,7 +117,7 @@ def reference(
         out["dx"] = _gemm(gv * gs, tv * ts)
 
     if _folds_remainder(recipe):  # wgrad's x_q carries OCC's remainder: z = x_q + Δx / s_x
-        xv = _folded_remainder(xv, xs, delta)
+        xv = _folded_remainder(xv, xs, delta, formats.get(recipe.fprop.lhs.fmt).max)
     if recipe.folds("wgrad"):  # scale dy's rows by x's row scale, quantize dyᵀ, x unit-scaled x_q
         hv, hs = _deq((dy * xs[:, :1].float()).t().contiguous(), recipe.wgrad.lhs)
         dw, dw_err = _gemm(hv * hs, xv.t())
@@ -149,12 +149,15 @@ def _folds_remainder(recipe: QuantRecipe) -> bool:
     )
 
 
-def _folded_remainder(xv, xs, delta):
+def _folded_remainder(xv, xs, delta, values_max):
     """z = x_q + Δx / s_x (float32 quotient and sum) on E4M3 times the least power of two t >= 1
-    that keeps |z| / t <= 448, as float64 z_q·t."""
-    z = xv.float() + delta.float() / xs.float()
+    that keeps B / t <= 448, B = max over rows of values_max + max|Δx| / s_x (a bound on |z|),
+    as float64 z_q·t."""
+    xs = xs.float()  # x_q's scale at every entry
+    z = xv.float() + delta.float() / xs
+    bound = values_max + (delta.float().abs() / xs).max().item()
     t = 1.0
-    while z.abs().max().item() / t > 448.0:
+    while bound / t > 448.0:
         t *= 2.0
     return formats.get("e4m3").round(z / t).double() * t
 

@@ -18,7 +18,8 @@ Precision choices:
   scales; the high-precision input is never saved. Eagerly, E2M1 operands are saved packed, two
   values a byte; under torch.compile row-scaled ones are left unpacked, and the partitioner
   recomputes them in backward instead of saving them (see `_stash`). With OCC's E4M3
-  compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an entry; occ_gemm.py).
+  compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an entry; occ_gemm.py),
+  also recomputed in backward under torch.compile (partition_hints.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minifloat import counter_rng, delayed, occ, occ_gemm, recipes, recompute
+from minifloat import counter_rng, delayed, occ, occ_gemm, partition_hints, recipes, recompute
 from minifloat.exact import to_dtype, written_once
 from minifloat.fsdp_weight import GatheredWeight, gathered_amax, gathered_operand
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
@@ -86,7 +87,10 @@ class QuantLinearFunction(torch.autograd.Function):
         need_dx, need_dw = ctx.needs_input_grad[:2]
         comp = occ_gemm.compensation(recipe)
         with torch.autocast(x.device.type, enabled=False):
-            clip = None if recipe.occ is None else occ.thresholds(x, recipe.occ)
+            clip = None
+            if recipe.occ is not None:  # quantizers read a copy made before the sort
+                x, x_sampled = partition_hints.own_float32(x), x
+                clip = occ.thresholds(x_sampled, recipe.occ)
             s_x = s_w = x_amax = w_amax = None
             if recipe.delayed is not None:  # scales from past steps; backward records this one
                 s_x, s_w, x_amax, w_amax = _delayed_scales(recipe, x, weight, amax_history)
@@ -96,6 +100,13 @@ class QuantLinearFunction(torch.autograd.Function):
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
+            x_rhs = w_rhs = delta_rhs = None
+            # OCC's z reads x before any GEMM does, so that it may be recomputed in backward
+            # rather than saved (partition_hints.py)
+            if reuse_x and occ_gemm.folds_remainder(recipe):
+                x_rhs = occ_gemm.folded_wgrad_operand(
+                    backend, x, clip, x_q, unit_scale=recipe.folds("wgrad")
+                )
             w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
             fast_accum = recipe.fprop_fast_accum
             if comp is None:
@@ -108,14 +119,9 @@ class QuantLinearFunction(torch.autograd.Function):
                 y = to_dtype(y + bias.float() if bias is not None else y, out_dtype)
 
             # Backward operands, prepared only for the gradients autograd will ask for.
-            x_rhs = w_rhs = delta_rhs = None
-            if reuse_x and occ_gemm.folds_remainder(recipe):
-                x_rhs = occ_gemm.folded_wgrad_operand(
-                    backend, x, clip, x_q, unit_scale=recipe.folds("wgrad")
-                )
-            elif reuse_x:
+            if reuse_x and x_rhs is None:  # (OCC's folded z is made above)
                 x_rhs = backend.transpose(x_q, unit_scale=recipe.folds("wgrad"))
-            elif need_dw:
+            elif need_dw and not reuse_x:
                 x_rhs = backend.quantize(
                     x, recipe.wgrad.rhs, clip=clip, transpose=True, scale=s_x,
                     seed=_seed(seeds, "wgrad"),

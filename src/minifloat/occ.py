@@ -23,6 +23,7 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
 - wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx / s_x
   (s_x: x_q's scale) is stored in E4M3 with a power-of-two tensor scale, and dw = dyᵀ · z s_x
   is the one wgrad GEMM; the saved activation is one byte per entry and no extra GEMM runs.
+  Under torch.compile nothing is saved: z is recomputed in backward (partition_hints.py).
 - dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
   identity on x).
 """
@@ -31,8 +32,9 @@ from __future__ import annotations
 
 import torch
 
-from minifloat.exact import div_rn_by_scale
-from minifloat.kernels.operand import round_to_storage
+from minifloat.exact import div_rn, div_rn_by_scale
+from minifloat.kernels.operand import round_to_storage, row_amax
+from minifloat.partition_hints import finite
 from minifloat.quantize import Granularity, quantize, tensor_quantiles
 from minifloat.recipes import OCCConfig
 
@@ -85,14 +87,18 @@ def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Ten
 def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """x clamped to [lo, hi] in float32; non-finite entries pass through unchanged."""
     xf = x.float()
-    return torch.where(torch.isfinite(xf), torch.clamp(xf, lo, hi), xf)
+    return torch.where(finite(xf), torch.clamp(xf, lo, hi), xf)
 
 
 def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """Δx = x - clamp(x, lo, hi) in float32 (dense, x's shape); 0 at non-finite entries, which
-    stay in the clamped part and propagate through its quantization."""
+    stay in the clamped part and propagate through its quantization.
+
+    The 0 is `lo - lo`, a zero of this call's own rather than a graph constant shared by every
+    layer (partition_hints.py, 3). It is NaN only where lo is not finite (a sample without
+    finite entries), and then the clamped part, so every output of the layer, is NaN already."""
     xf = x.float()
-    return torch.where(torch.isfinite(xf), xf - torch.clamp(xf, lo, hi), 0.0)
+    return torch.where(finite(xf), xf - torch.clamp(xf, lo, hi), lo - lo)
 
 
 def fold_remainder(
@@ -101,25 +107,36 @@ def fold_remainder(
     hi: torch.Tensor,
     x_values: torch.Tensor,
     x_scale: torch.Tensor,
+    values_max: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The wgrad operand z = x_q + Δx / s_x in E4M3, with its power-of-two tensor scale t.
 
     Args:
         x: [M, K] the layer input; lo, hi: its clamp bounds.
-        x_values: [M, K] grid values of x_q = Q(clamp(x)) (any float dtype, e.g. E4M3 bytes).
+        x_values: [M, K] grid values of x_q = Q(clamp(x)) (any float dtype, e.g. E4M3 bytes),
+            each at most `values_max` in magnitude (x_q's format's largest value).
         x_scale: x_q's scale, [M, 1] (row) or [1, 1] (tensor).
     Returns:
         (values float8_e4m3fn [M, K], t float32 [1, 1]) with values · t ≈ z, so that
         values · t · s_x ≈ x_q s_x + Δx = x_c + (x - x_c) up to x_q's and this rounding.
-        t = the least power of two >= 1 with |z| / t <= 448: where z = x_values (no clipping)
-        the E2M1 values stay exact in E4M3 while t <= 2^8.
+        t = the least power of two >= 1 with B / t <= 448, B = max over rows of
+        values_max + max|Δx| / s_x (float32, quotient `div_rn`), a bound on |z| that needs
+        no pass over z: only the remainder's row maxima, which fprop's compensation computes
+        anyway. (With t from z's own maximum, a compiled step recomputing z in backward reduced
+        over z there first: 4 % of a 1.3B fp4 step; docs/hopper_sessions.md, session 32.)
+        Where z = x_values (no clipping) the values stay exact in E4M3 while t <= 2^8.
     """
-    z = x_values.float() + div_rn_by_scale(remainder(x, lo, hi), x_scale.float())
-    amax = z.abs().amax()
+    delta = remainder(x, lo, hi)
+    z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
+    # |z| <= values_max + |Δx| / s_x entry by entry, and the roundings are monotone. The row
+    # maxima are the ones fprop's E4M3 compensation quantizer takes of the same Δx (`row_amax`,
+    # so the compiled graph computes them once)
+    delta_max = div_rn(row_amax(delta), x_scale.float())
+    bound = (values_max + delta_max).amax()
     bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
     # A product of exact factors of 2 (a comparison per exponent): the same bits in every
     # compiled form, where log2/exp2 may be approximate.
-    t = torch.where(amax > bounds, 2.0, 1.0).prod().reshape(1, 1)
+    t = torch.where(bound > bounds, 2.0, 1.0).prod().reshape(1, 1)
     return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from minifloat import occ
+from minifloat import formats, occ
 from minifloat.kernels import Backend, QOperand
 from minifloat.recipes import OperandSpec, QuantRecipe
 
@@ -73,7 +73,10 @@ def folded_wgrad_operand(
 
     Its scale is t (a power of two) when backward folds s_x into dy (`unit_scale`), else s_x·t
     (a tensor-scaled x_q: the product of a float32 and a power of two is exact)."""
-    values, t = backend.kernel(occ.fold_remainder, x)(x.detach(), *clip, x_q.data, x_q.scale)
+    values_max = formats.get(x_q.fmt).max
+    values, t = backend.kernel(occ.fold_remainder, x)(
+        x.detach(), *clip, x_q.data, x_q.scale, values_max
+    )
     scale = t if unit_scale else x_q.scale * t
     return QOperand(values.t(), scale, "e4m3", "tensor", transposed=True)
 

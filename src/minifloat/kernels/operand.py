@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale
+from minifloat.partition_hints import finite
 from minifloat.quantize import Granularity
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "supports",
     "quantize_operand",
     "scale_from_amax",
+    "row_amax",
     "round_to_storage",
     "pack_e2m1",
     "unpack_e2m1",
@@ -146,7 +148,7 @@ def quantize_operand(
     # them (4 bytes; rope backward's dq and dk at 1.3B, session 20).
     src = x
     if clip is not None:
-        v = src = torch.where(torch.isfinite(v), torch.clamp(v, clip[0], clip[1]), v)
+        v = src = torch.where(finite(v), torch.clamp(v, clip[0], clip[1]), v)
     if prescale is not None:
         v = src = v * prescale.float()
     if scale is not None:
@@ -164,7 +166,7 @@ def quantize_operand(
     if granularity == "tensor":
         amax = src.abs().amax().float().reshape(1, 1)
     elif granularity == "row":
-        amax = (_column_amax(src) if transpose else _row_amax(src)).float()
+        amax = (_column_amax(src) if transpose else row_amax(src)).float()
     else:
         raise ValueError(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
@@ -186,7 +188,7 @@ def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
     return values.t() if transpose else values
 
 
-def _row_amax(v: torch.Tensor, cols_per_partial: int = 256) -> torch.Tensor:
+def row_amax(v: torch.Tensor, cols_per_partial: int = 256) -> torch.Tensor:
     """|v|.amax over columns, [R, 1], in two stages for long rows: maxima of column chunks, then
     of the chunks. Exactly the one-stage result (max is order-independent). Two stages keep the
     values' store out of the reduction's kernel: a store fused there is tiled a few rows by a
