@@ -86,6 +86,7 @@ class QuantLinearFunction(torch.autograd.Function):
         backend: Backend
         need_dx, need_dw = ctx.needs_input_grad[:2]
         comp = occ_gemm.compensation(recipe)
+        x_dtype = x.dtype  # x may become a float32 copy below
         with torch.autocast(x.device.type, enabled=False):
             clip = None
             if recipe.occ is not None:  # quantizers read a copy made before the sort
@@ -135,8 +136,8 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.rng_state = rng_state
         # dx in bf16 under bf16 autocast (module docstring); an fp16 rounding has no exact
         # compiled form here (exact.to_dtype), so fp16 autocast keeps dx in x's dtype
-        ctx.x_dtype = x.dtype
-        ctx.dx_dtype = out_dtype if out_dtype == torch.bfloat16 else x.dtype
+        ctx.x_dtype = x_dtype
+        ctx.dx_dtype = out_dtype if out_dtype == torch.bfloat16 else x_dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         x_rhs_data, ctx.x_rhs_meta = _stash(backend, x_rhs)
         w_rhs_data, ctx.w_rhs_meta = _stash(backend, w_rhs)
