@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from minifloat import recipes
+from minifloat.convert import convert
 from minifloat.kernels import EmulatedBackend
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.operand import pack_e2m1, round_to_storage, unpack_e2m1
@@ -231,6 +232,33 @@ def test_compiled_fp4_occ_block_saves_no_quantized_operand(monkeypatch):
     (partition_hints.py)."""
     force_hopper_path(monkeypatch)
     dtypes = _saved_dtypes("fp4")
+    assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
+
+
+def test_compiled_fp4_occ_transformers_block_saves_no_quantized_operand(monkeypatch):
+    """The same for a `transformers` LlamaForCausalLM block (its RMSNorm hands the projections
+    bf16 inputs, ours float32): before partition_hints.py it saved every z too."""
+    transformers = pytest.importorskip("transformers")
+    force_hopper_path(monkeypatch)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=256, intermediate_size=704, num_attention_heads=4, num_key_value_heads=4,
+        num_hidden_layers=1, vocab_size=1000, use_cache=False,
+    )  # fmt: skip
+    net = convert(transformers.LlamaForCausalLM(cfg), "fp4")
+    for layer in net.model.layers:
+        layer.compile()
+    dtypes = set()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        dtypes.add(t.dtype)
+        return t
+
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = net(torch.randint(0, 1000, (2, 128))).logits.float().square().mean()
+    loss.backward()
+    torch._dynamo.reset()
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
 
 
