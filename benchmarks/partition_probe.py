@@ -89,7 +89,8 @@ def saved_for_backward(
     net: Llama, tokens: torch.Tensor
 ) -> dict[int, tuple[int, torch.dtype, tuple[int, ...]]]:
     """Storage -> (bytes, dtype, shape) of what one bf16-autocast step of `net` on `tokens`
-    saves for backward, parameters left out, each storage once."""
+    saves for backward, parameters left out, each storage once. `net` returns logits, or an
+    output with `.logits` (a `transformers` model)."""
     params = {p.untyped_storage().data_ptr() for p in net.parameters()}
     seen: dict[int, tuple[int, torch.dtype, tuple[int, ...]]] = {}
 
@@ -101,7 +102,8 @@ def saved_for_backward(
 
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = net(tokens).float().square().mean()
+        out = net(tokens)
+        loss = getattr(out, "logits", out).float().square().mean()
     loss.backward()
     return seen
 
