@@ -147,7 +147,10 @@ def breakdown(recipe, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dic
         st["clip"] = occ_math.thresholds(xd, recipe.occ)
         comp = occ_gemm.compensation(recipe)
         if comp is not None:
-            occ_gemm.fprop_correction(be, comp, xd, st["clip"], w, recipe.fprop_fast_accum)
+            part = occ_gemm.partial_dtype(comp, torch.bfloat16)  # the layers run under autocast
+            occ_gemm.fprop_correction(
+                be, comp, xd, st["clip"], w, recipe.fprop_fast_accum, out_dtype=part
+            )
             if occ_gemm.folds_remainder(recipe):  # the fold replaces x_q's transpose
                 x_q = be.quantize(xd, recipe.fprop.lhs, clip=st["clip"])
                 occ_gemm.folded_wgrad_operand(be, xd, st["clip"], x_q, recipe.folds("wgrad"))

@@ -3,14 +3,17 @@
 Inputs are the heavy-tailed tensors of `minifloat.sqnr` (Student-t activations with outlier
 channels, weights with log-normal channel norms). Runs on CPU (the emulated backend computes the
 same numbers as the GPU path). Stochastic rounding and Hadamard signs are one step's draws of a
-fresh layer (salt 0, step 0). Writes benchmarks/results/recipe_sqnr_<date>.md and .json.
+fresh layer (salt 0, step 0). Writes benchmarks/results/recipe_sqnr_<date>.md and .json
+(`--autocast`: the layer under bf16 autocast, as the trainers run it, y and dx then in bf16;
+files recipe_sqnr_autocast_<date>.*).
 
-    python benchmarks/recipe_sqnr.py [--m 1024 --k 1024 --n 1024]
+    python benchmarks/recipe_sqnr.py [--m 1024 --k 1024 --n 1024] [--autocast] [--recipes fp4,...]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 from pathlib import Path
@@ -40,7 +43,9 @@ VARIANTS = [
 ]
 
 
-def measure(name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
+def measure(
+    name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, autocast: bool = False
+) -> dict:
     ref_x = x.double().requires_grad_()
     ref_w = w.double().requires_grad_()
     ref_y = ref_x @ ref_w.t()
@@ -49,8 +54,10 @@ def measure(name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> di
     with torch.no_grad():
         layer.weight.copy_(w)
     xq = x.clone().requires_grad_()
-    y = layer(xq)
-    y.backward(dy)
+    amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with amp:
+        y = layer(xq)
+    y.backward(dy.to(y.dtype))
     return {
         "recipe": name,
         "y_sqnr_db": sqnr_db(ref_y, y),
@@ -64,19 +71,24 @@ def main() -> None:
     ap.add_argument("--m", type=int, default=1024)
     ap.add_argument("--k", type=int, default=1024)
     ap.add_argument("--n", type=int, default=1024)
+    ap.add_argument("--autocast", action="store_true", help="the layer under bf16 autocast")
+    ap.add_argument("--recipes", default="", help="comma-separated (default: every recipe)")
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
     x = synthetic_activation(args.m, args.k, seed=1)
     w = synthetic_weight(args.n, args.k, seed=2)
     dy = torch.randn(args.m, args.n, generator=torch.Generator().manual_seed(3))
     names = [n for n in recipes.names() if recipes.get(n).quantized] + VARIANTS
-    rows = [measure(n, x, w, dy) for n in names]
+    if args.recipes:
+        names = args.recipes.split(",")
+    rows = [measure(n, x, w, dy, args.autocast) for n in names]
     date = datetime.date.today().isoformat()
     lines = [
         f"# Recipe accuracy (SQNR vs float64), {date}",
         "",
         f"CPU, torch {torch.__version__}, emulated backend; x [{args.m}, {args.k}] Student-t "
-        f"(3 dof) with 4 outlier channels x20, w [{args.n}, {args.k}], dy Gaussian.",
+        f"(3 dof) with 4 outlier channels x20, w [{args.n}, {args.k}], dy Gaussian"
+        + ("; the layer under bf16 autocast (y, dx in bf16)." if args.autocast else "."),
         "",
         "| recipe | y (dB) | dx (dB) | dw (dB) |",
         "|---|---|---|---|",
@@ -90,8 +102,9 @@ def main() -> None:
     print(text)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"recipe_sqnr_{date}.md").write_text(text)
-    (out / f"recipe_sqnr_{date}.json").write_text(json.dumps(rows, indent=1) + "\n")
+    stem = f"recipe_sqnr_{'autocast_' if args.autocast else ''}{date}"
+    (out / f"{stem}.md").write_text(text)
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ class QuantLinearFunction(torch.autograd.Function):
     Shapes: x [M, K] (tokens x in_features), w [N, K], b [N] or None, y and dy [M, N].
     Every GEMM is `a @ bᵀ` computed by `backend.scaled_mm` as (acc * b_scaleᵀ) * a_scale.
 
-        fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Q8(Δx)·Q8(w)ᵀ with OCC)
+        fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Q8(Δx)·Q8(w)ᵀ with OCC; each
+                                                          product bf16 under bf16 autocast)
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
         wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
                     (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w / s_w) with DGE)
@@ -115,8 +116,15 @@ class QuantLinearFunction(torch.autograd.Function):
                     x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum
                 )
             else:
-                y = backend.scaled_mm(x_q, w_q, out_dtype=torch.float32, fast_accum=fast_accum)
-                y = y + occ_gemm.fprop_correction(backend, comp, x, clip, weight, fast_accum)
+                part = occ_gemm.partial_dtype(comp, out_dtype)
+                y = backend.scaled_mm(x_q, w_q, out_dtype=part, fast_accum=fast_accum)
+                corr = occ_gemm.fprop_correction(
+                    backend, comp, x, clip, weight, fast_accum, out_dtype=part
+                )
+                # both upcasts beside the sum: an upcast made far before it would start a
+                # fusible chain too long for the partitioner to recompute the down projection's
+                # z (partition_hints.py), which it then saves
+                y = y.float() + corr.float()
                 y = to_dtype(y + bias.float() if bias is not None else y, out_dtype)
 
             # Backward operands, prepared only for the gradients autograd will ask for.

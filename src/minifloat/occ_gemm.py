@@ -5,6 +5,7 @@ With compensation format "e4m3":
     wgrad: folded into the saved input when fprop's input is reused in wgrad (row or tensor
            scale): x_rhs = z = x_q + Δx/s_x in E4M3 (occ.fold_remainder), no extra GEMM;
            otherwise dw += Q8(dyᵀ)·Q8(Δxᵀ)ᵀ [N,M]x[M,K], both E4M3 per row along the tokens.
+fprop's two products are bf16 under bf16 autocast (`partial_dtype`), summed in float32.
 With "fp32" (the reference): both corrections are dense fp32 GEMMs of Δx, saved in fp32.
 Operands in fp32 are `QOperand`s with fmt "fp32" and a unit tensor scale: every backend's
 `scaled_mm` multiplies them in fp32 (no FP8 path takes them).
@@ -22,6 +23,7 @@ __all__ = [
     "compensation",
     "folds_remainder",
     "fprop_correction",
+    "partial_dtype",
     "folded_wgrad_operand",
     "remainder_wgrad_operand",
     "wgrad_correction",
@@ -52,10 +54,25 @@ def _fp32_operand(t: torch.Tensor, transposed: bool = False) -> QOperand:
     return QOperand(t.float(), ones, "fp32", "tensor", transposed=transposed)
 
 
+def partial_dtype(fmt: str | None, out_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of fprop's two partial products under compensation `fmt`: the layer's output
+    dtype where that is bf16 and the compensation E4M3 (each partial rounded once, then their
+    float32 sum rounded), else float32 (their exact float32 sum rounded once; always for the
+    fp32 reference). Two bf16 partials halve the bytes the GEMMs write and their sum reads."""
+    return torch.bfloat16 if fmt == "e4m3" and out_dtype == torch.bfloat16 else torch.float32
+
+
 def fprop_correction(
-    backend: Backend, fmt: str, x: torch.Tensor, clip: Clip, weight: torch.Tensor, fast_accum: bool
+    backend: Backend,
+    fmt: str,
+    x: torch.Tensor,
+    clip: Clip,
+    weight: torch.Tensor,
+    fast_accum: bool,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Δx·wᵀ [M, N] in float32, through an E4M3 GEMM ("e4m3") or in fp32 ("fp32")."""
+    """Δx·wᵀ [M, N] in `out_dtype` (float32 for "fp32"), through an E4M3 GEMM ("e4m3") or in
+    fp32 ("fp32")."""
     delta = occ.remainder(x, *clip)
     if fmt == "fp32":
         return backend.scaled_mm(
@@ -63,7 +80,7 @@ def fprop_correction(
         )
     delta_q = backend.quantize(delta, _E4M3_ROWS)
     w_q = backend.quantize(weight, _E4M3_ROWS)
-    return backend.scaled_mm(delta_q, w_q, out_dtype=torch.float32, fast_accum=fast_accum)
+    return backend.scaled_mm(delta_q, w_q, out_dtype=out_dtype, fast_accum=fast_accum)
 
 
 def folded_wgrad_operand(
