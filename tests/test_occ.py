@@ -18,7 +18,7 @@ from minifloat.occ import (
     sample_stride,
     thresholds,
 )
-from minifloat.quantize import quantize
+from minifloat.quantize import quantize, tensor_quantiles
 from minifloat.recipes import OCCConfig
 from minifloat.sqnr import sqnr_db, synthetic_activation, synthetic_weight
 
@@ -70,6 +70,21 @@ def test_sample_stride_is_a_prime_that_visits_every_column():
         assert -(-numel // s) <= n  # at most sample_size entries
     assert sample_stride(50 * 68, 68, 1024) == 5  # 4 would do, is not prime; 5 does not divide 68
     assert sample_stride(1000 * 1000, 1000, 65536) == 17  # 16 -> 17 (prime, 1000 % 17 != 0)
+
+
+@pytest.mark.parametrize("threshold", ["sampled", "exact"])
+def test_thresholds_share_one_buffer(threshold):
+    """lo and hi are two entries of one tensor (so a compiled clamp reads one buffer for both,
+    occ.thresholds), with the values `tensor_quantiles` gives for the same entries."""
+    x = heavy_tailed(256, 512, seed=3, n_outlier_channels=4)
+    cfg = OCCConfig(threshold=threshold, sample_size=4096)
+    lo, hi = thresholds(x, cfg)
+    assert lo.untyped_storage().data_ptr() == hi.untyped_storage().data_ptr()
+    flat = x.reshape(-1)
+    if threshold == "sampled":
+        flat = flat[:: sample_stride(flat.numel(), x.shape[-1], cfg.sample_size)]
+    want = tensor_quantiles(flat, cfg.alpha)
+    assert torch.equal(lo, want[0]) and torch.equal(hi, want[1]) and lo < hi
 
 
 def test_sampled_threshold_error():

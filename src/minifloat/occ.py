@@ -78,10 +78,15 @@ def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Ten
     `torch.quantile`); "sampled": the same quantiles of the strided sample (module docstring).
     """
     flat = x.detach().reshape(-1)
-    if cfg.threshold == "sampled":
-        flat = flat[:: sample_stride(flat.numel(), x.shape[-1], cfg.sample_size)]
-    lo, hi = tensor_quantiles(flat, cfg.alpha)
-    return lo.float(), hi.float()
+    if cfg.threshold == "sampled":  # a copy of the sample: compiled, the sort then reads the
+        # sampled entries, where a strided view of x made inductor write all of x out for it
+        flat = flat[:: sample_stride(flat.numel(), x.shape[-1], cfg.sample_size)].contiguous()
+    # lo and hi as two entries of one tensor: compiled, the partitioner saves it whole, and the
+    # clamp's kernels read one buffer fewer (the remainder's zero is no longer a third), so
+    # inductor stops writing the clamped SwiGLU output and its remainder out in float32
+    # (docs/hopper_sessions.md, session 33)
+    clip = torch.stack(tensor_quantiles(flat, cfg.alpha)).float()
+    return clip[0], clip[1]
 
 
 def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ Under torch.compile the min-cut partitioner decides what forward hands to backwa
 may not recompute in backward is saved, and so is whatever cheap tensor lies between it and
 backward. fp4 (OCC) saved its E4M3 wgrad operand z (one byte an entry, ~4.3 GiB at 1.3B: peak
 memory 0.90x of bf16's against fp4-dge's 0.81x) because the partitioner's heuristics banned
-recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31 and 32):
+recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31, 32 and 33):
 
 1. "ban if reduction": an op whose output is under a quarter of its inputs' bytes is not
    recomputed. `torch.isfinite(x)` decomposes to `x == x` and more; that `eq` lists x twice
@@ -20,7 +20,10 @@ recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31
 4. "long fusible chains": a node more than 100 graph nodes past the start of the fusible chain
    it ends is not recomputed. The down projection's bf16 input, converted to float32 inside
    its quantizer after the sort, was such a node (its chain starts at the gate GEMM's output,
-   before the up projection's quantizers); `own_float32` converts it before the sort.
+   before the up projection's quantizers); `own_float32` converts it before the sort. Under bf16
+   autocast fprop's two partial products are bf16 GEMM outputs: their upcasts to float32 stand
+   beside their sum (QuantLinearFunction.forward), since an upcast of the first one made right
+   after its GEMM started a chain too long for the down projection's z (session 33).
 
 Eagerly nothing here changes a value or a pass: `own_float32` is the identity outside
 torch.compile, and `finite` equals `torch.isfinite` bit for bit.
