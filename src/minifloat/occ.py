@@ -83,7 +83,7 @@ def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Ten
         flat = flat[:: sample_stride(flat.numel(), x.shape[-1], cfg.sample_size)].contiguous()
     # lo and hi as two entries of one tensor: compiled, the partitioner saves it whole, and the
     # clamp's kernels read one buffer fewer (the remainder's zero is no longer a third), so
-    # inductor stops writing the clamped SwiGLU output and its remainder out in float32
+    # inductor no longer writes the SwiGLU output's remainder out in float32
     # (docs/hopper_sessions.md, session 33)
     clip = torch.stack(tensor_quantiles(flat, cfg.alpha)).float()
     return clip[0], clip[1]
