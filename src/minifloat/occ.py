@@ -33,8 +33,8 @@ from __future__ import annotations
 import torch
 
 from minifloat.exact import div_rn, div_rn_by_scale
-from minifloat.kernels.operand import round_to_storage, row_amax
-from minifloat.partition_hints import finite
+from minifloat.kernels.clip import clamp, remainder, remainder_row_amax
+from minifloat.kernels.operand import round_to_storage
 from minifloat.quantize import Granularity, quantize, tensor_quantiles
 from minifloat.recipes import OCCConfig
 
@@ -89,23 +89,6 @@ def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Ten
     return clip[0], clip[1]
 
 
-def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """x clamped to [lo, hi] in float32; non-finite entries pass through unchanged."""
-    xf = x.float()
-    return torch.where(finite(xf), torch.clamp(xf, lo, hi), xf)
-
-
-def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """Δx = x - clamp(x, lo, hi) in float32 (dense, x's shape); 0 at non-finite entries, which
-    stay in the clamped part and propagate through its quantization.
-
-    The 0 is `lo - lo`, a zero of this call's own rather than a graph constant shared by every
-    layer (partition_hints.py, 3). It is NaN only where lo is not finite (a sample without
-    finite entries), and then the clamped part, so every output of the layer, is NaN already."""
-    xf = x.float()
-    return torch.where(finite(xf), xf - torch.clamp(xf, lo, hi), lo - lo)
-
-
 def fold_remainder(
     x: torch.Tensor,
     lo: torch.Tensor,
@@ -131,12 +114,15 @@ def fold_remainder(
         over z there first: 4 % of a 1.3B fp4 step; docs/hopper_sessions.md, session 32.)
         Where z = x_values (no clipping) the values stay exact in E4M3 while t <= 2^8.
     """
+    # |z| <= values_max + |Δx| / s_x entry by entry, and the roundings are monotone. The row
+    # maxima are the ones fprop's E4M3 compensation quantizer takes of the same Δx, from x's
+    # row extrema (kernels/clip.py; the compiled graph computes them once). Taken before z's
+    # quotient: its float64 reciprocal is the first op inductor cannot fuse that reads from x,
+    # and the partitioner would not recompute a read of x placed after it (partition_hints.py,
+    # 2), so it would save z
+    delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     delta = remainder(x, lo, hi)
     z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
-    # |z| <= values_max + |Δx| / s_x entry by entry, and the roundings are monotone. The row
-    # maxima are the ones fprop's E4M3 compensation quantizer takes of the same Δx (`row_amax`,
-    # so the compiled graph computes them once)
-    delta_max = div_rn(row_amax(delta), x_scale.float())
     bound = (values_max + delta_max).amax()
     bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
     # A product of exact factors of 2 (a comparison per exponent): the same bits in every

@@ -73,12 +73,11 @@ def fprop_correction(
 ) -> torch.Tensor:
     """Δx·wᵀ [M, N] in `out_dtype` (float32 for "fp32"), through an E4M3 GEMM ("e4m3") or in
     fp32 ("fp32")."""
-    delta = occ.remainder(x, *clip)
     if fmt == "fp32":
         return backend.scaled_mm(
-            _fp32_operand(delta), _fp32_operand(weight), out_dtype=torch.float32
+            _fp32_operand(occ.remainder(x, *clip)), _fp32_operand(weight), out_dtype=torch.float32
         )
-    delta_q = backend.quantize(delta, _E4M3_ROWS)
+    delta_q = backend.quantize(x, _E4M3_ROWS, clip=clip, remainder=True)
     w_q = backend.quantize(weight, _E4M3_ROWS)
     return backend.scaled_mm(delta_q, w_q, out_dtype=out_dtype, fast_accum=fast_accum)
 
@@ -101,10 +100,9 @@ def folded_wgrad_operand(
 def remainder_wgrad_operand(backend: Backend, fmt: str, x: torch.Tensor, clip: Clip) -> QOperand:
     """Δxᵀ [K, M] (a transposed view) for the separate wgrad correction: E4M3 rows along the
     tokens ("e4m3"), or float32 ("fp32")."""
-    delta = occ.remainder(x, *clip)
     if fmt == "fp32":
-        return _fp32_operand(delta.t(), transposed=True)
-    return backend.quantize(delta, _E4M3_ROWS, transpose=True)
+        return _fp32_operand(occ.remainder(x, *clip).t(), transposed=True)
+    return backend.quantize(x, _E4M3_ROWS, clip=clip, remainder=True, transpose=True)
 
 
 def wgrad_correction(

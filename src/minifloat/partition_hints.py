@@ -4,7 +4,7 @@ Under torch.compile the min-cut partitioner decides what forward hands to backwa
 may not recompute in backward is saved, and so is whatever cheap tensor lies between it and
 backward. fp4 (OCC) saved its E4M3 wgrad operand z (one byte an entry, ~4.3 GiB at 1.3B: peak
 memory 0.90x of bf16's against fp4-dge's 0.81x) because the partitioner's heuristics banned
-recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31, 32 and 33):
+recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31 to 34):
 
 1. "ban if reduction": an op whose output is under a quarter of its inputs' bytes is not
    recomputed. `torch.isfinite(x)` decomposes to `x == x` and more; that `eq` lists x twice
@@ -13,7 +13,10 @@ recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31
 2. "used above/below fusible": a use of a tensor that comes after the first unfusible op fed by
    that tensor (here the sort of the thresholds' sample) is not recomputed. The quantizers, the
    remainder and z therefore read `own_float32(x)`, a copy made before the sort, and z is made
-   before fprop's GEMMs, the copy's first unfusible use (QuantLinearFunction.forward).
+   before fprop's GEMMs, the copy's first unfusible use (QuantLinearFunction.forward). Its
+   reductions count too: `amin` is not among the partitioner's fusible ops and a `cat` is no
+   producer of a fusion, so OCC's row extrema are taken with `amax` only, uncatenated, and
+   before z's float64 reciprocal (kernels/clip.py; session 34).
 3. The same rule for constants: a literal in `torch.where` becomes a graph constant that every
    layer's `where` shares, used far apart. OCC's remainder takes its zero from the layer's own
    threshold instead (occ.remainder).

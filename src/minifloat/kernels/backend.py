@@ -85,10 +85,12 @@ class Backend(Protocol):
         prescale: torch.Tensor | None = None,
         transpose: bool = False,
         clip: tuple[torch.Tensor, torch.Tensor] | None = None,
+        remainder: bool = False,
         scale: torch.Tensor | None = None,
         seed: torch.Tensor | None = None,
     ) -> QOperand:
         """clip -> * prescale -> transpose -> absmax-quantize (or divide by a given scale).
+        `remainder`: quantize OCC's x - clamp(x) (kernels/clip.py) instead of clamp(x).
         `seed` (0-dim int64): the random draws of stochastic rounding and Hadamard transforms."""
         ...
 

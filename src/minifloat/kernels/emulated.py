@@ -18,6 +18,7 @@ import torch
 from minifloat import formats
 from minifloat.dge import dge_scale
 from minifloat.exact import div_rn, to_dtype
+from minifloat.kernels import clip as occ_clip
 from minifloat.kernels import microscale, operand
 from minifloat.kernels.backend import QOperand
 from minifloat.quantize import quantize
@@ -47,20 +48,25 @@ class EmulatedBackend:
         prescale: torch.Tensor | None = None,
         transpose: bool = False,
         clip: tuple[torch.Tensor, torch.Tensor] | None = None,
+        remainder: bool = False,
         scale: torch.Tensor | None = None,
         seed: torch.Tensor | None = None,
     ) -> QOperand:
         if scale is not None and spec.granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
+        if remainder and clip is None:
+            raise ValueError("quantizing OCC's remainder needs its clip bounds")
+        fast = operand.supports(spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
+        if remainder and not fast:  # the remainder itself, quantized as any operand
+            x, clip = occ_clip.remainder(x.detach(), *clip), None
         if microscale.supports(spec):  # NVFP4 / MXFP4 blocks, SR, Hadamard transforms
             return microscale.quantize(
                 self, x, spec, prescale=prescale, transpose=transpose, clip=clip, seed=seed
             )
-        fast = operand.supports(spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
         if fast:
             values, s = self.kernel(operand.quantize_operand, x)(
-                x.detach(), spec.fmt, spec.granularity,
-                clip=clip, prescale=prescale, transpose=transpose, scale=scale,
+                x.detach(), spec.fmt, spec.granularity, clip=clip, remainder=remainder,
+                prescale=prescale, transpose=transpose, scale=scale,
             )  # fmt: skip
             return QOperand(values, s, spec.fmt, spec.granularity, transposed=transpose)
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)
@@ -126,7 +132,7 @@ def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:
     """`quantize()` for the specs `operand.quantize_operand` does not cover (float32 values)."""
     xf = x.detach().float()
     if clip is not None:
-        xf = torch.where(torch.isfinite(xf), torch.clamp(xf, *clip), xf)
+        xf = occ_clip.clamp(xf, *clip)
     if prescale is not None:
         xf = xf * prescale.float()
     if transpose:

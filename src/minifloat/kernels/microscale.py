@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from minifloat import counter_rng, hadamard
 from minifloat.exact import div_rn, div_rn_by_scale, to_dtype
+from minifloat.kernels import clip as occ_clip
 from minifloat.kernels.backend import QOperand
 from minifloat.kernels.operand import FP8_STORAGE, round_to_storage
 from minifloat.quantize import expand_scale
@@ -157,7 +158,7 @@ def quantize_microscaled(
     """
     v = x.float()
     if clip is not None:
-        v = torch.where(torch.isfinite(v), torch.clamp(v, clip[0], clip[1]), v)
+        v = occ_clip.clamp(v, *clip)
     if prescale is not None:
         v = v * prescale.float()
     if seed is None:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale
-from minifloat.partition_hints import finite
+from minifloat.kernels import clip as occ_clip
 from minifloat.quantize import Granularity
 
 __all__ = [
@@ -121,6 +121,7 @@ def quantize_operand(
     granularity: Granularity,
     *,
     clip: tuple[torch.Tensor, torch.Tensor] | None = None,
+    remainder: bool = False,
     prescale: torch.Tensor | None = None,
     transpose: bool = False,
     scale: torch.Tensor | None = None,
@@ -133,6 +134,7 @@ def quantize_operand(
         granularity: "tensor", "row" (one scale per row of the operand, i.e. along the GEMM's
             contraction dim) or a block shape (br, bc), relative to the (transposed) operand.
         clip: OCC's (lo, hi) bounds: finite entries are clamped to them first.
+        remainder: with `clip`, quantize OCC's remainder x - clamp(x) instead of clamp(x).
         prescale: a [R, 1] or [1, C] multiplier applied before quantizing (folded row scales).
         transpose: quantize x.t(): values [C, R], a transposed view of a contiguous [R, C]
             tensor (see `_layout`).
@@ -147,8 +149,10 @@ def quantize_operand(
     # (bf16: 2 bytes an element) rather than its float32 copy, which inductor wrote out for
     # them (4 bytes; rope backward's dq and dk at 1.3B, session 20).
     src = x
+    if remainder and clip is None:
+        raise ValueError("quantizing OCC's remainder needs its clip bounds")
     if clip is not None:
-        v = src = torch.where(finite(v), torch.clamp(v, clip[0], clip[1]), v)
+        v = src = (occ_clip.remainder if remainder else occ_clip.clamp)(v, *clip)
     if prescale is not None:
         v = src = v * prescale.float()
     if scale is not None:
@@ -165,6 +169,10 @@ def quantize_operand(
         return _layout(values, transpose), (s.t().contiguous() if transpose else s)
     if granularity == "tensor":
         amax = src.abs().amax().float().reshape(1, 1)
+    elif granularity == "row" and clip is not None and prescale is None and not transpose:
+        # from x's row extrema, so that compiled, the clamped x or its remainder has the cast
+        # as its only reader and is not written out (kernels/clip.py)
+        amax = (occ_clip.remainder_row_amax if remainder else occ_clip.clamped_row_amax)(x, *clip)
     elif granularity == "row":
         amax = (_column_amax(src) if transpose else row_amax(src)).float()
     else:
@@ -189,15 +197,8 @@ def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
 
 
 def row_amax(v: torch.Tensor, cols_per_partial: int = 256) -> torch.Tensor:
-    """|v|.amax over columns, [R, 1], in two stages for long rows: maxima of column chunks, then
-    of the chunks. Exactly the one-stage result (max is order-independent). Two stages keep the
-    values' store out of the reduction's kernel: a store fused there is tiled a few rows by a
-    whole row wide, and a transposed store of the same input fused into it is ~10x slower."""
-    r, c = v.shape
-    if c % cols_per_partial or c <= cols_per_partial:
-        return v.abs().amax(dim=1, keepdim=True)
-    chunks = v.abs().reshape(r, c // cols_per_partial, cols_per_partial).amax(dim=2)
-    return chunks.amax(dim=1, keepdim=True)
+    """|v|.amax over columns, [R, 1], in two stages for long rows (`clip.row_reduce`)."""
+    return occ_clip.row_reduce(v.abs(), torch.amax, cols_per_partial)
 
 
 def _column_amax(v: torch.Tensor, rows_per_partial: int = 256) -> torch.Tensor:

@@ -1,0 +1,96 @@
+"""OCC's clamp and remainder of an operand, and their row maxima taken from the operand's own.
+
+x_c = clamp(x, lo, hi) and Δx = x - x_c (minifloat/occ.py has the method) are both monotone
+non-decreasing functions of each entry, and rounding is monotone too. So over a row
+
+    max |x_c| = max(|clamp(max x)|, |clamp(min x)|)
+    max |Δx|  = max(|Δ(max' x)|, |Δ(min' x)|)     (max', min': over the finite entries)
+
+exactly, for any bounds lo <= hi. The quantizers of x_c and Δx take their row scales from these
+(`clamped_row_amax`, `remainder_row_amax`) rather than from a pass over x_c and Δx. Compiled,
+the difference is in what inductor writes: x_c and Δx read x's own inputs (a norm's: the block
+input, its rstd and weight) plus lo and hi, five buffers, and inductor stores a value read by
+two kernels (its row maxima, then its cast) once it reads more than four. With the maxima taken
+from x, the casts are x_c's and Δx's only readers and the two float32 tensors are not written
+(docs/hopper_sessions.md, session 34).
+
+Non-finite entries: the clamp passes them through (so a NaN or ±inf in a row gives that row's
+max |x_c| as NaN or inf, as a pass over x_c does) and the remainder is 0 there; the remainder's
+extrema are taken over the finite entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from minifloat.partition_hints import finite
+
+__all__ = ["clamp", "remainder", "row_reduce", "clamped_row_amax", "remainder_row_amax"]
+
+
+def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """x clamped to [lo, hi] in float32; non-finite entries pass through unchanged."""
+    xf = x.float()
+    return torch.where(finite(xf), torch.clamp(xf, lo, hi), xf)
+
+
+def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """Δx = x - clamp(x, lo, hi) in float32 (dense, x's shape); 0 at non-finite entries, which
+    stay in the clamped part and propagate through its quantization.
+
+    The 0 is `lo - lo`, a zero of this call's own rather than a graph constant shared by every
+    layer (partition_hints.py, 3). It is NaN only where lo is not finite (a sample without
+    finite entries), and then the clamped part, so every output of the layer, is NaN already."""
+    xf = x.float()
+    return torch.where(finite(xf), xf - torch.clamp(xf, lo, hi), lo - lo)
+
+
+def row_reduce(
+    v: torch.Tensor, reduce: Callable[..., torch.Tensor], cols_per_partial: int = 256
+) -> torch.Tensor:
+    """`reduce(v, dim=1, keepdim=True)` of 2-D v, [R, 1], for an order-independent `reduce`
+    (torch.amax, torch.amin), in two stages for long rows: over column chunks, then over the
+    chunks. Exactly the one-stage result. Two stages keep a store of v's values out of the
+    reduction's kernel: a store fused there is tiled a few rows by a whole row wide, and a
+    transposed store of the same input fused into it is ~10x slower."""
+    r, c = v.shape
+    if c % cols_per_partial or c <= cols_per_partial:
+        return reduce(v, dim=1, keepdim=True)
+    chunks = reduce(v.reshape(r, c // cols_per_partial, cols_per_partial), dim=2)
+    return reduce(chunks, dim=1, keepdim=True)
+
+
+def _row_min(v: torch.Tensor) -> torch.Tensor:
+    """v's row minima as -max(-v), the same values: the partitioner counts amax as fusible but
+    not amin, and a read of x that comes after an op it cannot fuse is one it will not recompute
+    in backward (partition_hints.py, 2), so OCC's wgrad operand would be saved."""
+    return -row_reduce(-v, torch.amax)
+
+
+def clamped_row_amax(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """|clamp(x, lo, hi)|.amax over the columns of 2-D x, [R, 1] float32, from x's row extrema
+    (module docstring): equal bit for bit to `row_reduce(clamp(x, lo, hi).abs(), torch.amax)`
+    for finite bounds. (Non-finite bounds come from a sample without a finite entry: every
+    output of the layer is NaN then, whatever the scales.)"""
+    top = clamp(row_reduce(x, torch.amax), lo, hi)
+    bottom = clamp(_row_min(x), lo, hi)
+    return torch.maximum(top.abs(), bottom.abs())
+
+
+def remainder_row_amax(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """|remainder(x, lo, hi)|.amax over the columns of 2-D x, [R, 1] float32, from the row
+    extrema of x's finite entries (module docstring): equal bit for bit to
+    `row_reduce(remainder(x, lo, hi).abs(), torch.amax)`.
+
+    Non-finite entries stand in as lo in the maximum and hi in the minimum, bounds whose
+    remainder is 0 (NaN for NaN bounds, as every entry's there): the result is unchanged, as a
+    maximum below lo means the minimum's remainder is the larger, and a row without finite
+    entries gets 0. (The bounds rather than ∓inf literals: a literal in `torch.where` becomes a
+    graph constant shared by every layer, partition_hints.py, 3.)"""
+    xf = x.float()
+    ok = finite(xf)
+    top = row_reduce(torch.where(ok, xf, lo), torch.amax)
+    bottom = _row_min(torch.where(ok, xf, hi))
+    return torch.maximum(remainder(top, lo, hi).abs(), remainder(bottom, lo, hi).abs())

@@ -1,0 +1,114 @@
+"""OCC's clamp and remainder row maxima from the operand's row extrema (kernels/clip.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minifloat.kernels import EmulatedBackend
+from minifloat.kernels.clip import (
+    clamp,
+    clamped_row_amax,
+    remainder,
+    remainder_row_amax,
+    row_reduce,
+)
+from minifloat.kernels.operand import quantize_operand
+from minifloat.recipe_specs import OperandSpec
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+def _rows(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Heavy-tailed rows, one of them all equal, with NaN and ±inf planted in others."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 4
+    x[0] = 0.75  # a constant row
+    x[1, 3] = _NAN
+    x[2, 5] = _INF
+    x[3, 7] = -_INF
+    x[4] = _INF  # no finite entry
+    x[5, :2] = torch.tensor([_INF, -_INF])
+    x[6] = -0.0
+    return x.to(dtype)
+
+
+def _bounds(kind: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    finite = x.float()[x.float().isfinite()]
+    lo, hi = torch.quantile(finite, 0.02), torch.quantile(finite, 0.98)
+    if kind == "equal":
+        hi = lo.clone()
+    elif kind == "nan":
+        lo = hi = torch.tensor(_NAN)
+    elif kind == "inside":  # bounds that clip nothing
+        lo, hi = finite.min() - 1, finite.max() + 1
+    return lo.float(), hi.float()
+
+
+@pytest.mark.parametrize("kind", ["quantiles", "equal", "nan", "inside"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(16, 96), (12, 1024)])  # one-stage and two-stage rows
+def test_row_amax_from_extrema_equals_a_pass(kind, dtype, shape):
+    x = _rows(*shape, dtype, seed=shape[1])
+    lo, hi = _bounds(kind, x)
+    want_c = row_reduce(clamp(x, lo, hi).abs(), torch.amax)
+    want_d = row_reduce(remainder(x, lo, hi).abs(), torch.amax)
+    got_c, got_d = clamped_row_amax(x, lo, hi), remainder_row_amax(x, lo, hi)
+    assert got_c.dtype == got_d.dtype == torch.float32 and got_c.shape == (shape[0], 1)
+    if kind == "nan":  # no finite bound: both NaN or inf in every row, so every output is NaN
+        assert not got_c.isfinite().any() and not want_c.isfinite().any()
+    else:
+        torch.testing.assert_close(got_c, want_c, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got_d, want_d, rtol=0, atol=0, equal_nan=True)
+    if kind == "quantiles":  # the planted rows: NaN, inf, and no finite entry
+        assert got_c[1].isnan() and got_c[2].isinf() and got_c[3].isinf()
+        assert got_d[4] == 0 and got_d[1].isfinite()
+
+
+@pytest.mark.parametrize("reduce", [torch.amax, torch.amin])
+def test_row_reduce_two_stages_equal_one(reduce):
+    x = torch.randn(8, 2048)
+    two = row_reduce(x, reduce)
+    torch.testing.assert_close(two, reduce(x, dim=1, keepdim=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+@pytest.mark.parametrize("part", ["clamped", "remainder"])
+def test_quantize_operand_of_clip_parts_equals_quantizing_the_part(fmt, part):
+    """Row scales from x's extrema quantize exactly as a pass over the clamped x or Δx does."""
+    x = _rows(16, 512, torch.float32, seed=3)
+    x[1, 3] = 1.0  # NaN rows quantize to NaN either way; keep the comparison about the scales
+    lo, hi = _bounds("quantiles", x)
+    remainder_part = part == "remainder"
+    got = quantize_operand(x, fmt, "row", clip=(lo, hi), remainder=remainder_part)
+    materialized = (remainder if remainder_part else clamp)(x, lo, hi)
+    want = quantize_operand(materialized, fmt, "row")
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g.float().nan_to_num(), w.float().nan_to_num())
+
+
+def test_remainder_needs_clip():
+    with pytest.raises(ValueError, match="clip"):
+        quantize_operand(torch.ones(2, 4), "e4m3", "row", remainder=True)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        OperandSpec(fmt="e4m3", granularity="row"),  # operand.quantize_operand
+        OperandSpec(fmt="e4m3", granularity="tensor"),
+        OperandSpec(fmt="e2m1", granularity=(1, 16), scale_format="e4m3"),  # microscale
+        OperandSpec(fmt="e4m3", granularity="row", rounding="stochastic"),  # the reference
+    ],
+    ids=["row", "tensor", "nvfp4-block", "reference"],
+)
+def test_backend_quantizes_the_remainder_as_the_remainder_itself(spec):
+    x = _rows(16, 256, torch.float32, seed=5)
+    x[1, 3] = 1.0
+    clip = _bounds("quantiles", x)
+    torch.manual_seed(0)  # the same draws for stochastic rounding
+    got = EmulatedBackend().quantize(x, spec, clip=clip, remainder=True)
+    torch.manual_seed(0)
+    want = EmulatedBackend().quantize(remainder(x, *clip), spec)
+    assert torch.equal(got.data.float().nan_to_num(), want.data.float().nan_to_num())
+    assert torch.equal(got.scale.float().nan_to_num(), want.scale.float().nan_to_num())
