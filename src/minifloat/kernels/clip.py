@@ -51,10 +51,10 @@ def row_reduce(
     v: torch.Tensor, reduce: Callable[..., torch.Tensor], cols_per_partial: int = 256
 ) -> torch.Tensor:
     """`reduce(v, dim=1, keepdim=True)` of 2-D v, [R, 1], for an order-independent `reduce`
-    (torch.amax, torch.amin), in two stages for long rows: over column chunks, then over the
-    chunks. Exactly the one-stage result. Two stages keep a store of v's values out of the
-    reduction's kernel: a store fused there is tiled a few rows by a whole row wide, and a
-    transposed store of the same input fused into it is ~10x slower."""
+    (here always torch.amax: see `_row_min`), in two stages for long rows: over column chunks,
+    then over the chunks. Exactly the one-stage result. Two stages keep a store of v's values
+    out of the reduction's kernel: a store fused there is tiled a few rows by a whole row wide,
+    and a transposed store of the same input fused into it is ~10x slower."""
     r, c = v.shape
     if c % cols_per_partial or c <= cols_per_partial:
         return reduce(v, dim=1, keepdim=True)
