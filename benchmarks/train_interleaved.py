@@ -54,7 +54,7 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
         row,
     )
     if args.compile_scope != "none":
-        net = e2e.compile_model(net, args.compile_scope, args.compile_mode)
+        net = e2e.compile_model(net, args.compile_scope, args.compile_mode, args.compile_options)
     step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"))
     for i in range(args.warmup):
         step(batches[i % len(batches)])
@@ -125,6 +125,7 @@ def record(args, row: dict) -> dict:
         "interleaved": True, "rounds": args.rounds, "steps_per_round": args.steps,
         "round_ms": row["round_ms"], "sm_clock_mhz": gpu.get("sm_mhz"), "gpu_samples": gpu,
         "compile_scope": args.compile_scope, "compile_mode": args.compile_mode or "default",
+        "compile_options": args.compile_options or {},
         "gpu": gpu_tag(), "date": args.date or date.today().isoformat(),
     }  # fmt: skip
 
@@ -141,7 +142,8 @@ def markdown(records: list[dict], args) -> str:
     lines = [
         f"`{' '.join(sys.argv)}`",
         "",
-        f"{e2e.shape_words(args)}, compile scope {args.compile_scope}, bf16 autocast, "
+        f"{e2e.shape_words(args)}, compile scope {args.compile_scope}"
+        f"{f', options {args.compile_options}' if args.compile_options else ''}, bf16 autocast, "
         "torch's fused AdamW; every row "
         f"held at once and timed in {args.rounds} rounds of {args.steps} steps, the order "
         "rotating each round; medians over all rounds (round medians: min-max).",
@@ -175,6 +177,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--compile-scope", default="block", choices=("model", "block", "none"))
     ap.add_argument("--compile-mode", default=None)
+    ap.add_argument(
+        "--compile-options", default="",
+        help="inductor options for every row, KEY=VALUE[,KEY=VALUE...] (train_e2e.py's)",
+    )  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--tag", default="")
@@ -182,6 +188,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.batch, args.seq, args.vocab = e2e.PRESETS[args.model]
     args.rows = args.rows.split(",")
+    args.compile_options = e2e.parse_compile_options(args.compile_options)
+    if args.compile_options and args.compile_mode:
+        raise SystemExit("--compile-options and --compile-mode cannot be combined (torch.compile)")
     if len(set(args.rows)) != len(args.rows):
         raise SystemExit(f"--rows {','.join(args.rows)}: each row once")
     if args.rounds < 1 or args.steps < 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from scripts import load_benchmark
 
@@ -80,3 +81,33 @@ def test_a_failing_row_leaves_the_others(bench, tmp_path, monkeypatch):
     assert "out of memory" in by_row["fp4-dge"]["error"]
     md = next(tmp_path.glob("train_interleaved_tiny_ours_*.md")).read_text()
     assert "fp4-dge: error `RuntimeError: CUDA out of memory (simulated)`" in md
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [(["--compile-options", "triton.multi_kernel"], "KEY=VALUE"),
+     (["--compile-options", "triton.multi_kernel=1", "--compile-mode", "max-autotune"],
+      "cannot be combined")],
+)  # fmt: skip
+def test_bad_compile_options_fail_before_any_step(bench, extra, message):
+    with pytest.raises(SystemExit, match=message):
+        bench.main(["--model", "tiny", "--device", "cpu", "--rows", "bf16", *extra])
+
+
+def test_compile_options_reach_every_row(bench, monkeypatch):
+    """Every row is compiled with the parsed inductor options (as train_e2e.py's rows)."""
+    seen = []
+
+    def compile_model(net, scope, mode, options=None):
+        seen.append((scope, mode, options))
+        return net
+
+    monkeypatch.setattr(bench.e2e, "compile_model", compile_model)
+    args = bench.parse_args(["--model", "tiny", "--device", "cpu", "--rows", "bf16,fp4-dge",
+                             "--compile-options", "triton.multi_kernel=1,benchmark_fusion=True",
+                             "--warmup", "1"])  # fmt: skip
+    batches = [torch.randint(0, args.vocab, (args.batch, args.seq + 1))]
+    for row in args.rows:
+        bench.build_row(args, row, batches)
+    options = {"triton.multi_kernel": 1, "benchmark_fusion": True}
+    assert seen == [("block", None, options)] * 2
