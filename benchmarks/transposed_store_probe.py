@@ -19,7 +19,10 @@ three quotient forms (bits not compared: scales are fixed multipliers), per shap
 - `inductor`: the same five outputs written by `torch.compile` (`.t().contiguous()`);
 - `maxima`: the first pass of a tensor scale, each tile's max |dg| and |du| (no output bytes);
 - `rows+T mul / f64 / fma`: the quotient as a float32 multiply (inexact), as float64's
-  RN32(v · 1/s) (the library's exact form), or as Markstein's two FMAs.
+  RN32(v · 1/s) (the library's exact form), or as Markstein's two FMAs;
+- `..., ATen SiLU`: the SiLU as inductor computes ATen's decompositions (libdevice's exp and
+  two IEEE divisions, where the other rows use `tl.sigmoid`) and NaN kept by the clamp: the
+  arithmetic of the compiled code as trained.
 Bandwidth = bytes of one pass (three bf16 inputs read, each output the unit needs written once:
 five, or three for `rows`) over the GPU kernel time, as a share of the measured copy bandwidth.
 Needs a CUDA GPU with Triton. Writes `transposed_store_probe[_<tag>]_<gpu>_<date>.{md,json}`.
@@ -35,6 +38,7 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -47,7 +51,7 @@ QUOTIENTS = {0: "mul", 1: "f64", 2: "fma"}  # `_quotient`'s forms
 
 
 @triton.jit
-def _quotient(v, S: tl.constexpr, MAX: tl.constexpr, QUOT: tl.constexpr):
+def _quotient(v, S: tl.constexpr, MAX: tl.constexpr, QUOT: tl.constexpr, NAN: tl.constexpr):
     """v / (1/S), clamped to the format's range: QUOT 0 a float32 multiply by S (inexact),
     1 float64's RN32(v * S) (`exact.div_rn_by_scale`'s form), 2 Markstein's two FMAs on it."""
     if QUOT == 1:
@@ -57,7 +61,28 @@ def _quotient(v, S: tl.constexpr, MAX: tl.constexpr, QUOT: tl.constexpr):
         q = tl.fma(tl.fma(-q0, 1.0 / S, v), S, q0)
     else:
         q = v * S
-    return tl.minimum(tl.maximum(q, -MAX), MAX)
+    return _clamp(q, MAX, NAN)
+
+
+@triton.jit
+def _sigmoid_silu(g, ATEN: tl.constexpr):
+    """(sigmoid(g), silu(g)) in float32. ATEN: as inductor's code for ATen's decompositions
+    computes them (libdevice's exp, then two IEEE divisions, 1 / (1 + e) and g / (1 + e));
+    else `tl.sigmoid` and a product."""
+    if ATEN:
+        d = libdevice.exp(-g) + 1.0
+        return 1.0 / d, g / d
+    sig = tl.sigmoid(g)
+    return sig, g * sig
+
+
+@triton.jit
+def _clamp(q, MAX: tl.constexpr, NAN: tl.constexpr):
+    """q clamped to [-MAX, MAX]; NAN keeps NaN (the library's casts do; PTX min/max drop it)."""
+    c = tl.minimum(tl.maximum(q, -MAX), MAX)
+    if NAN:
+        c = tl.where(q != q, q, c)
+    return c
 
 
 @triton.jit
@@ -77,7 +102,7 @@ def _load_tile(g_ptr, u_ptr, dh_ptr, offs, mask):
 
 @triton.jit
 def _maxima_kernel(
-    g_ptr, u_ptr, dh_ptr, part, M, N, BM: tl.constexpr, BN: tl.constexpr
+    g_ptr, u_ptr, dh_ptr, part, M, N, BM: tl.constexpr, BN: tl.constexpr, ATEN: tl.constexpr
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
     """Each tile's max |dg| and max |du| (the first pass of a tensor scale)."""
     pm, pn = tl.program_id(0), tl.program_id(1)
@@ -86,21 +111,21 @@ def _maxima_kernel(
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
     g, u, dh = _load_tile(g_ptr, u_ptr, dh_ptr, offs, mask)
-    sig = tl.sigmoid(g)
+    sig, sg = _sigmoid_silu(g, ATEN)
     dg = _bf16(dh * u * sig * (1.0 + g * (1.0 - sig)))
-    du = _bf16(dh * g * sig)
+    du = _bf16(dh * sg)
     k = (pm * tl.num_programs(1) + pn).to(tl.int64) * 2
     tl.store(part + k, tl.max(tl.max(tl.abs(dg), axis=1), axis=0))
     tl.store(part + k + 1, tl.max(tl.max(tl.abs(du), axis=1), axis=0))
 
 
-def triton_maxima(g, u, dh, *, tile: tuple[int, int, int]) -> torch.Tensor:
+def triton_maxima(g, u, dh, *, tile: tuple[int, int, int], aten: bool = False) -> torch.Tensor:
     """Per-tile maxima of |dg| and |du|, [tiles, 2] float32."""
     m, n = g.shape
     bm, bn, warps = tile
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     part = torch.empty(grid[0] * grid[1], 2, device=g.device)
-    _maxima_kernel[grid](g, u, dh, part, m, n, BM=bm, BN=bn, num_warps=warps)
+    _maxima_kernel[grid](g, u, dh, part, m, n, BM=bm, BN=bn, ATEN=aten, num_warps=warps)
     return part
 
 
@@ -109,18 +134,17 @@ def _swiglu_cast_kernel(
     g_ptr, u_ptr, dh_ptr, h_q, dg_q, du_q, h_t, dg_t, du_t, M, N,
     S_H: tl.constexpr, S_G: tl.constexpr, S_U: tl.constexpr,
     ROWS: tl.constexpr, TRANS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    QUOT: tl.constexpr,
+    QUOT: tl.constexpr, ATEN: tl.constexpr,
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
     g, u, dh = _load_tile(g_ptr, u_ptr, dh_ptr, offs, mask)
-    sig = tl.sigmoid(g)
-    sg = g * sig
-    qh = _quotient(sg * u, S_H, 448.0, QUOT).to(tl.float8e4nv)
-    qg = _quotient(_bf16(dh * u * sig * (1.0 + g * (1.0 - sig))), S_G, 57344.0, QUOT)
-    qu = _quotient(_bf16(dh * sg), S_U, 57344.0, QUOT)
+    sig, sg = _sigmoid_silu(g, ATEN)
+    qh = _quotient(sg * u, S_H, 448.0, QUOT, ATEN).to(tl.float8e4nv)
+    qg = _quotient(_bf16(dh * u * sig * (1.0 + g * (1.0 - sig))), S_G, 57344.0, QUOT, ATEN)
+    qu = _quotient(_bf16(dh * sg), S_U, 57344.0, QUOT, ATEN)
     qg, qu = qg.to(tl.float8e5), qu.to(tl.float8e5)
     if ROWS:
         tl.store(dg_q + offs, qg, mask=mask)
@@ -135,17 +159,17 @@ def _swiglu_cast_kernel(
         tl.store(du_t + offs_t, tl.trans(qu), mask=mask_t)
 
 
-def triton_cast(
-    g, u, dh, outs, *, rows: bool, trans: bool, tile: tuple[int, int, int], quot: int = 0
-):
+def triton_cast(g, u, dh, outs, *, rows: bool, trans: bool, tile, quot=0, aten=False):
     """One launch of the cast kernel into preallocated `outs` (h_q, dg_q, du_q, h_t, dg_t,
-    du_t); returns `outs`."""
+    du_t); `tile` is (BM, BN, warps), `quot` a key of QUOTIENTS, `aten` the ATen-form SiLU;
+    returns `outs`."""
     m, n = g.shape
     bm, bn, warps = tile
     grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
     s_h, s_g, s_u = SCALES
     _swiglu_cast_kernel[grid](g, u, dh, *outs, m, n, S_H=s_h, S_G=s_g, S_U=s_u, ROWS=rows,
-                              TRANS=trans, BM=bm, BN=bn, QUOT=quot, num_warps=warps)  # fmt: skip
+                              TRANS=trans, BM=bm, BN=bn, QUOT=quot, ATEN=aten,
+                              num_warps=warps)  # fmt: skip
     return outs
 
 
@@ -191,6 +215,12 @@ def _variants(g, u, dh, tiles, quots) -> list[tuple[str, int, object]]:
                 triton_cast, g, u, dh, outs, rows=True, trans=True, tile=t, quot=q))
             for q in quots
         ]  # fmt: skip
+        rows += [
+            (f"maxima, ATen SiLU {t}", 0,
+             functools.partial(triton_maxima, g, u, dh, tile=t, aten=True)),
+            (f"rows+T f64, ATen SiLU, NaN kept {t}", 5, functools.partial(
+                triton_cast, g, u, dh, outs, rows=True, trans=True, tile=t, quot=1, aten=True)),
+        ]  # fmt: skip
     return rows
 
 
@@ -223,7 +253,13 @@ def main() -> None:
         g, u, dh = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         quots = [q for q, name in QUOTIENTS.items() if name in args.quotients.split(",")]
         for name, written, fn in _variants(g, u, dh, tiles, quots):
-            prof = kernel_profile(fn, reps=10, top=4)
+            try:
+                prof = kernel_profile(fn, reps=10, top=4)
+            except Exception as exc:  # one variant failing to compile must not lose the rest
+                print(m, n, name, "FAILED", exc, flush=True)
+                records.append(dict(shape=[m, n], variant=name, error=str(exc)[-2000:]))
+                lines.append(f"| {m}x{n} | {name} | failed: {type(exc).__name__} | | | |")
+                continue
             moved = m * n * (3 * 2 + written)  # each output's bytes once, not the transposes'
             gbs = moved / (prof["kernel_ms"] * 1e-3) / 1e9
             rec = dict(shape=[m, n], variant=name, kernel_ms=prof["kernel_ms"],
