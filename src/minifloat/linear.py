@@ -110,22 +110,7 @@ class QuantLinearFunction(torch.autograd.Function):
                     backend, x, clip, x_q, unit_scale=recipe.folds("wgrad")
                 )
             w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
-            fast_accum = recipe.fprop_fast_accum
-            if comp is None:
-                y = backend.scaled_mm(
-                    x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum
-                )
-            else:
-                part = occ_gemm.partial_dtype(comp, out_dtype)
-                y = backend.scaled_mm(x_q, w_q, out_dtype=part, fast_accum=fast_accum)
-                corr = occ_gemm.fprop_correction(
-                    backend, comp, x, clip, weight, fast_accum, out_dtype=part
-                )
-                # both upcasts beside the sum: an upcast made far before it would start a
-                # fusible chain too long for the partitioner to recompute the down projection's
-                # z (partition_hints.py), which it then saves
-                y = y.float() + corr.float()
-                y = to_dtype(y + bias.float() if bias is not None else y, out_dtype)
+            y = _fprop(backend, recipe, x_q, w_q, bias, out_dtype, occ_input=(x, clip, weight))
 
             # Backward operands, prepared only for the gradients autograd will ask for.
             if reuse_x and x_rhs is None:  # (OCC's folded z is made above)
@@ -274,6 +259,33 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
     if packable and (isinstance(q.granularity, tuple) or not torch.compiler.is_compiling()):
         data, packed_cols = backend.kernel(pack_e2m1, data)(data), data.shape[1]
     return data, (q.fmt, q.granularity, packed_cols, transposed, q.scale_format)
+
+
+def _fprop(
+    backend: Backend,
+    recipe: QuantRecipe,
+    x_q: QOperand,
+    w_q: QOperand,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+    *,
+    occ_input: tuple,
+) -> torch.Tensor:
+    """y = x_q w_qᵀ (+ bias) in `out_dtype`; under OCC's compensation, plus the remainder's
+    product from `occ_input` = (x, clip, weight), both partial products summed in float32."""
+    fast_accum = recipe.fprop_fast_accum
+    comp = occ_gemm.compensation(recipe)
+    if comp is None:
+        return backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
+    x, clip, weight = occ_input
+    part = occ_gemm.partial_dtype(comp, out_dtype)
+    y = backend.scaled_mm(x_q, w_q, out_dtype=part, fast_accum=fast_accum)
+    corr = occ_gemm.fprop_correction(backend, comp, x, clip, weight, fast_accum, out_dtype=part)
+    # both upcasts beside the sum: an upcast made far before it would start a fusible chain too
+    # long for the partitioner to recompute the down projection's z (partition_hints.py),
+    # which it then saves
+    y = y.float() + corr.float()
+    return to_dtype(y + bias.float() if bias is not None else y, out_dtype)
 
 
 def _unstash(
