@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
@@ -243,3 +244,25 @@ def same_bytes(a, b) -> bool:
     a, b = (a,) if torch.is_tensor(a) else a, (b,) if torch.is_tensor(b) else b
     as_bytes = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
     return all(torch.equal(as_bytes(x), as_bytes(y)) for x, y in zip(a, b, strict=True))
+
+
+def probe_parser(doc: str, tiles: str, tiles_help: str) -> argparse.ArgumentParser:
+    """The GPU probes' common options: --out-dir, --date, --tag and --tiles (';'-separated
+    tuples of integers, parsed by `parse_tiles`)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--date", default=None)
+    ap.add_argument("--tag", default="", help="results file suffix")
+    ap.add_argument("--tiles", default=tiles, help=tiles_help)
+    return ap
+
+
+def parse_tiles(text: str) -> list[tuple[int, ...]]:
+    """'64,64,4;32,128,4' -> [(64, 64, 4), (32, 128, 4)]."""
+    return [tuple(int(v) for v in t.split(",")) for t in text.split(";")]
+
+
+def require_cuda(name: str) -> None:
+    """Exit with a one-line message where there is no CUDA GPU."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{name} needs a CUDA GPU")

@@ -19,7 +19,10 @@ three quotient forms (bits not compared: scales are fixed multipliers), per shap
 - `inductor`: the same five outputs written by `torch.compile` (`.t().contiguous()`);
 - `maxima`: the first pass of a tensor scale, each tile's max |dg| and |du| (no output bytes);
 - `rows+T mul / f64 / fma`: the quotient as a float32 multiply (inexact), as float64's
-  RN32(v · 1/s) (the library's exact form), or as Markstein's two FMAs;
+  RN32(v · 1/s) (the library's exact form), or as Markstein's two FMAs. The multipliers are
+  compile-time powers of two, which the compiler may fold the float64 and FMA forms into:
+  those rows understate a run-time scale's cost (`swiglu_tensorwise_probe.py` loads its
+  scales at run time);
 - `..., ATen SiLU`: the SiLU as inductor computes ATen's decompositions (libdevice's exp and
   two IEEE divisions, where the other rows use `tl.sigmoid`) and NaN kept by the clamp: the
   arithmetic of the compiled code as trained.
@@ -42,7 +45,14 @@ from triton.language.extra import libdevice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  # noqa: E402
+from common import (  # noqa: E402
+    copy_bandwidth,
+    kernel_profile,
+    parse_tiles,
+    probe_parser,
+    require_cuda,
+    write_results,
+)
 from minifloat.kernels.transpose_triton import transpose_2d  # noqa: E402
 
 SHAPES = ((16384, 5632), (16384, 11008), (16384, 2048))
@@ -225,14 +235,10 @@ def _variants(g, u, dh, tiles, quots) -> list[tuple[str, int, object]]:
 
 
 def _parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
-    ap.add_argument("--date", default=None)
-    ap.add_argument("--tag", default="")
-    ap.add_argument(
-        "--tiles",
-        default="64,64,4;64,128,4;128,64,4;128,128,8;32,128,4;128,32,4;64,256,8;256,64,8",
-        help="BM,BN,warps of the cast kernel; ';' between candidates",
+    ap = probe_parser(
+        __doc__,
+        "64,64,4;64,128,4;128,64,4;128,128,8;32,128,4;128,32,4;64,256,8;256,64,8",
+        "BM,BN,warps of the cast kernel; ';' between candidates",
     )
     ap.add_argument(
         "--quotients", default="mul,f64,fma",
@@ -243,11 +249,10 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = _parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("transposed_store_probe needs a CUDA GPU")
+    require_cuda("transposed_store_probe")
     torch.manual_seed(0)
     copy_gbs = copy_bandwidth()
-    tiles = [tuple(int(v) for v in t.split(",")) for t in args.tiles.split(";")]
+    tiles = parse_tiles(args.tiles)
     records, lines = [], []
     for m, n in SHAPES:
         g, u, dh = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(3))

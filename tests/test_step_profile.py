@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import pytest
+import torch
 from torch.autograd import DeviceType
 
 from scripts import load_benchmark
@@ -92,3 +94,18 @@ def test_idle_gaps_count_overlaps_once_and_class_gaps_by_length():
     assert t["top_gaps"][0] == [1000.0, "amax", "after_wait"]
     assert t["top_gaps"][-1] == [3.0, "other_stream", "cast"]
     assert idle_gaps([], steps=1) == {}
+
+
+def test_probe_options_and_tiles():
+    """The GPU probes' shared options: tiles parsed to integer tuples, a one-line exit without
+    a GPU (these CPU tests have none)."""
+    common = load_benchmark("common")
+    args = common.probe_parser("A probe.\n\nmore", "64,64,4;32,128,4", "tiles").parse_args(
+        ["--tag", "t", "--tiles", "32,128,4,64,64,4"]
+    )
+    assert args.tag == "t" and args.date is None and args.out_dir == str(common.RESULTS_DIR)
+    assert common.parse_tiles(args.tiles) == [(32, 128, 4, 64, 64, 4)]
+    assert common.parse_tiles("64,64,4;32,128,4") == [(64, 64, 4), (32, 128, 4)]
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="a_probe needs a CUDA GPU"):
+            common.require_cuda("a_probe")
