@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/swiglu_probe.py [--out-dir DIR] [--date D] [--tag T]
         [--tiles "BM,BN,W,BM,BN,W;..."] [--quotients f64,fma] [--configs rowwise,fp4,tensorwise]
+        [--aten]
     PYTHONPATH=src:<triton> TRITON_INTERPRET=1 python benchmarks/swiglu_probe.py --smoke
 
 In training, the compiled backward of a converted SwiGLU MLP (`w2(silu(w1 x) * w3 x)`) reads
@@ -47,6 +48,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
@@ -107,9 +109,25 @@ def reference(g, u, dh, config, pg=None, pu=None, px=None, fp32=False, s_h=None)
 
 
 @triton.jit
-def _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask):
-    """h, dg, du in float32 from bf16 g, u, dh (inductor divides by 1 + exp(-g) where this
-    uses `tl.sigmoid`: last-bit differences, see the module docstring)."""
+def _swiglu_aten(g_ptr, u_ptr, dh_ptr, offs, mask):
+    """(h, dg, du) in float32 as inductor computes ATen's `silu` and `silu_backward`:
+    libdevice's exp, the two IEEE divisions, the products in the same order (session 35)."""
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    d = libdevice.exp(-g) + 1.0
+    silu = g / d
+    sig = 1 / d
+    dg = dh * u * sig * (g * (1.0 - sig) + 1.0)
+    return silu * u, dg, dh * silu
+
+
+@triton.jit
+def _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask, ATEN: tl.constexpr):
+    """h, dg, du in float32 from bf16 g, u, dh. ATEN: `_swiglu_aten` (inductor's arithmetic);
+    else `tl.sigmoid` (sessions 27 and 29: last-bit differences from inductor's code)."""
+    if ATEN:
+        return _swiglu_aten(g_ptr, u_ptr, dh_ptr, offs, mask)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -159,14 +177,14 @@ def _maxima_kernel(
     h_part, dg_row, du_row, dg_col, du_col,
     M, N, NB,
     H_ROW: tl.constexpr, PRESCALE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    TENSOR: tl.constexpr,
+    TENSOR: tl.constexpr, ATEN: tl.constexpr,
 ):  # fmt: skip
     pm, pn = tl.program_id(0), tl.program_id(1)
     rows = pm * BM + tl.arange(0, BM)
     cols = pn * BN + tl.arange(0, BN)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
-    h, dg, du = _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask)
+    h, dg, du = _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask, ATEN)
     rmask, cmask = rows < M, cols < N
     if TENSOR:  # h's scale comes from forward; dg's and du's tile maxima only
         tl.store(dg_row + pm.to(tl.int64) * NB + pn, _tile_max(dg))
@@ -252,6 +270,7 @@ def _cast_kernel(
     H_ROW: tl.constexpr, PRESCALE: tl.constexpr,
     H_MAX: tl.constexpr, H_E2M1: tl.constexpr, G_MAX: tl.constexpr, G_E5M2: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, GRID: tl.constexpr, FMA: tl.constexpr,
+    ATEN: tl.constexpr,
 ):  # fmt: skip
     pm, pn = tl.program_id(0), tl.program_id(1)
     rows = pm * BM + tl.arange(0, BM)
@@ -261,7 +280,7 @@ def _cast_kernel(
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
     offs_t = cols[:, None].to(tl.int64) * M + rows[None, :]
     mask_t = cmask[:, None] & rmask[None, :]
-    h, dg, du = _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask)
+    h, dg, du = _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask, ATEN)
     if H_ROW:
         qh = _quotient(h, r_h, rows, rmask, M, True, FMA)
     else:
@@ -304,13 +323,15 @@ def fused(
     grid=False,
     fma=False,
     s_h=None,
+    aten=False,
 ):
     """The same five operands from two Triton kernels (plus the partials' reductions).
 
     `round_amax`: round the maxima of unscaled operands to bf16, as `quantize_operand` takes
-    them in the operand's own dtype (the compiled graph's h, dg and du are bf16 nodes)."""
+    them in the operand's own dtype (the compiled graph's h, dg and du are bf16 nodes).
+    `aten`: the SiLU as inductor computes it (`_swiglu_aten`)."""
     if config == "tensorwise":
-        return _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid)
+        return _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid, aten)
     m, n = g.shape
     bm, bn, warps, cbm, cbn, cwarps = tiles
     nb, mb = triton.cdiv(n, bn), triton.cdiv(m, bm)
@@ -324,7 +345,7 @@ def fused(
     pgv, puv, pxv = (pg.reshape(-1), pu.reshape(-1), px.reshape(-1)) if prescale else (one,) * 3
     _maxima_kernel[(mb, nb)](
         g, u, dh, pgv, puv, pxv, h_part, dg_row, du_row, dg_col, du_col, m, n, nb,
-        H_ROW=h_row, PRESCALE=prescale, BM=bm, BN=bn, TENSOR=False, num_warps=warps,
+        H_ROW=h_row, PRESCALE=prescale, BM=bm, BN=bn, TENSOR=False, ATEN=aten, num_warps=warps,
     )  # fmt: skip
     h_fmt, g_fmt = ("e2m1", "e5m2") if config == "fp4" else ("e4m3", "e4m3")
     h_amax = h_part.amax(1, keepdim=True) if h_row else h_part.amax(0, keepdim=True)
@@ -342,13 +363,13 @@ def fused(
         g, u, dh, pgv, puv, pxv, r_h, r_gr, r_ur, r_gc, r_uc, h_t, dg_q, du_q, dg_t, du_t, m, n,
         H_ROW=h_row, PRESCALE=prescale, H_MAX=FMT[h_fmt][0], H_E2M1=FMT[h_fmt][2],
         G_MAX=FMT[g_fmt][0], G_E5M2=g_fmt == "e5m2", BM=cbm, BN=cbn, GRID=grid, FMA=fma,
-        num_warps=cwarps,
+        ATEN=aten, num_warps=cwarps,
     )  # fmt: skip
     return [(h_t, s_h.t().contiguous()), (dg_q, s_gr), (dg_t, s_gc.t().contiguous()), (du_q, s_ur),
             (du_t, s_uc.t().contiguous())]  # fmt: skip
 
 
-def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid):
+def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid, aten):
     """`fused` for fp8-tensorwise: tile maxima of dg and du, then the rowwise cast kernel
     with every group's reciprocal the tensor's (a vector of equal values), so dg_t and du_t
     hold dg_q's and du_q's bytes transposed."""
@@ -360,7 +381,7 @@ def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid):
     one = torch.ones(1, **f32)
     _maxima_kernel[(mb, nb)](
         g, u, dh, one, one, one, one, dg_part, du_part, one, one, m, n, nb,
-        H_ROW=False, PRESCALE=False, BM=bm, BN=bn, TENSOR=True, num_warps=warps,
+        H_ROW=False, PRESCALE=False, BM=bm, BN=bn, TENSOR=True, ATEN=aten, num_warps=warps,
     )  # fmt: skip
     s_g, r_g = _scale(dg_part.amax().reshape(1, 1), "e5m2", round_amax, False)
     s_u, r_u = _scale(du_part.amax().reshape(1, 1), "e5m2", round_amax, False)
@@ -375,7 +396,7 @@ def _fused_tensorwise(g, u, dh, s_h, tiles, round_amax, grid):
         h_t, dg_q, du_q, dg_t, du_t, m, n,
         H_ROW=False, PRESCALE=False, H_MAX=FMT["e4m3"][0], H_E2M1=False, G_MAX=FMT["e5m2"][0],
         G_E5M2=True,
-        BM=cbm, BN=cbn, GRID=grid, FMA=False, num_warps=cwarps,
+        BM=cbm, BN=cbn, GRID=grid, FMA=False, ATEN=aten, num_warps=cwarps,
     )  # fmt: skip
     return [(h_t, s_h), (dg_q, s_g), (dg_t, s_g), (du_q, s_u), (du_t, s_u)]
 
@@ -450,6 +471,11 @@ def _parse_args() -> argparse.Namespace:
         "--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS)
     )
     ap.add_argument(
+        "--aten", action="store_true",
+        help="the Triton rows compute the SiLU as inductor does (libdevice exp, two IEEE "
+        "divisions: `_swiglu_aten`), not with tl.sigmoid",
+    )  # fmt: skip
+    ap.add_argument(
         "--quotients",
         default="f64,fma",
         help="the Triton rows' quotient forms: f64 (as shipped) and/or fma (Markstein)",
@@ -457,13 +483,14 @@ def _parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def _variants(compiled, args_, kw, tiles, quotients) -> list[tuple]:
+def _variants(compiled, args_, kw, tiles, quotients, aten) -> list[tuple]:
     """(name, call, tiles) of the compiled code as trained and of every Triton candidate."""
     rows = [("inductor (as trained)", functools.partial(compiled, *args_, **kw), None)]
     for t in tiles:
         for fma in ("fma" in q for q in quotients):
-            name = f"triton {'fma' if fma else 'f64'} {t}"
-            rows.append((name, functools.partial(fused, *args_, tiles=t, fma=fma, **kw), t))
+            name = f"triton {'fma' if fma else 'f64'}{', ATen SiLU' if aten else ''} {t}"
+            call = functools.partial(fused, *args_, tiles=t, fma=fma, aten=aten, **kw)
+            rows.append((name, call, t))
     return rows
 
 
@@ -483,11 +510,13 @@ def main() -> None:
             extra = (pg, pu, px) if config == "fp4" else ()
             kw = dict(s_h=h_scale(g, u)) if config == "tensorwise" else {}
             ref = compiled(g, u, dh, config, *extra, **kw)
-            unrounded = _mismatches(ref, fused(g, u, dh, config, *extra, round_amax=False, **kw))
+            unrounded = _mismatches(
+                ref, fused(g, u, dh, config, *extra, round_amax=False, aten=args.aten, **kw)
+            )
             print(m, n, config, "maxima unrounded: mismatches", unrounded, flush=True)
             quotients = args.quotients.split(",") if config != "tensorwise" else ["f64"]
             args_ = (g, u, dh, config, *extra)
-            for name, fn, t in _variants(compiled, args_, kw, tiles, quotients):
+            for name, fn, t in _variants(compiled, args_, kw, tiles, quotients, args.aten):
                 bad = _mismatches(ref, fn())
                 prof = kernel_profile(fn, reps=10, top=8)
                 ms = time_ms(fn)

@@ -33,27 +33,20 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import kernel_profile, parse_tiles, probe_parser, require_cuda, write_results  # noqa: E402
 from division_probe import fma_factors  # noqa: E402
-from swiglu_probe import _inputs, _mismatches, _scale, h_scale, reference  # noqa: E402
+from swiglu_probe import (  # noqa: E402
+    _inputs,
+    _mismatches,
+    _scale,
+    _swiglu_aten,
+    h_scale,
+    reference,
+)
 
 SHAPES = ((16384, 5632), (16384, 11008))
-
-
-@triton.jit
-def _swiglu_aten(g_ptr, u_ptr, dh_ptr, offs, mask):
-    """(h, dg, du) in float32 as inductor computes ATen's `silu` and `silu_backward`."""
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    dh = tl.load(dh_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    d = libdevice.exp(-g) + 1.0
-    silu = g / d
-    sig = 1 / d
-    dg = dh * u * sig * (g * (1.0 - sig) + 1.0)
-    return silu * u, dg, dh * silu
 
 
 @triton.jit
