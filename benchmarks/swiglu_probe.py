@@ -109,6 +109,16 @@ def reference(g, u, dh, config, pg=None, pu=None, px=None, fp32=False, s_h=None)
 
 
 @triton.jit
+def _tile(M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """(rows, cols, in-bounds mask, row-major offsets) of this program's tile of an [M, N]
+    tensor on a (row blocks, column blocks) grid."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    return rows, cols, mask, rows[:, None].to(tl.int64) * N + cols[None, :]
+
+
+@triton.jit
 def _swiglu_aten(g_ptr, u_ptr, dh_ptr, offs, mask):
     """(h, dg, du) in float32 as inductor computes ATen's `silu` and `silu_backward`:
     libdevice's exp, the two IEEE divisions, the products in the same order (session 35)."""
@@ -180,10 +190,7 @@ def _maxima_kernel(
     TENSOR: tl.constexpr, ATEN: tl.constexpr,
 ):  # fmt: skip
     pm, pn = tl.program_id(0), tl.program_id(1)
-    rows = pm * BM + tl.arange(0, BM)
-    cols = pn * BN + tl.arange(0, BN)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, mask, offs = _tile(M, N, BM, BN)
     h, dg, du = _swiglu(g_ptr, u_ptr, dh_ptr, offs, mask, ATEN)
     rmask, cmask = rows < M, cols < N
     if TENSOR:  # h's scale comes from forward; dg's and du's tile maxima only

@@ -42,6 +42,8 @@ from swiglu_probe import (  # noqa: E402
     _mismatches,
     _scale,
     _swiglu_aten,
+    _tile,
+    _tile_max,
     h_scale,
     reference,
 )
@@ -50,25 +52,14 @@ SHAPES = ((16384, 5632), (16384, 11008))
 
 
 @triton.jit
-def _bits_max(v):
-    """max |v| over a tile as the maximum of the magnitudes' bits (NaN's exceed inf's)."""
-    bits = tl.max(tl.max(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), axis=0)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _maxima_kernel(
     g_ptr, u_ptr, dh_ptr, part, M, N, BM: tl.constexpr, BN: tl.constexpr
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
-    pm, pn = tl.program_id(0), tl.program_id(1)
-    rows = pm * BM + tl.arange(0, BM)
-    cols = pn * BN + tl.arange(0, BN)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    _, dg, du = _swiglu_aten(g_ptr, u_ptr, dh_ptr, rows[:, None].to(tl.int64) * N + cols[None, :],
-                             mask)  # fmt: skip
-    k = (pm * tl.num_programs(1) + pn).to(tl.int64)
-    tl.store(part + 2 * k, _bits_max(dg))
-    tl.store(part + 2 * k + 1, _bits_max(du))
+    _, _, mask, offs = _tile(M, N, BM, BN)
+    _, dg, du = _swiglu_aten(g_ptr, u_ptr, dh_ptr, offs, mask)
+    k = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64)
+    tl.store(part + 2 * k, _tile_max(dg))  # integer maxima of the magnitudes' bits: NaN wins
+    tl.store(part + 2 * k + 1, _tile_max(du))
 
 
 @triton.jit
@@ -94,10 +85,7 @@ def _cast_kernel(
     g_ptr, u_ptr, dh_ptr, r_h, r_g, r_u, h_t, dg_q, du_q, dg_t, du_t, M, N,
     BM: tl.constexpr, BN: tl.constexpr, FMA: tl.constexpr,
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, mask, offs = _tile(M, N, BM, BN)
     h, dg, du = _swiglu_aten(g_ptr, u_ptr, dh_ptr, offs, mask)
     qh = _cast(h, r_h, 448.0, FMA).to(tl.float8e4nv)
     qg = _cast(dg, r_g, 57344.0, FMA).to(tl.float8e5)

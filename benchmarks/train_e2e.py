@@ -164,9 +164,10 @@ def compile_model(
     return net
 
 
-def parse_compile_options(text: str) -> dict | None:
+def parse_compile_options(text: str, mode: str | None = None) -> dict | None:
     """'KEY=VALUE[,KEY=VALUE...]' -> inductor options for torch.compile (True/False and integers
-    converted), e.g. 'triton.prefer_nd_tiling=True'; '' -> None."""
+    converted), e.g. 'triton.prefer_nd_tiling=True'; '' -> None. torch.compile takes options or
+    a `mode`, not both: a one-line exit where both are given."""
     options = {}
     for part in filter(None, text.split(",")):
         key, eq, value = part.partition("=")
@@ -174,6 +175,8 @@ def parse_compile_options(text: str) -> dict | None:
             raise SystemExit(f"--compile-options takes KEY=VALUE[,KEY=VALUE...], got {text!r}")
         literal = {"True": True, "False": False}.get(value, value)
         options[key] = int(value) if value.lstrip("-").isdigit() else literal
+    if options and mode:
+        raise SystemExit("--compile-options and --compile-mode cannot be combined (torch.compile)")
     return options or None
 
 
@@ -547,9 +550,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     batch, seq, vocab = PRESETS[args.model]
     args.batch, args.seq, args.vocab = args.batch or batch, args.seq or seq, args.vocab or vocab
     args.profile = [r for r in args.profile.split(",") if r]
-    args.compile_options = parse_compile_options(args.compile_options)
-    if args.compile_options and args.compile_mode:
-        raise SystemExit("--compile-options and --compile-mode cannot be combined (torch.compile)")
+    args.compile_options = parse_compile_options(args.compile_options, args.compile_mode)
     args.rows = args.rows.split(",")
     args.optim_states = args.optim_states.split(",")
     check_optim_states(args.optim_states)

@@ -188,9 +188,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.batch, args.seq, args.vocab = e2e.PRESETS[args.model]
     args.rows = args.rows.split(",")
-    args.compile_options = e2e.parse_compile_options(args.compile_options)
-    if args.compile_options and args.compile_mode:
-        raise SystemExit("--compile-options and --compile-mode cannot be combined (torch.compile)")
+    args.compile_options = e2e.parse_compile_options(args.compile_options, args.compile_mode)
     if len(set(args.rows)) != len(args.rows):
         raise SystemExit(f"--rows {','.join(args.rows)}: each row once")
     if args.rounds < 1 or args.steps < 1:

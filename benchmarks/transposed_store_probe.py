@@ -54,6 +54,7 @@ from common import (  # noqa: E402
     write_results,
 )
 from minifloat.kernels.transpose_triton import transpose_2d  # noqa: E402
+from swiglu_probe import _tile  # noqa: E402
 
 SHAPES = ((16384, 5632), (16384, 11008), (16384, 2048))
 SCALES = (0.5, 4.0, 8.0)  # h, dg, du: any finite multipliers serve for timing
@@ -116,10 +117,7 @@ def _maxima_kernel(
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
     """Each tile's max |dg| and max |du| (the first pass of a tensor scale)."""
     pm, pn = tl.program_id(0), tl.program_id(1)
-    rows = pm * BM + tl.arange(0, BM)
-    cols = pn * BN + tl.arange(0, BN)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    _, _, mask, offs = _tile(M, N, BM, BN)
     g, u, dh = _load_tile(g_ptr, u_ptr, dh_ptr, offs, mask)
     sig, sg = _sigmoid_silu(g, ATEN)
     dg = _bf16(dh * u * sig * (1.0 + g * (1.0 - sig)))
@@ -146,10 +144,7 @@ def _swiglu_cast_kernel(
     ROWS: tl.constexpr, TRANS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     QUOT: tl.constexpr, ATEN: tl.constexpr,
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
-    rows = tl.program_id(0) * BM + tl.arange(0, BM)
-    cols = tl.program_id(1) * BN + tl.arange(0, BN)
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    rows, cols, mask, offs = _tile(M, N, BM, BN)
     g, u, dh = _load_tile(g_ptr, u_ptr, dh_ptr, offs, mask)
     sig, sg = _sigmoid_silu(g, ATEN)
     qh = _quotient(sg * u, S_H, 448.0, QUOT, ATEN).to(tl.float8e4nv)

@@ -110,7 +110,9 @@ class QuantLinearFunction(torch.autograd.Function):
                     backend, x, clip, x_q, unit_scale=recipe.folds("wgrad")
                 )
             w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
-            y = _fprop(backend, recipe, x_q, w_q, bias, out_dtype, occ_input=(x, clip, weight))
+            y = _fprop(
+                backend, recipe, comp, x_q, w_q, bias, out_dtype, occ_input=(x, clip, weight)
+            )
 
             # Backward operands, prepared only for the gradients autograd will ask for.
             if reuse_x and x_rhs is None:  # (OCC's folded z is made above)
@@ -264,6 +266,7 @@ def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, t
 def _fprop(
     backend: Backend,
     recipe: QuantRecipe,
+    comp: str | None,
     x_q: QOperand,
     w_q: QOperand,
     bias: torch.Tensor | None,
@@ -271,10 +274,10 @@ def _fprop(
     *,
     occ_input: tuple,
 ) -> torch.Tensor:
-    """y = x_q w_qᵀ (+ bias) in `out_dtype`; under OCC's compensation, plus the remainder's
-    product from `occ_input` = (x, clip, weight), both partial products summed in float32."""
+    """y = x_q w_qᵀ (+ bias) in `out_dtype`; under OCC's compensation `comp`, plus the
+    remainder's product from `occ_input` = (x, clip, weight), both partial products summed in
+    float32."""
     fast_accum = recipe.fprop_fast_accum
-    comp = occ_gemm.compensation(recipe)
     if comp is None:
         return backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
     x, clip, weight = occ_input
