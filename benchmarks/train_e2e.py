@@ -69,7 +69,6 @@ from gpu_sampler import GpuSampler  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.blocks import find_repeated_blocks  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
-from minifloat.mlp import unit_reason  # noqa: E402
 from minifloat.models.llama import Llama, get_config  # noqa: E402
 from minifloat.size_rule import TORCHAO_TENSORWISE, SizeRule  # noqa: E402
 from step_profile import find_syncs, profile_steps  # noqa: E402
@@ -125,9 +124,6 @@ def _float8_eligible(module: nn.Module, fqn: str) -> bool:
     )
 
 
-MLP_RULE = "mlp"  # RECIPE@mlp: convert(..., fuse_mlp=True)
-
-
 def split_row(row: str) -> tuple[str, str | None]:
     """`RECIPE[@RULE][+fsdp|+qag]` -> (`RECIPE[@RULE]`, "fsdp" / "qag" / None)."""
     base, plus, mode = row.rpartition("+")
@@ -137,14 +133,10 @@ def split_row(row: str) -> tuple[str, str | None]:
 def prepare(net: nn.Module, row: str, *, fsdp_float8_all_gather: bool = False) -> nn.Module:
     """Apply the row's precision recipe to `net` in place; returns it. A row RECIPE@RULE
     converts with a size rule: RULE is `torchao` (torchao's tensorwise bounds) or IN:OUT[,...]
-    (minifloat.SizeRule.parse), e.g. fp8-tensorwise@torchao; RECIPE@mlp converts with
-    `fuse_mlp=True` (each SwiGLU MLP as one unit, mlp.py). `fsdp_float8_all_gather`: torchao
+    (minifloat.SizeRule.parse), e.g. fp8-tensorwise@torchao. `fsdp_float8_all_gather`: torchao
     rows all-gather their float8 weights under FSDP2 (its `enable_fsdp_float8_all_gather`)."""
     row, _, rule = row.partition("@")
-    if rule == MLP_RULE:
-        report = convert(net, row, fuse_mlp=True, return_report=True)[1]
-        print(f"{row}@{rule}: {len(report.fused_mlps)} MLPs fused", flush=True)
-    elif rule:
+    if rule:
         size_rule = TORCHAO_TENSORWISE if rule == "torchao" else SizeRule.parse(rule)
         report = convert(net, row, size_rule=size_rule, return_report=True)[1]
         print(f"{row}@{rule}: {len(report.converted)} layers converted", flush=True)
@@ -571,9 +563,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             raise SystemExit(f"row {row}: a size rule applies to minifloat recipes only")
         if name not in TORCHAO_ROWS:
             recipes.get(name)
-        if rule == MLP_RULE and (reason := unit_reason(recipes.get(name))) is not None:
-            raise SystemExit(f"row {row}: {reason}")
-        if rule and rule not in ("torchao", MLP_RULE):
+        if rule and rule != "torchao":
             SizeRule.parse(rule)
     return args
 

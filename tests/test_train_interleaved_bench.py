@@ -38,22 +38,10 @@ def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
     assert "| fp8-tensorwise |" in md and "3 rounds of 2 steps" in md
 
 
-def test_mlp_rows_fuse_the_swiglu_mlps(bench, tmp_path, capsys):
-    """RECIPE@mlp: converted with fuse_mlp=True (every MLP of the tiny model fused)."""
-    bench.main(["--model", "tiny", "--device", "cpu", "--compile-scope", "none",
-                "--rows", "fp8-tensorwise,fp8-tensorwise@mlp", "--rounds", "1", "--steps", "1",
-                "--warmup", "1", "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
-    out = capsys.readouterr().out
-    assert "fp8-tensorwise@mlp: 4 MLPs fused" in out
-    records = json.loads(next(tmp_path.glob("train_interleaved_tiny_ours_*.json")).read_text())
-    assert [r["recipe"] for r in records] == ["fp8-tensorwise", "fp8-tensorwise@mlp"]
-
-
 @pytest.mark.parametrize(
     ("rows", "message"),
     [("bf16,bf16", "each row once"), ("fp8-tensorwise+fsdp", "plain recipes"),
-     ("fp9", "unknown recipe"), ("fp8-tensorwise@torchao", "RECIPE@mlp"),
-     ("fp4@mlp", "OCC, DGE or delayed")],
+     ("fp9", "unknown recipe")],
 )  # fmt: skip
 def test_bad_rows_fail_before_any_step(bench, rows, message):
     with pytest.raises((SystemExit, ValueError), match=message):

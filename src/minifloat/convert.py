@@ -64,7 +64,6 @@ from minifloat import recipes
 from minifloat.conv1d import QuantConv1D
 from minifloat.kernels.select import BACKEND_NAMES
 from minifloat.linear import QuantLinear
-from minifloat.mlp import fuse_swiglu, unit_reason
 from minifloat.recipes import QuantRecipe, Recipe
 from minifloat.size_rule import SizeRule
 
@@ -102,7 +101,6 @@ class ConversionReport:
     recipe: str
     converted: list[str] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
-    fused_mlps: list[str] = field(default_factory=list)  # convert(..., fuse_mlp=True)
 
     def __str__(self) -> str:
         lines = [
@@ -111,7 +109,6 @@ class ConversionReport:
         ]
         lines += [f"  converted  {name}" for name in self.converted]
         lines += [f"  skipped    {name}: {reason}" for name, reason in self.skipped]
-        lines += [f"  fused MLP  {name}" for name in self.fused_mlps]
         return "\n".join(lines)
 
 
@@ -295,7 +292,6 @@ def convert(
     size_rule: SizeRule | None = None,
     keep_head: bool = True,
     backend: str = "auto",
-    fuse_mlp: bool = False,
     return_report: Literal[False] = False,
 ) -> ModuleT: ...
 
@@ -310,7 +306,6 @@ def convert(
     size_rule: SizeRule | None = None,
     keep_head: bool = True,
     backend: str = "auto",
-    fuse_mlp: bool = False,
     return_report: Literal[True],
 ) -> tuple[ModuleT, ConversionReport]: ...
 
@@ -324,7 +319,6 @@ def convert(
     size_rule: SizeRule | None = None,
     keep_head: bool = True,
     backend: str = "auto",
-    fuse_mlp: bool = False,
     return_report: bool = False,
 ) -> ModuleT | tuple[ModuleT, ConversionReport]:
     """Swap the linear layers of `model` for quantized ones under `recipe`, in place.
@@ -346,9 +340,6 @@ def convert(
             outside repeated blocks, see `is_output_head`) in high precision (the default, as
             all the recipes prescribe). Embeddings are never quantized.
         backend: the quantized layers' backend: "auto", "emulated" or "hopper".
-        fuse_mlp: also run each SwiGLU MLP whose three projections were converted as one unit
-            (mlp.py's `QuantSwiGLU`: same bits, fewer kernels in backward). Tensor-scaled FP8
-            recipes only (fp8-tensorwise); the fused modules are listed in the report.
         return_report: also return the report: `(model, report)`.
     Returns:
         `model`; the ConversionReport (converted layers, and (name, reason) for everything kept)
@@ -358,15 +349,12 @@ def convert(
     Raises:
         AlreadyConvertedError: convert() already ran on the model (or on one of its submodules),
             whatever it swapped, or the model holds quantized layers.
-        ValueError: unknown recipe or backend, `model` is itself a linear layer, or `fuse_mlp`
-            with a recipe the SwiGLU unit cannot run.
+        ValueError: unknown recipe or backend, or `model` is itself a linear layer.
         TypeError: `skip` is not patterns, `module_filter_fn` is not a callable returning bool,
             or `size_rule` is not a SizeRule.
     """
     recipe = recipes.get(recipe)
     patterns = _checked_arguments(backend, skip, module_filter_fn, size_rule)
-    if fuse_mlp and (reason := unit_reason(recipe)) is not None:
-        raise ValueError(f"fuse_mlp: {reason}; the SwiGLU unit runs e.g. fp8-tensorwise")
     conv1d = _conv1d_class()
     _check_convertible(model, conv1d)
     report = ConversionReport(recipe=recipe.name)
@@ -382,8 +370,6 @@ def convert(
         new.seed_rng(zlib.crc32(fqn.encode()) & 0x7FFFFFFF)
         _set_submodule(model, fqn, new)
         report.converted.append(fqn)
-    if fuse_mlp:
-        report.fused_mlps = fuse_swiglu(model)
     # A plain attribute (Module.__setattr__ keeps non-tensor values in __dict__): outside the
     # state_dict, copied by deepcopy and pickling.
     setattr(model, REPORT_ATTR, report)
