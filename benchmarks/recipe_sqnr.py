@@ -5,9 +5,12 @@ channels, weights with log-normal channel norms). Runs on CPU (the emulated back
 same numbers as the GPU path). Stochastic rounding and Hadamard signs are one step's draws of a
 fresh layer (salt 0, step 0). Writes benchmarks/results/recipe_sqnr_<date>.md and .json
 (`--autocast`: the layer under bf16 autocast, as the trainers run it, y and dx then in bf16;
-files recipe_sqnr_autocast_<date>.*).
+files recipe_sqnr_autocast_<date>.*). `--device cuda`: the layer on FP8 tensor cores (the Hopper
+backend), whose GEMMs may accumulate differently from the emulation's fp32 sums (fast
+accumulation: `fast_accum`, `bwd_fast_accum`); files recipe_sqnr_[autocast_]cuda_<date>.*.
 
     python benchmarks/recipe_sqnr.py [--m 1024 --k 1024 --n 1024] [--autocast] [--recipes fp4,...]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -44,17 +48,26 @@ VARIANTS = [
 
 
 def measure(
-    name: str, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor, autocast: bool = False
+    name: str,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    dy: torch.Tensor,
+    autocast: bool = False,
+    device: str = "cpu",
 ) -> dict:
+    x, w, dy = x.to(device), w.to(device), dy.to(device)
     ref_x = x.double().requires_grad_()
     ref_w = w.double().requires_grad_()
     ref_y = ref_x @ ref_w.t()
     ref_y.backward(dy.double())
-    layer = QuantLinear(w.shape[1], w.shape[0], bias=False, recipe=name, backend="emulated")
+    backend = "emulated" if device == "cpu" else "auto"
+    layer = QuantLinear(
+        w.shape[1], w.shape[0], bias=False, recipe=name, backend=backend, device=device
+    )
     with torch.no_grad():
         layer.weight.copy_(w)
     xq = x.clone().requires_grad_()
-    amp = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    amp = torch.autocast(device, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with amp:
         y = layer(xq)
     y.backward(dy.to(y.dtype))
@@ -73,20 +86,30 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--autocast", action="store_true", help="the layer under bf16 autocast")
     ap.add_argument("--recipes", default="", help="comma-separated (default: every recipe)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda needs a CUDA GPU")
     x = synthetic_activation(args.m, args.k, seed=1)
     w = synthetic_weight(args.n, args.k, seed=2)
     dy = torch.randn(args.m, args.n, generator=torch.Generator().manual_seed(3))
     names = [n for n in recipes.names() if recipes.get(n).quantized] + VARIANTS
     if args.recipes:
         names = args.recipes.split(",")
-    rows = [measure(n, x, w, dy, args.autocast) for n in names]
+    rows = [measure(n, x, w, dy, args.autocast, args.device) for n in names]
     date = datetime.date.today().isoformat()
     lines = [
         f"# Recipe accuracy (SQNR vs float64), {date}",
         "",
-        f"CPU, torch {torch.__version__}, emulated backend; x [{args.m}, {args.k}] Student-t "
+        "`" + " ".join(["python benchmarks/recipe_sqnr.py", *sys.argv[1:]]) + "`",
+        "",
+        (
+            f"CPU, torch {torch.__version__}, emulated backend"
+            if args.device == "cpu"
+            else f"{torch.cuda.get_device_name()}, torch {torch.__version__}, Hopper backend"
+        )
+        + f"; x [{args.m}, {args.k}] Student-t "
         f"(3 dof) with 4 outlier channels x20, w [{args.n}, {args.k}], dy Gaussian"
         + ("; the layer under bf16 autocast (y, dx in bf16)." if args.autocast else "."),
         "",
@@ -102,7 +125,8 @@ def main() -> None:
     print(text)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"recipe_sqnr_{'autocast_' if args.autocast else ''}{date}"
+    device = "" if args.device == "cpu" else f"{args.device}_"
+    stem = f"recipe_sqnr_{'autocast_' if args.autocast else ''}{device}{date}"
     (out / f"{stem}.md").write_text(text)
     (out / f"{stem}.json").write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -13,7 +13,7 @@ from torch import nn
 from minifloat import formats, occ, occ_gemm, recipes
 from minifloat.dge import dge_derivative
 from minifloat.kernels import Backend, EmulatedBackend, backend_for, get_backend
-from minifloat.linear import QuantLinear
+from minifloat.linear import QuantLinear, QuantLinearFunction
 from minifloat.occ import clamp
 from minifloat.quantize import quantize, tensor_quantiles
 from minifloat.recipes import OperandSpec, QuantRecipe
@@ -558,3 +558,30 @@ def test_set_recipe_keeps_restarts_or_drops_the_amax_history():
     with pytest.raises(ValueError, match="not multiples of 128"):
         layer.set_recipe("fp8-blockwise")  # 64 x 32: the blockwise tiles do not fit
     assert layer.recipe.name == "fp4"
+
+
+class _AccumRecording(EmulatedBackend):
+    """The emulation, recording each GEMM's output shape and fast-accumulation hint."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[int, int], bool]] = []
+
+    def scaled_mm(self, a, b, *, out_dtype, bias=None, fast_accum=False):
+        self.calls.append(((a.shape[0], b.shape[0]), fast_accum))
+        return super().scaled_mm(a, b, out_dtype=out_dtype, bias=bias)
+
+
+@pytest.mark.parametrize("base", ["fp8-tensorwise", "fp8-rowwise", "fp4-dge"])
+@pytest.mark.parametrize("variant", ["", ":bwd_fast_accum=on", ":fast_accum=off"])
+def test_fast_accumulation_reaches_the_gemms_it_names(base, variant):
+    """fprop's GEMM takes `fast_accum` (default on), dgrad's and wgrad's `bwd_fast_accum`
+    (default off, as torchao's); the emulation's sums are fp32 either way (same values)."""
+    recipe = recipes.get(base + variant)
+    backend = _AccumRecording()
+    x = torch.randn(32, 64, requires_grad=True)
+    w = torch.randn(48, 64, requires_grad=True)
+    y = QuantLinearFunction.apply(x, w, None, recipe, backend, torch.float32, None, None)
+    y.backward(torch.randn_like(y))
+    fprop = variant != ":fast_accum=off"
+    bwd = variant == ":bwd_fast_accum=on"
+    assert backend.calls == [((32, 48), fprop), ((32, 64), bwd), ((48, 64), bwd)]

@@ -93,6 +93,10 @@ class QuantRecipe(Recipe):
     # fp32), as torchao's float8 layers run their output GEMM: 7-20 % faster at LLaMA shapes.
     # Exact for E2M1 x E2M1 (every partial sum fits); the emulation always sums in fp32.
     fprop_fast_accum: bool = True
+    # dgrad and wgrad with fast accumulation too: off by default, as torchao's float8 layers
+    # (their contractions run over N and over the tokens, where the MMAs' ~14-bit partial sums
+    # lose more); a variant key to measure what it buys (docs/hopper_sessions.md, session 36)
+    bwd_fast_accum: bool = False
     # convert() keeps the linear layers of the model's last `keep_last_blocks` repeated blocks in
     # high precision (bf16 under autocast), as NVFP4 training does (arXiv 2509.25149).
     keep_last_blocks: int = 0
@@ -365,6 +369,7 @@ VARIANT_KEYS: dict[str, str] = {
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
     "scaling.grad_output": "row|tensor: scale granularity of the output gradient dy",
     "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
+    "bwd_fast_accum": "on|off: dgrad and wgrad GEMMs with fast accumulation (default off)",
     "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",
     "rht": "on|off: random Hadamard transform on both wgrad operands, size = block (nvfp4, mxfp4)",
     "rht.size": "power of two: size of the wgrad random Hadamard transform (turns it on)",
@@ -431,6 +436,8 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
         return rep(r, dge=(r.dge or DGEConfig()) if _switch(key, value) else None)
     if key == "fast_accum":
         return rep(r, fprop_fast_accum=_switch(key, value))
+    if key == "bwd_fast_accum":
+        return rep(r, bwd_fast_accum=_switch(key, value))
     if key == "occ":
         on = _switch(key, value)
         return rep(r, occ=(r.occ or OCCConfig()) if on else None)
