@@ -9,6 +9,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -246,15 +247,28 @@ def same_bytes(a, b) -> bool:
     return all(torch.equal(as_bytes(x), as_bytes(y)) for x, y in zip(a, b, strict=True))
 
 
-def probe_parser(doc: str, tiles: str, tiles_help: str) -> argparse.ArgumentParser:
-    """The GPU probes' common options: --out-dir, --date, --tag and --tiles (';'-separated
-    tuples of integers, parsed by `parse_tiles`)."""
+def probe_parser(
+    doc: str, tiles: str | None = None, tiles_help: str = ""
+) -> argparse.ArgumentParser:
+    """The GPU probes' common options: --out-dir, --date, --tag, and with a default `tiles`
+    --tiles (';'-separated tuples of integers, parsed by `parse_tiles`)."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     ap.add_argument("--date", default=None)
     ap.add_argument("--tag", default="", help="results file suffix")
-    ap.add_argument("--tiles", default=tiles, help=tiles_help)
+    if tiles is not None:
+        ap.add_argument("--tiles", default=tiles, help=tiles_help)
     return ap
+
+
+def write_probe(base: str, args: argparse.Namespace, records: list[dict], body: str) -> Path:
+    """A probe's results as `<base>[_<tag>]_<gpu>_<date>.{md,json}` under probe_parser's
+    --out-dir, --date and --tag, the command line above `body`; prints and returns the .md."""
+    name = "_".join(filter(None, (base, args.tag)))
+    text = f"`{' '.join(sys.argv)}`\n\n{body}"
+    md, _ = write_results(name, records, text, out_dir=Path(args.out_dir), day=args.date)
+    print(md)
+    return md
 
 
 def parse_tiles(text: str) -> list[tuple[int, ...]]:

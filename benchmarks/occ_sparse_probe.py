@@ -22,7 +22,6 @@ GPU kernel time per call (profiler). Writes `occ_sparse_probe[_<tag>]_<gpu>_<dat
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from common import RESULTS_DIR, kernel_ms, write_results  # noqa: E402
+from common import kernel_ms, probe_parser, write_probe  # noqa: E402
 from minifloat import occ, occ_gemm, recipes  # noqa: E402
 from minifloat.kernels import get_backend  # noqa: E402
 from minifloat.sqnr import synthetic_activation, synthetic_weight  # noqa: E402
@@ -92,10 +91,7 @@ def _fmt(v) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
-    ap.add_argument("--date", default=None)
-    ap.add_argument("--tag", default="", help="results file suffix")
+    ap = probe_parser(__doc__)
     ap.add_argument("--smoke", action="store_true", help="small shapes on the CPU, no timing")
     args = ap.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
@@ -114,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         return
     body = (
-        f"`{' '.join(sys.argv)}`\n\nGPU kernel time per call in µs (profiler, 10 calls). "
+        "GPU kernel time per call in µs (profiler, 10 calls). "
         "dense: fp4's compensation (Δx and w to E4M3 per row, one FP8 GEMM, bf16 out), "
         "compiled; GEMM: its `_scaled_mm` alone; SpMM: `torch.sparse.mm` of Δx in CSR (bf16) "
         "by wᵀ (bf16); CSR: the conversion alone. Relative error of each against the float64 "
@@ -122,9 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         "| M x K x N | Δx nonzero | dense µs | GEMM µs | SpMM µs | CSR µs | error dense / "
         "SpMM |\n|---|---|---|---|---|---|---|\n" + "\n".join(lines)
     )
-    name = "_".join(filter(None, ("occ_sparse_probe", args.tag)))
-    md, _ = write_results(name, records, body, out_dir=Path(args.out_dir), day=args.date)
-    print(md)
+    write_probe("occ_sparse_probe", args, records, body)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import kernel_profile, parse_tiles, probe_parser, require_cuda, write_results  # noqa: E402
+from common import kernel_profile, parse_tiles, probe_parser, require_cuda, write_probe  # noqa: E402
 from division_probe import fma_factors  # noqa: E402
 from swiglu_probe import (  # noqa: E402
     _inputs,
@@ -173,15 +173,13 @@ def main() -> None:
                          f"{parts.get('maxima_kernel', 0) * 1e3:.0f} | "
                          f"{parts.get('cast_kernel', 0) * 1e3:.0f} |")  # fmt: skip
     body = (
-        f"`{' '.join(sys.argv)}`\n\nGPU kernel time per call (profiler, 10 calls; the Triton "
+        "GPU kernel time per call (profiler, 10 calls; the Triton "
         "rows include the small PyTorch ops between their kernels), launches, and per operand "
         "(h_qᵀ, dg_q, dg_qᵀ, du_q, du_qᵀ) the bytes and scale words that differ from the "
         "compiled code's.\n\n| shape | inputs | variant | kernel us | kernels | mismatches | "
         "maxima us | cast us |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines)
     )
-    name = "_".join(filter(None, ("swiglu_tensorwise_probe", args.tag)))
-    md, _ = write_results(name, records, body, out_dir=Path(args.out_dir), day=args.date)
-    print(md)
+    write_probe("swiglu_tensorwise_probe", args, records, body)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ from common import (  # noqa: E402
     parse_tiles,
     probe_parser,
     require_cuda,
-    write_results,
+    write_probe,
 )
 from minifloat.kernels.transpose_triton import transpose_2d  # noqa: E402
 from swiglu_probe import _tile  # noqa: E402
@@ -273,15 +273,13 @@ def main() -> None:
             lines.append(f"| {m}x{n} | {name} | {us:.1f} | {prof['kernels']:.0f} | "
                          f"{gbs:.0f} | {pct:.0f}% |")  # fmt: skip
     body = (
-        f"`{' '.join(sys.argv)}`\n\nCopy bandwidth {copy_gbs:.0f} GB/s. GPU kernel time per "
+        f"Copy bandwidth {copy_gbs:.0f} GB/s. GPU kernel time per "
         "call (profiler, 10 calls); GB/s = bytes of one pass (g, u, dh read; each output "
         "written once) over that time.\n\n"
         "| shape | variant | kernel us | kernels | GB/s | vs copy |\n|---|---|---|---|---|---|\n"
         + "\n".join(lines)
     )
-    name = "_".join(filter(None, ("transposed_store_probe", args.tag)))
-    md, _ = write_results(name, records, body, out_dir=Path(args.out_dir), day=args.date)
-    print(md)
+    write_probe("transposed_store_probe", args, records, body)
 
 
 if __name__ == "__main__":

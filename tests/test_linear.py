@@ -575,7 +575,7 @@ class _AccumRecording(EmulatedBackend):
 @pytest.mark.parametrize("variant", ["", ":bwd_fast_accum=on", ":fast_accum=off"])
 def test_fast_accumulation_reaches_the_gemms_it_names(base, variant):
     """fprop's GEMM takes `fast_accum` (default on), dgrad's and wgrad's `bwd_fast_accum`
-    (default off, as torchao's); the emulation's sums are fp32 either way (same values)."""
+    (default off, as torchao's). The emulation sums in fp32 whatever the hint."""
     recipe = recipes.get(base + variant)
     backend = _AccumRecording()
     x = torch.randn(32, 64, requires_grad=True)

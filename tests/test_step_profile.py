@@ -109,3 +109,18 @@ def test_probe_options_and_tiles():
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="a_probe needs a CUDA GPU"):
             common.require_cuda("a_probe")
+
+
+def test_probe_results_carry_the_command_and_tag(tmp_path, monkeypatch):
+    """write_probe: `<base>_<tag>_<gpu>_<date>.md` with the command line above the body; a
+    probe without tiles has no --tiles option."""
+    common = load_benchmark("common")
+    args = common.probe_parser("A probe.").parse_args(
+        ["--tag", "t", "--date", "2026-01-01", "--out-dir", str(tmp_path)]
+    )
+    assert not hasattr(args, "tiles")
+    monkeypatch.setattr(common.sys, "argv", ["benchmarks/a_probe.py", "--tag", "t"])
+    md = common.write_probe("a_probe", args, [{"x": 1}], "| a |")
+    assert md.name == f"a_probe_t_{common.gpu_tag()}_2026-01-01.md"
+    assert "`benchmarks/a_probe.py --tag t`\n\n| a |" in md.read_text()
+    assert md.with_suffix(".json").read_text().strip().startswith("[")
