@@ -200,7 +200,7 @@ class QuantLinearFunction(torch.autograd.Function):
                     dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g, seed=_seed(seeds, "dgrad")
                 )
                 dx = backend.scaled_mm(
-                    g_q, w_rhs, out_dtype=ctx.dx_dtype, fast_accum=recipe.bwd_fast_accum
+                    g_q, w_rhs, out_dtype=ctx.dx_dtype, fast_accum=recipe.dgrad_fast_accum
                 ).to(ctx.x_dtype)
             if need_dw:
                 x_rhs = _unstash(x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
@@ -358,7 +358,9 @@ def _wgrad(
     else:
         prescale = x_scale if recipe.folds("wgrad") else None
         h_q = backend.quantize(dy, lhs, prescale=prescale, transpose=True, scale=s_g, seed=seed)
-    return backend.scaled_mm(h_q, x_rhs, out_dtype=torch.float32, fast_accum=recipe.bwd_fast_accum)
+    return backend.scaled_mm(
+        h_q, x_rhs, out_dtype=torch.float32, fast_accum=recipe.wgrad_fast_accum
+    )
 
 
 class QuantizedGemmMixin:
