@@ -120,10 +120,11 @@ def test_common_step_is_the_last_one_every_run_logged(report: ModuleType) -> Non
     assert records[1]["tokens"] == 2901
 
 
-@pytest.mark.parametrize("seed", ["0", "1"])
-def test_switch_study_plans_its_runs(seed: str) -> None:
+@pytest.mark.parametrize(("seed", "fast_accum"), [("0", "0"), ("1", "0"), ("0", "1")])
+def test_switch_study_plans_its_runs(seed: str, fast_accum: str) -> None:
     # issue 15's 100M-token switch study: fp4 with its switched run branched from it (one
-    # lease), bf16, and fp8-tensorwise unless SEED names a rerun of the first three
+    # lease), bf16, and fp8-tensorwise unless SEED names a rerun of the first three;
+    # FAST_ACCUM=1 reruns fp8-tensorwise and fp4-dge under session 37's defaults
     import subprocess
     import sys
 
@@ -132,11 +133,14 @@ def test_switch_study_plans_its_runs(seed: str) -> None:
         ["bash", str(root / "benchmarks" / "switch_short.sh"), "plan"],
         capture_output=True, text=True, check=True, cwd=root,
         env={"PATH": "/usr/bin:/bin", "PY": sys.executable, "DONE_FILE": "/nonexistent",
-             "PYTHONPATH": str(root / "src"), "SEED": seed},
+             "PYTHONPATH": str(root / "src"), "SEED": seed,
+             "FAST_ACCUM": fast_accum},
     ).stdout  # fmt: skip
     planned = {w.removesuffix("(cont.)") for w in out.split() if w.startswith("h_125M/")}
     want = {"h_125M/fp4+branch", "h_125M/bf16"}
     if seed == "0":
         want.add("h_125M/fp8-tensorwise")
+    if fast_accum == "1":
+        want = {"h_125M/fp8-tensorwise", "h_125M/fp4-dge"}
     assert planned == want, out
     assert "=> 1 leases" in out
