@@ -110,6 +110,26 @@ def test_describe_words():
     assert recipes.get("bf16").describe() == {"fprop": "bf16", "dgrad": "bf16", "wgrad": "bf16"}
 
 
+@pytest.mark.parametrize(
+    ("name", "tagged"),
+    [
+        ("fp8-tensorwise", {"dgrad": "fast accum"}),
+        ("fp4-dge", {"dgrad": "fast accum", "wgrad": "fast accum"}),
+        ("fp8-rowwise", {}),
+        (
+            "fp8-rowwise:fast_accum=off:wgrad_fast_accum=on",
+            {"fprop": "promoted accum", "wgrad": "fast accum"},
+        ),
+    ],
+)
+def test_describe_names_accumulation_that_departs_from_the_rule(name, tagged):
+    """fprop fast and dgrad/wgrad promoted go unsaid; each departure is named."""
+    words = recipes.get(name).describe()
+    for gemm, text in words.items():
+        tag = tagged.get(gemm)
+        assert text.endswith(", " + tag) if tag else "accum" not in text, (gemm, text)
+
+
 def test_fp8_specs():
     tw = recipes.get("fp8-tensorwise")
     assert tw.fprop.lhs.fmt == "e4m3" and tw.dgrad.lhs.fmt == "e5m2"

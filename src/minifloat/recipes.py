@@ -162,6 +162,13 @@ class QuantRecipe(Recipe):
             words["fprop"] += f" + OCC (alpha={self.occ.alpha}, {comp})"
         if self.dge is not None:
             words["wgrad"] += f" + DGE (k={self.dge.k:g}, cap={self.dge.cap:g})"
+        # Accumulation on FP8 tensor cores, named where it departs from the rule: fprop fast,
+        # dgrad and wgrad promoted to fp32 (the emulation always sums in fp32).
+        if not self.fprop_fast_accum:
+            words["fprop"] += ", promoted accum"
+        for gemm in ("dgrad", "wgrad"):
+            if getattr(self, f"{gemm}_fast_accum"):
+                words[gemm] += ", fast accum"
         if self.delayed is not None:
             tag = f" [delayed: history {self.delayed.history_len}, margin {self.delayed.margin}]"
             words = {g: w + tag for g, w in words.items()}
@@ -389,7 +396,7 @@ VARIANT_KEYS: dict[str, str] = {
     "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
     "bwd_fast_accum": "on|off: dgrad and wgrad GEMMs with fast accumulation",
     "dgrad_fast_accum": "on|off: dgrad's GEMM with fast accumulation (on: fp8-tensorwise, fp4-dge)",
-    "wgrad_fast_accum": "on|off: the wgrad GEMM with fast accumulation (on: fp4-dge)",
+    "wgrad_fast_accum": "on|off: wgrad's GEMM with fast accumulation (on: fp4-dge)",
     "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",
     "rht": "on|off: random Hadamard transform on both wgrad operands, size = block (nvfp4, mxfp4)",
     "rht.size": "power of two: size of the wgrad random Hadamard transform (turns it on)",

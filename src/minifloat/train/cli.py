@@ -464,6 +464,10 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     for row in rows:
         cells = [str(cell).ljust(width) for cell, width in zip(row[:4], widths, strict=True)]
         print("  ".join([*cells, str(row[4])]).rstrip())
+    print(
+        "\nOn FP8 tensor cores fprop accumulates fast (no periodic fp32 promotion) and dgrad and"
+        " wgrad promote, unless a column says otherwise."
+    )
     print("\nvariants: BASE:KEY=VALUE[:KEY=VALUE...] of a quantized recipe, e.g. fp4:dge.k=3")
     width = max(len(key) for key in recipes.VARIANT_KEYS)
     for key, meaning in recipes.VARIANT_KEYS.items():
