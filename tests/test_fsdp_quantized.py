@@ -514,6 +514,14 @@ def test_occ_recipes_are_refused(recipe):
         enable_quantized_all_gather(_net(recipe))
 
 
+@pytest.mark.parametrize(
+    "recipe", ["fp8-tensorwise:scale_format=pow2", "fp4-dge:scale_format=pow2"]
+)
+def test_power_of_two_scales_are_refused(recipe):
+    with pytest.raises(ValueError, match="power-of-two scales"):
+        fsdp_plan.plan_for(recipes.get(recipe))
+
+
 def test_split_weight_blocks_are_refused():
     model = _Net("fp8-blockwise", 128, 128)  # 64 rows a rank: a 128-row block would be split
     with pytest.raises(ValueError, match="multiple of the 128-row blocks"):

@@ -49,14 +49,15 @@ def adversarial(r: int, c: int, fmt: str, dtype: torch.dtype, seed: int = 0) -> 
     return x.to(dtype)
 
 
-def reference(x: torch.Tensor, fmt: str, granularity, transpose: bool):
-    q = quantize((x.t() if transpose else x).float(), fmt, granularity)
+def reference(x: torch.Tensor, fmt: str, granularity, transpose: bool, scale_format="fp32"):
+    q = quantize((x.t() if transpose else x).float(), fmt, granularity, scale_format=scale_format)
     return q.values, q.scale.reshape(q.scale.shape if q.scale.dim() == 2 else (1, 1))
 
 
-def check(fn, x, fmt, granularity, transpose):
-    values, scale = fn(x, fmt, granularity, transpose=transpose)
-    want_values, want_scale = reference(x, fmt, granularity, transpose)
+def check(fn, x, fmt, granularity, transpose, scale_format="fp32"):
+    kw = {} if scale_format == "fp32" else {"scale_format": scale_format}
+    values, scale = fn(x, fmt, granularity, transpose=transpose, **kw)
+    want_values, want_scale = reference(x, fmt, granularity, transpose, scale_format)
     assert values.dtype == operand.FP8_STORAGE[fmt]
     assert bits_equal(values, want_values), "values differ from quantize()"
     assert bits_equal(scale, want_scale), "scales differ from quantize()"
@@ -69,6 +70,36 @@ def check(fn, x, fmt, granularity, transpose):
 def test_eager_equals_reference(dtype, fmt, granularity, transpose):
     x = adversarial(*TWO_STAGE, fmt, dtype)
     check(operand.quantize_operand, x, fmt, granularity, transpose)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pow2_scales_eager_equal_reference(dtype, fmt, granularity, transpose):
+    x = adversarial(*TWO_STAGE, fmt, dtype)
+    check(operand.quantize_operand, x, fmt, granularity, transpose, "pow2")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_pow2_scales_of_tiny_rows_divide_exactly(fmt):
+    # scales of 2^-149 .. 2^-127, whose reciprocals float32 cannot hold, and a zero row
+    x = torch.full((5, 64), 1e-42)
+    x[1], x[2, 0], x[3], x[4, 7] = 3e-39, 1e-45, 0.0, 2.0**-130
+    values, scale = operand.quantize_operand(x, fmt, "row", scale_format="pow2")
+    want = quantize(x, fmt, "row", scale_format="pow2")
+    assert bits_equal(values, want.values) and bits_equal(scale, want.scale)
+    assert scale[3].item() == 1.0 and (scale[:3] < 2.0**-126).all()
+
+
+def test_pow2_scales_refuse_what_they_do_not_cover():
+    x = torch.randn(32, 64)
+    with pytest.raises(ValueError, match="tensor or row maxima"):
+        operand.quantize_operand(x, "e4m3", (1, 32), scale_format="pow2")
+    with pytest.raises(ValueError, match="tensor or row maxima"):
+        operand.quantize_operand(x, "e4m3", "tensor", scale=torch.ones(1, 1), scale_format="pow2")
+    with pytest.raises(ValueError, match="'fp32' or 'pow2'"):
+        operand.quantize_operand(x, "e4m3", "row", scale_format="e8m0")
 
 
 @pytest.mark.parametrize("shape", [(50, 384), (77, 130), (1, 17)])
@@ -111,6 +142,16 @@ def test_compiled_equals_reference_on_cpu(fmt, granularity, transpose):
     check(fn, adversarial(*TWO_STAGE, fmt, torch.bfloat16), fmt, granularity, transpose)
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
+def test_pow2_scales_compiled_equal_reference_on_cpu(fmt, granularity, transpose):
+    torch._dynamo.reset()
+    fn = torch.compile(operand.quantize_operand, fullgraph=True)
+    x = adversarial(*TWO_STAGE, fmt, torch.bfloat16)
+    check(fn, x, fmt, granularity, transpose, "pow2")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores")
 @pytest.mark.parametrize("transpose", [False, True])
@@ -123,6 +164,21 @@ def test_compiled_on_gpu_equals_cpu_reference(fmt, granularity, transpose):
     x = adversarial(*TWO_STAGE, fmt, torch.bfloat16)
     values, scale = fn(x.cuda())
     want_values, want_scale = reference(x, fmt, granularity, transpose)
+    assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores")
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_pow2_scales_compiled_on_gpu_equal_cpu_reference(fmt, granularity, transpose):
+    torch._dynamo.reset()
+    kw = dict(fmt=fmt, granularity=granularity, transpose=transpose, scale_format="pow2")
+    fn = torch.compile(functools.partial(operand.quantize_operand, **kw), fullgraph=True)
+    x = adversarial(*TWO_STAGE, fmt, torch.bfloat16)
+    values, scale = fn(x.cuda())
+    want_values, want_scale = reference(x, fmt, granularity, transpose, "pow2")
     assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
 
 
@@ -148,5 +204,7 @@ def test_supports():
     assert operand.supports("e2m1", "row", "fp32", "nearest")
     assert operand.supports("e4m3", (1, 128), "fp32", "nearest")
     assert not operand.supports("e2m1", "row", "e8m0", "nearest")
+    assert operand.supports("e4m3", "tensor", "pow2", "nearest")
+    assert not operand.supports("e4m3", (1, 128), "pow2", "nearest")
     assert not operand.supports("e2m1", "row", "fp32", "stochastic")
     assert not operand.supports("int8", "row", "fp32", "nearest")

@@ -117,7 +117,8 @@ def plan_for(recipe: object) -> GatherPlan:
 
     Refused: OCC (its fprop compensation GEMM multiplies by the weight quantized once more, to
     E4M3 or fp32, which the gathered operand does not carry), operand specs without the fast
-    quantizer (non-fp32 scale formats, stochastic rounding), and DGE on block-scaled weights.
+    quantizer (micro-block scale formats, stochastic rounding), power-of-two scales, and DGE on
+    block-scaled weights.
     """
     if not isinstance(recipe, QuantRecipe):
         raise ValueError(f"quantized all-gather needs a quantized recipe, not {recipe!r}")
@@ -134,6 +135,8 @@ def plan_for(recipe: object) -> GatherPlan:
         s = g.spec
         if not op.supports(s.fmt, s.granularity, s.scale_format, s.rounding):
             raise _refuse(recipe, f"weight operand {s.words()} has no fast quantizer")
+        if s.scale_format != "fp32":  # quantize_shard forms fp32 scales from global maxima
+            raise _refuse(recipe, f"weight operand {s.words()}: power-of-two scales")
     if recipe.dge is not None and operands[0].groups not in ("tensor", "row"):
         raise _refuse(recipe, "DGE is applied to the gradient shard only for tensor or row scales")
     return GatherPlan(recipe.name, tuple(operands), recipe.delayed, recipe.dge)

@@ -393,6 +393,7 @@ VARIANT_KEYS: dict[str, str] = {
     "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",
     "scaling.grad_output": "row|tensor: scale granularity of the output gradient dy",
+    "scale_format": "fp32|pow2: scales amax / max, or the least power of two above (tensor, row)",
     "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
     "bwd_fast_accum": "on|off: dgrad and wgrad GEMMs with fast accumulation",
     "dgrad_fast_accum": "on|off: dgrad's GEMM with fast accumulation (on: fp8-tensorwise, fp4-dge)",
@@ -456,6 +457,26 @@ def _set_granularity(r: QuantRecipe, operand: str, g: str) -> QuantRecipe:
     )
 
 
+def _set_scale_format(r: QuantRecipe, scale_format: str) -> QuantRecipe:
+    """Every operand a GEMM quantizes itself (not reused) with `scale_format` scales; only
+    tensor- and row-scaled recipes whose scales come from the operand's own maxima."""
+    gemms = {g: getattr(r, g) for g in ("fprop", "dgrad", "wgrad")}
+    own = [s for gemm in gemms.values() for s in (gemm.lhs, gemm.rhs) if not s.reuse]
+    if r.delayed is not None:
+        raise ValueError(f"scale_format: {r.name}'s scales come from its amax history")
+    if any(s.scale_format not in ("fp32", "pow2") or s.granularity not in ("tensor", "row")
+           for s in own):  # fmt: skip
+        raise ValueError(f"scale_format applies to tensor- and row-scaled recipes, not {r.name}")
+
+    def with_format(s: OperandSpec) -> OperandSpec:
+        return s if s.reuse else dataclasses.replace(s, scale_format=scale_format)
+
+    return dataclasses.replace(r, **{
+        g: dataclasses.replace(gemm, lhs=with_format(gemm.lhs), rhs=with_format(gemm.rhs))
+        for g, gemm in gemms.items()
+    })  # fmt: skip
+
+
 def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
     """One override; range checks are those of DGEConfig / OCCConfig / QuantRecipe."""
     rep = dataclasses.replace
@@ -468,6 +489,8 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
         return rep(r, dgrad_fast_accum=on, wgrad_fast_accum=on)
     if key in ("dgrad_fast_accum", "wgrad_fast_accum"):
         return rep(r, **{key: _switch(key, value)})
+    if key == "scale_format":
+        return _set_scale_format(r, _choice(key, value, ("fp32", "pow2")))
     if key == "occ":
         on = _switch(key, value)
         return rep(r, occ=(r.occ or OCCConfig()) if on else None)

@@ -67,6 +67,7 @@ class EmulatedBackend:
             values, s = self.kernel(operand.quantize_operand, x)(
                 x.detach(), spec.fmt, spec.granularity, clip=clip, remainder=remainder,
                 prescale=prescale, transpose=transpose, scale=scale,
+                scale_format=spec.scale_format,
             )  # fmt: skip
             return QOperand(values, s, spec.fmt, spec.granularity, transposed=transpose)
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)

@@ -2,7 +2,8 @@
 
 `quantize_operand` computes exactly what `minifloat.quantize.quantize` computes for the formats
 and granularities the quantized GEMMs use (E2M1, E4M3, E5M2; tensor, row, 1 x bc and br x bc
-blocks; fp32 scales; round-to-nearest-even), bit for bit, and stores the values in the FP8 byte
+blocks; fp32 scales, and power-of-two ones for tensor and row groups; round-to-nearest-even),
+bit for bit, and stores the values in the FP8 byte
 that feeds `torch._scaled_mm` (E2M1 values ride exactly in E4M3). It is written with ops that
 inductor fuses (abs, amax, where, round, casts), so under `torch.compile` the quantizer becomes
 one or two memory passes fused with whatever produced its input (a norm, an activation, a
@@ -13,6 +14,8 @@ Pinned forms, so that compiled code equals eager code bit for bit:
   correctly rounded float32 quotient the reference computes, whatever division inductor emits,
   with the scales' reciprocals computed once per group rather than per element. (Subnormal
   quotients may differ in their last bit; every format here rounds them to zero either way.)
+  Power-of-two scales divide as float32 products by powers of two (`div_by_pow2`): exact, and
+  no float64 per element.
 - Grid rounding by multiplications with powers of two and `torch.round` (E2M1), or the
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
   Hopper's `cvt.rn.satfinite`).
@@ -34,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from minifloat import formats
-from minifloat.exact import div_rn, div_rn_by_scale
+from minifloat.exact import div_rn, div_rn_by_scale, written_once
 from minifloat.kernels import clip as occ_clip
 from minifloat.quantize import Granularity
 
@@ -60,24 +63,55 @@ _FP32_TINIEST = 2.0**-149  # the reference's floor of a positive group's scale
 
 def supports(fmt: str, granularity: Granularity, scale_format: str, rounding: str) -> bool:
     """Whether `quantize_operand` covers this operand spec (else use `quantize.quantize`)."""
-    if fmt not in FP8_STORAGE or scale_format != "fp32" or rounding != "nearest":
+    if fmt not in FP8_STORAGE or rounding != "nearest":
         return False
-    return granularity in ("tensor", "row") or isinstance(granularity, tuple)
+    if scale_format == "pow2":
+        return granularity in ("tensor", "row")
+    return scale_format == "fp32" and (
+        granularity in ("tensor", "row") or isinstance(granularity, tuple)
+    )
 
 
-def scale_from_amax(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
+def scale_from_amax(amax: torch.Tensor, fmt_max: float, *, pow2: bool = False) -> torch.Tensor:
     """Dequantization scales `amax / fmt_max` of absmax groups, float32, as `quantize()` sets them.
 
     Positive groups: the correctly rounded float32 quotient (`exact.div_rn`), floored at the
-    smallest positive float32; all-zero groups: 1; groups whose amax is NaN or inf: NaN.
+    smallest positive float32, with `pow2` the least power of two above it (scale format
+    "pow2"); all-zero groups: 1; groups whose amax is NaN or inf: NaN.
     """
     raw = div_rn(amax, torch.full_like(amax, fmt_max)).clamp(min=_FP32_TINIEST)
+    if pow2:
+        raw = pow2_ceil(raw)
     # Written with additions, not `torch.where`s (fewer graph nodes: the module docstring):
     # an all-zero group's raw is the floor, and floor + 1 rounds to 1; `amax - amax` is 0 where
     # amax is finite and NaN where it is inf or NaN (not a NaN literal: NaN != NaN defeats the
     # compiler's common-subexpression elimination, and the layers that share an input (q/k/v,
     # gate/up) would each quantize and save it again).
     return raw + (amax == 0).to(raw.dtype) + (amax - amax)
+
+
+def pow2_ceil(raw: torch.Tensor) -> torch.Tensor:
+    """`formats.pow2_ceil` of positive float32 `raw`, subnormals included, by bit operations on
+    its float64 value (exact in every compiled form; frexp/ldexp lower to pow/exp2 on GPUs).
+    Carrying the mantissa into the exponent rounds up to a power of two. NaN and inf in:
+    garbage out, which `scale_from_amax` replaces."""
+    mantissa = (1 << 52) - 1
+    bits = raw.double().view(torch.int64)
+    return ((bits + mantissa) & ~mantissa).view(torch.float64).float()
+
+
+def div_by_pow2(v: torch.Tensor, scale: torch.Tensor, *, in_graph: bool = False) -> torch.Tensor:
+    """v / scale for float32 power-of-two scales in [2^-149, 2^126] (NaN: NaN), as two float32
+    products by powers of two. Each is exact unless its result falls below 2^-126, and then
+    the quotient does too, which every format here rounds to zero, exact or not: the same
+    grid values as `div_rn_by_scale`, with float32 arithmetic per element instead of float64.
+    Two factors because 1 / scale alone exceeds float32's range for scales below 2^-127.
+    `in_graph`: per-group factors are computed once per group (`exact.div_rn_by_scale`)."""
+    r = scale.double().reciprocal()  # a power of two: exact
+    f1, f2 = r.clamp(max=2.0**100).float(), (r * 2.0**-100).clamp(min=1.0).float()
+    if in_graph and scale.numel() > 1 and torch.compiler.is_compiling():
+        f1, f2 = written_once(f1), written_once(f2)
+    return v * f1 * f2
 
 
 def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -125,6 +159,7 @@ def quantize_operand(
     prescale: torch.Tensor | None = None,
     transpose: bool = False,
     scale: torch.Tensor | None = None,
+    scale_format: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D GEMM operand: clip -> * prescale -> transpose -> absmax-quantize.
 
@@ -139,6 +174,8 @@ def quantize_operand(
         transpose: quantize x.t(): values [C, R], a transposed view of a contiguous [R, C]
             tensor (see `_layout`).
         scale: a given [1, 1] tensor scale (delayed scaling) instead of the absmax one.
+        scale_format: "fp32" or "pow2" (tensor and row groups: each scale the least power of
+            two at or above the fp32 one).
     Returns:
         (values, scale): values on the grid in `FP8_STORAGE[fmt]`; scale float32,
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
@@ -155,6 +192,11 @@ def quantize_operand(
         v = src = (occ_clip.remainder if remainder else occ_clip.clamp)(v, *clip)
     if prescale is not None:
         v = src = v * prescale.float()
+    pow2 = scale_format == "pow2"
+    if scale_format not in ("fp32", "pow2"):
+        raise ValueError(f"scale_format must be 'fp32' or 'pow2', got {scale_format!r}")
+    if pow2 and (scale is not None or granularity not in ("tensor", "row")):
+        raise ValueError("power-of-two scales come from the operand's tensor or row maxima")
     if scale is not None:
         if granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
@@ -179,8 +221,9 @@ def quantize_operand(
         raise ValueError(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
         )
-    s = scale_from_amax(amax, formats.get(fmt).max)
-    values = round_to_storage(div_rn_by_scale(v, s, in_graph=True), fmt)
+    s = scale_from_amax(amax, formats.get(fmt).max, pow2=pow2)
+    q = div_by_pow2(v, s, in_graph=True) if pow2 else div_rn_by_scale(v, s, in_graph=True)
+    values = round_to_storage(q, fmt)
     return _layout(values, transpose), (s.t().contiguous() if transpose else s)
 
 
