@@ -232,12 +232,14 @@ def test_compare_prints_table_and_plot_path(workdir: Path) -> None:
 def test_recipes_lists_per_gemm_precisions(workdir: Path) -> None:
     proc = _run("recipes", cwd=workdir)
     assert proc.returncode == 0, proc.stderr
-    table, variants = proc.stdout.split("\n\n")
+    table, accumulation, variants = proc.stdout.split("\n\n")
+    assert accumulation.startswith("On FP8 tensor cores fprop accumulates fast")
     header, *rows = table.splitlines()
     assert header.split()[:4] == ["recipe", "fprop", "dgrad", "wgrad"]
     names = [row.split()[0] for row in rows]
     assert {"fp32", "fp16", "bf16"} <= set(names)
     assert rows[names.index("bf16")].split()[1:4] == ["bf16", "bf16", "bf16"]
+    assert rows[names.index("fp8-tensorwise")].count("fast accum") == 1  # dgrad's
     assert variants.startswith("variants: BASE:KEY=VALUE")
     assert {"dge.k", "occ.alpha", "scaling"} <= {line.split()[0] for line in variants.splitlines()}
 
