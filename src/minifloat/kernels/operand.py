@@ -192,9 +192,9 @@ def quantize_operand(
         v = src = (occ_clip.remainder if remainder else occ_clip.clamp)(v, *clip)
     if prescale is not None:
         v = src = v * prescale.float()
-    pow2 = scale_format == "pow2"
     if scale_format not in ("fp32", "pow2"):
         raise ValueError(f"scale_format must be 'fp32' or 'pow2', got {scale_format!r}")
+    pow2 = scale_format == "pow2"
     if pow2 and (scale is not None or granularity not in ("tensor", "row")):
         raise ValueError("power-of-two scales come from the operand's tensor or row maxima")
     if scale is not None:
