@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minifloat import formats
+from minifloat import formats, recipes
 from minifloat.dge import dge_derivative, dge_function, grid_position
 from minifloat.linear import QuantLinear
+from minifloat.quantize import quantize
 
 GRID = formats.get("e2m1").grid.tolist()  # 0, .5, 1, 1.5, 2, 3, 4, 6
 
@@ -100,7 +101,9 @@ def test_dge_corrected_wgrad_equals_plain_times_derivative():
         layer.weight.data.copy_(w)
         layer(x).backward(dy)
         grads[name] = layer.weight.grad
-    w_scale = w.abs().amax(dim=1, keepdim=True) / 6.0
+    # f' at w / its scale, the fprop weight operand's (row scales, the recipe's scale format)
+    spec = recipes.get("fp4-dge").fprop.rhs
+    w_scale = quantize(w, spec.fmt, spec.granularity, scale_format=spec.scale_format).scale
     expected = grads["fp4-direct"] * dge_derivative(w / w_scale)
     assert torch.equal(grads["fp4-dge"], expected)
     assert not torch.equal(grads["fp4-dge"], grads["fp4-direct"])

@@ -34,13 +34,17 @@ from minifloat.linear import QuantLinear
 
 # Recipes under test; the gradients of all but DGE recipes are bit-exact (2 ranks: the average
 # (a + b) / 2 equals a / 2 + b / 2 in fp32, and every operand is the same as unsharded).
+# The named recipes form "inv" scales (fp8-delayed divides by its history's); the fp32 variant
+# covers scales formed by division from the global amax.
 RECIPES = ["fp8-tensorwise", "fp8-rowwise", "fp4-direct", "fp4-dge", "fp8-blockwise", "fp8-delayed"]
+RECIPES += ["fp8-rowwise:scale_format=fp32"]
 # DGE recipes: max |g - g_ref| / max |g_ref| per tensor. The factor f'(w/s) is applied after the
 # reduce-scatter, (a + b)·f, against a·f + b·f unsharded: fp32 rounding only (measured <= 7e-7).
 DGE_GRAD_REL_TOL = 1e-5
 # QuantLinear weights (of the 4) whose scales need a global amax, by recipe: tensor scales
 # (fp8-tensorwise), fp8-delayed's weight amax, fp8-rowwise's column-scaled dgrad operand.
 AMAX_WEIGHTS = {"fp8-tensorwise": 4, "fp8-delayed": 4, "fp8-rowwise": 4}
+AMAX_WEIGHTS["fp8-rowwise:scale_format=fp32"] = 4
 AMAX_WEIGHTS.update({r: 0 for r in RECIPES if r not in AMAX_WEIGHTS})  # row and block scales
 # Bytes of values per parameter in the all-gather input, by weight format.
 VALUE_BYTES = {"e4m3": 1.0, "e5m2": 1.0, "e2m1": 0.5}
@@ -518,7 +522,7 @@ def test_occ_recipes_are_refused(recipe):
     "recipe", ["fp8-tensorwise:scale_format=pow2", "fp4-dge:scale_format=pow2"]
 )
 def test_power_of_two_scales_are_refused(recipe):
-    with pytest.raises(ValueError, match="power-of-two scales"):
+    with pytest.raises(ValueError, match="pow2 scales"):
         fsdp_plan.plan_for(recipes.get(recipe))
 
 

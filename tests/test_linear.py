@@ -23,7 +23,7 @@ from minifloat.sqnr import sqnr_db
 # scaled input (the remainder folds into a scaled, not unit-scaled, wgrad operand) and tiles
 # (no fold: wgrad adds the remainder through its own E4M3 GEMM); the micro-block recipes
 # without random draws (the float64 reference below cannot draw; the drawing ones have their own
-# reference in tests/test_microblock_linear.py); power-of-two scales.
+# reference in tests/test_microblock_linear.py); power-of-two and "inv" scales.
 FP32_COMPENSATION = "fp4:occ.compensation_format=fp32"
 OCC_TENSOR = "fp4-occ:scaling.input=tensor"
 OCC_TILES = "fp8-blockwise:occ=on"
@@ -35,8 +35,16 @@ POW2 = [
     "fp8-rowwise:scale_format=pow2",
     "fp4:scale_format=pow2",
 ]
+# "inv" scales (values x * max / amax): tensor, row, blocks, E2M1 rows with and without OCC
+INV = [
+    "fp8-tensorwise:scale_format=inv",
+    "fp8-rowwise:scale_format=inv",
+    "fp8-blockwise:scale_format=inv",
+    "fp4-dge:scale_format=inv",
+    "fp4:scale_format=inv",
+]
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + OCC_VARIANTS
-QUANT_RECIPES += MICROBLOCK_RNE + POW2
+QUANT_RECIPES += MICROBLOCK_RNE + POW2 + INV
 U = 2.0**-24  # fp32 unit roundoff
 
 # SQNR floors (dB) of y / dx / dw against the unquantized fp32 layer, on Gaussian data
@@ -76,6 +84,9 @@ SQNR_FLOORS = {
     "fp8-rowwise:scale_format=pow2": (29.0, 26.0, 26.0),
     "fp4:scale_format=pow2": (16.0, 15.0, 0.0),
 }
+# "inv" scales quantize as fp32 scales do but where x / scale lies within an ulp of a rounding
+# boundary: the base recipes' floors.
+SQNR_FLOORS.update({name: SQNR_FLOORS[name.split(":")[0]] for name in INV})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +312,8 @@ def test_fp4_fprop_is_exact_up_to_the_scale_product():
     with torch.no_grad():
         y.weight.copy_(w)
     out = y(x)
-    xq, wq = quantize(x, "e2m1", "row"), quantize(w, "e2m1", "row")
+    sf = y.recipe.fprop.lhs.scale_format
+    xq, wq = (quantize(t, "e2m1", "row", scale_format=sf) for t in (x, w))
     acc = (xq.values.double() @ wq.values.double().t()).float()
     assert torch.equal(out, (acc * wq.scale.t()) * xq.scale)
 
@@ -518,7 +530,7 @@ def test_hopper_backend_matches_emulation(name):
     emu = run_layer(name, x, w, b, dy, backend="emulated")
     fast = run_layer(name, x, w, b, dy, backend="hopper")
     r = recipes.get(name)
-    exact_fprop = r.fprop.lhs.scale_format == r.fprop.rhs.scale_format == "fp32"
+    exact_fprop = {r.fprop.lhs.scale_format, r.fprop.rhs.scale_format} <= {"fp32", "inv"}
     if r.fprop.lhs.fmt == r.fprop.rhs.fmt == "e2m1" and r.occ is None and exact_fprop:
         assert torch.equal(fast["y"], emu["y"])  # micro-block fprop: bf16 GEMM, other fp32 order
     for key in emu:

@@ -63,13 +63,14 @@ def check(fn, x, fmt, granularity, transpose, scale_format="fp32"):
     assert bits_equal(scale, want_scale), "scales differ from quantize()"
 
 
+@pytest.mark.parametrize("scale_format", ["fp32", "inv"])
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("granularity", GRANULARITIES, ids=str)
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_eager_equals_reference(dtype, fmt, granularity, transpose):
+def test_eager_equals_reference(dtype, fmt, granularity, transpose, scale_format):
     x = adversarial(*TWO_STAGE, fmt, dtype)
-    check(operand.quantize_operand, x, fmt, granularity, transpose)
+    check(operand.quantize_operand, x, fmt, granularity, transpose, scale_format)
 
 
 @pytest.mark.parametrize("transpose", [False, True])
@@ -79,6 +80,28 @@ def test_eager_equals_reference(dtype, fmt, granularity, transpose):
 def test_pow2_scales_eager_equal_reference(dtype, fmt, granularity, transpose):
     x = adversarial(*TWO_STAGE, fmt, dtype)
     check(operand.quantize_operand, x, fmt, granularity, transpose, "pow2")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_inv_scales_of_special_rows(fmt):
+    # subnormal and tiny maxima (the multiplier's 2^126 cap), a zero row, inf and NaN, and a
+    # row whose multiplier is a power of two, so that x * m lands exactly on grid midpoints
+    fmax = formats.get(fmt).max
+    grid = formats.get(fmt).grid.float()[:8]
+    midpoints = (grid[1:] + grid[:-1]) / 2
+    x = torch.full((7, 64), 1e-42)
+    x[1], x[2, 0], x[3] = 3e-39, 1e-45, 0.0
+    x[4, 5], x[5, 9] = float("inf"), float("nan")
+    x[6] = 0.01
+    x[6, :8], x[6, 8:15], x[6, 15] = grid / 8, -midpoints / 8, fmax / 8  # m = 8 exactly
+    values, scale = operand.quantize_operand(x, fmt, "row", scale_format="inv")
+    want = quantize(x, fmt, "row", scale_format="inv")
+    assert bits_equal(values, want.values) and bits_equal(scale, want.scale)
+    assert scale[3].item() == 1.0 and (scale[:3] == 2.0**-126).all()
+    assert scale[4].isnan() and scale[5].isnan() and scale[6].item() == 1 / 8
+    assert torch.equal(values[6, :8].float(), grid) and values[6, 15].item() == fmax
+    # exact ties round to the even neighbour
+    assert torch.equal(values[6, 8:15].float(), formats.get(fmt).round(-midpoints))
 
 
 @pytest.mark.parametrize("fmt", FMTS)
@@ -98,8 +121,10 @@ def test_pow2_scales_refuse_what_they_do_not_cover():
         operand.quantize_operand(x, "e4m3", (1, 32), scale_format="pow2")
     with pytest.raises(ValueError, match="tensor or row maxima"):
         operand.quantize_operand(x, "e4m3", "tensor", scale=torch.ones(1, 1), scale_format="pow2")
-    with pytest.raises(ValueError, match="'fp32' or 'pow2'"):
+    with pytest.raises(ValueError, match="'fp32', 'pow2' or 'inv'"):
         operand.quantize_operand(x, "e4m3", "row", scale_format="e8m0")
+    with pytest.raises(ValueError, match="not a given scale"):
+        operand.quantize_operand(x, "e4m3", "tensor", scale=torch.ones(1, 1), scale_format="inv")
 
 
 @pytest.mark.parametrize("shape", [(50, 384), (77, 130), (1, 17)])
@@ -143,13 +168,19 @@ def test_compiled_equals_reference_on_cpu(fmt, granularity, transpose):
 
 
 @pytest.mark.parametrize("transpose", [False, True])
-@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize(
+    ("scale_format", "granularity"),
+    [("pow2", "tensor"), ("pow2", "row"), ("inv", "tensor"), ("inv", "row"), ("inv", (1, 128))],
+    ids=str,
+)
 @pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])
-def test_pow2_scales_compiled_equal_reference_on_cpu(fmt, granularity, transpose):
+def test_own_scale_formats_compiled_equal_reference_on_cpu(
+    fmt, scale_format, granularity, transpose
+):
     torch._dynamo.reset()
     fn = torch.compile(operand.quantize_operand, fullgraph=True)
     x = adversarial(*TWO_STAGE, fmt, torch.bfloat16)
-    check(fn, x, fmt, granularity, transpose, "pow2")
+    check(fn, x, fmt, granularity, transpose, scale_format)
 
 
 @pytest.mark.gpu
@@ -170,15 +201,22 @@ def test_compiled_on_gpu_equals_cpu_reference(fmt, granularity, transpose):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores")
 @pytest.mark.parametrize("transpose", [False, True])
-@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize(
+    ("scale_format", "granularity"),
+    [("pow2", "tensor"), ("pow2", "row"), ("inv", "tensor"), ("inv", "row"), ("inv", (1, 128)),
+     ("inv", (128, 128))],
+    ids=str,
+)  # fmt: skip
 @pytest.mark.parametrize("fmt", FMTS)
-def test_pow2_scales_compiled_on_gpu_equal_cpu_reference(fmt, granularity, transpose):
+def test_own_scale_formats_compiled_on_gpu_equal_cpu_reference(
+    fmt, scale_format, granularity, transpose
+):
     torch._dynamo.reset()
-    kw = dict(fmt=fmt, granularity=granularity, transpose=transpose, scale_format="pow2")
+    kw = dict(fmt=fmt, granularity=granularity, transpose=transpose, scale_format=scale_format)
     fn = torch.compile(functools.partial(operand.quantize_operand, **kw), fullgraph=True)
     x = adversarial(*TWO_STAGE, fmt, torch.bfloat16)
     values, scale = fn(x.cuda())
-    want_values, want_scale = reference(x, fmt, granularity, transpose, "pow2")
+    want_values, want_scale = reference(x, fmt, granularity, transpose, scale_format)
     assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
 
 
@@ -206,5 +244,7 @@ def test_supports():
     assert not operand.supports("e2m1", "row", "e8m0", "nearest")
     assert operand.supports("e4m3", "tensor", "pow2", "nearest")
     assert not operand.supports("e4m3", (1, 128), "pow2", "nearest")
+    assert operand.supports("e4m3", (1, 128), "inv", "nearest")
+    assert operand.supports("e2m1", "row", "inv", "nearest")
     assert not operand.supports("e2m1", "row", "fp32", "stochastic")
     assert not operand.supports("int8", "row", "fp32", "nearest")

@@ -83,8 +83,9 @@ def test_replace_makes_variants():
 
 def test_fp4_matches_paper():
     r = recipes.get("fp4")
-    assert r.fprop.lhs == OperandSpec(fmt="e2m1", granularity="row")
-    assert r.fprop.rhs == OperandSpec(fmt="e2m1", granularity="row")
+    # per-token x and per-channel w scales ("inv": the fp32 scales formed by multiplication)
+    assert r.fprop.lhs == OperandSpec(fmt="e2m1", granularity="row", scale_format="inv")
+    assert r.fprop.rhs == OperandSpec(fmt="e2m1", granularity="row", scale_format="inv")
     assert r.dgrad.lhs.fmt == "e5m2" and r.wgrad.lhs.fmt == "e5m2"
     assert r.dgrad.rhs.reuse and r.wgrad.rhs.reuse
     assert r.folds("dgrad") and r.folds("wgrad")
@@ -190,11 +191,11 @@ def test_occ_defaults_and_sample_size():
 
 
 def _row(fmt: str) -> OperandSpec:
-    return OperandSpec(fmt=fmt, granularity="row")
+    return OperandSpec(fmt=fmt, granularity="row", scale_format="inv")
 
 
 def _tensor(fmt: str) -> OperandSpec:
-    return OperandSpec(fmt=fmt, granularity="tensor")
+    return OperandSpec(fmt=fmt, granularity="tensor", scale_format="inv")
 
 
 def test_variants_are_replaced_registered_recipes() -> None:

@@ -2,7 +2,8 @@
 
 An element format is the grid a quantized value lives on (E2M1 for FP4, E4M3/E5M2 for FP8, ...).
 A scale format says how the per-group dequantization multiplier is stored (fp32, a power of two,
-MX's E8M0, or NVFP4's E4M3 block scale under an fp32 tensor scale).
+MX's E8M0, NVFP4's E4M3 block scale under an fp32 tensor scale, or the float32 reciprocal of a
+float32 quantization multiplier, "inv").
 
 Rounding here is the *reference*: plain float32 arithmetic that is exact by construction (every
 step divides or multiplies by a power of two, then `torch.round`, which is round-half-to-even;
@@ -17,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from minifloat.exact import div_rn
+
 __all__ = [
     "ElementFormat",
     "FloatFormat",
@@ -26,6 +29,7 @@ __all__ = [
     "ROUNDING_MODES",
     "get",
     "get_scale_format",
+    "inv_multiplier",
     "names",
     "pow2_ceil",
     "represent_scale",
@@ -247,14 +251,19 @@ class ScaleFormat:
     fp32: exact `amax / fmt.max`. pow2: the smallest power of two >= that (so no value overflows
     the grid), capped at 2^127, the largest power of two in float32. e8m0: pow2 limited to MX's
     exponent range [-127, 127]. e4m3: NVFP4's two-level scale, an E4M3 block scale times an fp32
-    per-tensor scale.
+    per-tensor scale. inv: values are quantized by a *multiplication*, `round(x * m)` with
+    `m = fmt.max / amax` rounded to float32 (`inv_multiplier`), and the scale is `1 / m` rounded
+    to float32: the form of torchao's float8 and Transformer Engine, one float32 product per
+    element where an exact quotient by an fp32 scale needs float64 arithmetic on a GPU. Its
+    values differ from fp32's only where x / scale lies within an ulp or two of a rounding
+    boundary of the grid.
     """
 
     name: str
 
 
 SCALE_FORMATS: dict[str, ScaleFormat] = {
-    n: ScaleFormat(name=n) for n in ("fp32", "pow2", "e8m0", "e4m3")
+    n: ScaleFormat(name=n) for n in ("fp32", "pow2", "e8m0", "e4m3", "inv")
 }
 
 
@@ -277,6 +286,27 @@ def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(x), exp.to(torch.int32))
 
 
+_INV_MULTIPLIER_MAX = 2.0**126  # so that the scale 1 / m is a normal float32
+
+
+def inv_multiplier(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
+    """The "inv" scale format's quantization multipliers: `fmt_max / amax` of each group,
+    correctly rounded to float32 and at most 2^126 (a subnormal amax: the group's values are
+    `x * 2^126`, below `fmt_max`, and its scale 2^-126 a normal float32); 1 for all-zero groups;
+    NaN for groups whose amax is NaN or inf.
+
+    The one definition for the reference (`quantize`) and the GEMM operand quantizers
+    (kernels/operand.py), written in forms that compile to the same bits: the quotient in
+    float64 rounded once (`exact.div_rn`), the special groups by arithmetic rather than
+    `torch.where` constants (kernels/operand.py's module docstring says why).
+    """
+    amax = amax.float()
+    zero = (amax == 0).to(amax.dtype)
+    m = div_rn(torch.full_like(amax, fmt_max), amax.clamp(min=fmt_max / _INV_MULTIPLIER_MAX))
+    # zero groups: 2^126 * 0 + 1 (both exact); `amax - amax` is NaN where amax is inf or NaN
+    return m * (1.0 - zero) + zero + (amax - amax)
+
+
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
 _E8M0_LO, _E8M0_HI = math.ldexp(1.0, E8M0_MIN_EXP), math.ldexp(1.0, E8M0_MAX_EXP)
 _FP32_MAX_POW2 = math.ldexp(1.0, 127)
@@ -292,6 +322,8 @@ def represent_scale(
     name = scale_format.name
     if name == "fp32":
         return raw_scale
+    if name == "inv":
+        raise ValueError("the 'inv' scale format is formed from amax: see inv_multiplier")
     if name == "pow2":
         # 2^128 is inf in float32; the cap only matters for formats with max < 2 (E1M2), whose
         # largest groups then saturate on the grid instead of dividing by an infinite scale.

@@ -135,8 +135,8 @@ def plan_for(recipe: object) -> GatherPlan:
         s = g.spec
         if not op.supports(s.fmt, s.granularity, s.scale_format, s.rounding):
             raise _refuse(recipe, f"weight operand {s.words()} has no fast quantizer")
-        if s.scale_format != "fp32":  # quantize_shard forms fp32 scales from global maxima
-            raise _refuse(recipe, f"weight operand {s.words()}: power-of-two scales")
+        if s.scale_format == "pow2":  # quantize_shard forms scales from global maxima
+            raise _refuse(recipe, f"weight operand {s.words()}: {s.scale_format} scales")
     if recipe.dge is not None and operands[0].groups not in ("tensor", "row"):
         raise _refuse(recipe, "DGE is applied to the gradient shard only for tensor or row scales")
     return GatherPlan(recipe.name, tuple(operands), recipe.delayed, recipe.dge)
@@ -173,6 +173,19 @@ def global_amax(amax: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Te
 def _with_scale(w: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
     """Grid values of w / scale (scale broadcast against w), as `quantize_operand` rounds."""
     return op.round_to_storage(div_rn(w.float(), scale), fmt)
+
+
+def _with_amax(
+    w: torch.Tensor, amax: torch.Tensor, fmt: str, scale_format: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grid values, scales) of w for given group maxima (the global [1, 1] or [1, K] amax,
+    broadcast against w), as `quantize_operand` forms them from its own maxima."""
+    fmt_max = get_format(fmt).max
+    if scale_format == "inv":
+        q, scale = op.times_multiplier(w.float(), amax, fmt_max)
+        return op.round_to_storage(q, fmt), scale
+    scale = op.scale_from_amax(amax, fmt_max)
+    return _with_scale(w, scale, fmt), scale
 
 
 def _column_amax(w: torch.Tensor) -> torch.Tensor:
@@ -242,23 +255,20 @@ def quantize_shard(
     rank) is None where scales travel. Tensor and column scales come from `amax`, the global
     amax (`shard_amaxes` reduced by `global_amaxes`), or from `delayed_scale` (fp8-delayed).
     """
-    fmt, groups = g.spec.fmt, g.groups
+    fmt, groups, scale_format = g.spec.fmt, g.groups, g.spec.scale_format
     quantize = backend.kernel(op.quantize_operand, w)
     w = w.detach()
     replicated = None
     if groups in ("tensor", "column") and delayed_scale is None and amax is None:
         raise ValueError(f"{groups} scales of {g.spec.words()} need the global amax")
-    if groups == "tensor":
-        if delayed_scale is None:
-            delayed_scale = op.scale_from_amax(amax, get_format(fmt).max)
+    if groups == "tensor" and delayed_scale is not None:
         values, scale = quantize(w, fmt, "tensor", scale=delayed_scale)
         replicated = scale
-    elif groups == "column":
-        scale = op.scale_from_amax(amax, get_format(fmt).max)
-        values = backend.kernel(_with_scale, w)(w, scale, fmt)
+    elif groups in ("tensor", "column"):
+        values, scale = backend.kernel(_with_amax, w)(w, amax, fmt, scale_format)
         replicated = scale
     else:
-        values, scale = quantize(w, fmt, groups)
+        values, scale = quantize(w, fmt, groups, scale_format=scale_format)
     if fmt == "e2m1":
         payload = [backend.kernel(op.pack_e2m1, values)(values)]
     else:

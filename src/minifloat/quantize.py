@@ -3,7 +3,9 @@
 This is the reference path every fast kernel is checked against bit-exactly. A tensor is split
 into groups (the whole tensor, rows, columns or 2-D blocks); each group gets one dequantization
 multiplier `scale = amax / fmt.max` (represented in a scale format), and each element becomes
-`round(x / scale)` on the grid, so that `x ≈ values * scale`.
+`round(x / scale)` on the grid, so that `x ≈ values * scale`. The "inv" scale format (the named
+recipes' default) multiplies instead: `round(x * m)`, m = fmt.max / amax rounded to float32,
+scale = 1 / m (`formats.inv_multiplier`).
 
 Non-finite input is never made finite: a group holding NaN or ±inf gets a NaN scale and NaN
 values, so a downstream step guard sees the problem instead of a silently clipped number.
@@ -316,15 +318,17 @@ def quantize(
 
     Each group's scale is `amax / fmt.max` in `scale_format` (1 for an all-zero or empty group,
     NaN for a group holding NaN or ±inf, whose values are then NaN too); values are
-    `round(x / scale)` on the grid. An empty `x` gives empty values and scales of the usual
-    shape (see `QTensor`).
+    `round(x / scale)` on the grid (with scale format "inv", `round(x * m)` and scale `1 / m`,
+    m = `formats.inv_multiplier(amax, fmt.max)`). An empty `x` gives empty values and scales of
+    the usual shape (see `QTensor`).
 
     Args:
         x: floating-point tensor with at least one dim (any dtype; computed in float32).
         fmt: element format or its name ("e2m1", "e4m3", "e5m2", "int8", ...).
         granularity: "tensor", "row" (reduce over the last dim), "column" (reduce over dim -2),
             or a block shape such as (1, 32) or (128, 128); ragged edges are padded internally.
-        scale_format: "fp32", "pow2", "e8m0" or "e4m3" (NVFP4's block scale x fp32 tensor scale).
+        scale_format: "fp32", "pow2", "e8m0", "e4m3" (NVFP4's block scale x fp32 tensor scale)
+            or "inv" (quantized by a float32 multiplication, as torchao and Transformer Engine).
         rounding: "nearest" (ties to even, saturating) or "stochastic" (unbiased).
         generator: random source for stochastic rounding (for reproducibility).
         noise: uniforms in [0, 1) of x's shape for stochastic rounding, instead of drawing them
@@ -346,6 +350,13 @@ def quantize(
         xf = clip_to_quantiles(xf, float(clip_quantile))
 
     amax = group_amax(xf, granularity)
+    if sfmt.name == "inv":  # values round(x * m), scale 1 / m (formats.ScaleFormat)
+        m = formats.inv_multiplier(amax, fmt.max)
+        values = fmt.round(
+            xf * expand_scale(m, xf.shape, granularity),
+            rounding=rounding, generator=generator, noise=noise,
+        )  # fmt: skip
+        return QTensor(values, torch.ones_like(m) / m, fmt, granularity, sfmt)
     positive = amax > 0
     # Divide by a tensor, not a Python float: on CUDA, ATen turns division by a scalar into a
     # multiplication by its reciprocal, which is not correctly rounded.

@@ -64,7 +64,8 @@ class OperandSpec:
         """E.g. "E2M1 (row)"; reused operands read "E2M1 (fprop values)"."""
         if self.reuse:
             return f"{self.fmt.upper()} (fprop values)"
-        extra = [] if self.scale_format == "fp32" else [f"{self.scale_format} scale"]
+        # fp32 and "inv" scales are the same numbers, formed by division or by multiplication
+        extra = [] if self.scale_format in ("fp32", "inv") else [f"{self.scale_format} scale"]
         extra += [] if self.rounding == "nearest" else [self.rounding]
         extra += [f"RHT {self.hadamard}"] if self.hadamard else []
         return f"{self.fmt.upper()} ({', '.join([_granularity_words(self.granularity), *extra])})"

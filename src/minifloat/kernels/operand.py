@@ -2,7 +2,8 @@
 
 `quantize_operand` computes exactly what `minifloat.quantize.quantize` computes for the formats
 and granularities the quantized GEMMs use (E2M1, E4M3, E5M2; tensor, row, 1 x bc and br x bc
-blocks; fp32 scales, and power-of-two ones for tensor and row groups; round-to-nearest-even),
+blocks; fp32 and "inv" scales, and power-of-two ones for tensor and row groups;
+round-to-nearest-even),
 bit for bit, and stores the values in the FP8 byte
 that feeds `torch._scaled_mm` (E2M1 values ride exactly in E4M3). It is written with ops that
 inductor fuses (abs, amax, where, round, casts), so under `torch.compile` the quantizer becomes
@@ -15,7 +16,8 @@ Pinned forms, so that compiled code equals eager code bit for bit:
   with the scales' reciprocals computed once per group rather than per element. (Subnormal
   quotients may differ in their last bit; every format here rounds them to zero either way.)
   Power-of-two scales divide as float32 products by powers of two (`div_by_pow2`): exact, and
-  no float64 per element.
+  no float64 per element. "inv" scales quantize by one float32 product, `x * m`, which is the
+  definition (`formats.inv_multiplier`): the same bits in every compiled form.
 - Grid rounding by multiplications with powers of two and `torch.round` (E2M1), or the
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
   Hopper's `cvt.rn.satfinite`).
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale, written_once
+from minifloat.formats import inv_multiplier
 from minifloat.kernels import clip as occ_clip
 from minifloat.quantize import Granularity
 
@@ -46,6 +49,7 @@ __all__ = [
     "supports",
     "quantize_operand",
     "scale_from_amax",
+    "times_multiplier",
     "row_amax",
     "round_to_storage",
     "pack_e2m1",
@@ -67,7 +71,7 @@ def supports(fmt: str, granularity: Granularity, scale_format: str, rounding: st
         return False
     if scale_format == "pow2":
         return granularity in ("tensor", "row")
-    return scale_format == "fp32" and (
+    return scale_format in ("fp32", "inv") and (
         granularity in ("tensor", "row") or isinstance(granularity, tuple)
     )
 
@@ -114,6 +118,20 @@ def div_by_pow2(v: torch.Tensor, scale: torch.Tensor, *, in_graph: bool = False)
     return v * f1 * f2
 
 
+def times_multiplier(v: torch.Tensor, amax: torch.Tensor, fmt_max: float):
+    """("inv" scale format) `(v * m, 1 / m)` with m = `formats.inv_multiplier(amax, fmt_max)`:
+    the values before rounding and the scales. Group multipliers and scales (not a tensor's
+    single ones) are stored once under compile (`written_once`): inlined, every element that
+    reads them would compute its group's float64 quotient again, the cast here and the
+    backward's folds of the scales into dy (`prescale`): a float64 division an element there,
+    which cost fp4-dge 9 ms a 1.3B step (docs/hopper_sessions.md, session 38)."""
+    m = inv_multiplier(amax, fmt_max)
+    scale = div_rn(torch.ones_like(m), m)
+    if m.numel() > 1 and torch.compiler.is_compiling():
+        m, scale = written_once(m), written_once(scale)
+    return v * m, scale
+
+
 def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
     """Round float32 `q` (already divided by its scale) onto `fmt`'s grid, saturating at ±max,
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
@@ -135,17 +153,22 @@ def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _quantize_blocks(
-    v: torch.Tensor, fmt: str, block: tuple[int, int]
+    v: torch.Tensor, fmt: str, block: tuple[int, int], inv: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, scale [ceil(R/br), ceil(C/bc)]) of 2-D float32 v in br x bc blocks."""
+    """(values, scale [ceil(R/br), ceil(C/bc)]) of 2-D float32 v in br x bc blocks (`inv`:
+    the "inv" scale format)."""
     (r, c), (br, bc) = v.shape, block
     pad_r, pad_c = -r % br, -c % bc
     if pad_r or pad_c:  # zeros never change a block's amax
         v = F.pad(v, (0, pad_c, 0, pad_r))
     blocks = v.reshape(v.shape[0] // br, br, v.shape[1] // bc, bc)
     amax = blocks.abs().amax(dim=(1, 3))
-    scale = scale_from_amax(amax, formats.get(fmt).max)
-    q = div_rn_by_scale(blocks, scale[:, None, :, None], in_graph=True)
+    if inv:
+        q, scale = times_multiplier(blocks, amax[:, None, :, None], formats.get(fmt).max)
+        scale = scale[:, 0, :, 0]
+    else:
+        scale = scale_from_amax(amax, formats.get(fmt).max)
+        q = div_rn_by_scale(blocks, scale[:, None, :, None], in_graph=True)
     return round_to_storage(q.reshape(v.shape)[:r, :c], fmt), scale
 
 
@@ -174,8 +197,9 @@ def quantize_operand(
         transpose: quantize x.t(): values [C, R], a transposed view of a contiguous [R, C]
             tensor (see `_layout`).
         scale: a given [1, 1] tensor scale (delayed scaling) instead of the absmax one.
-        scale_format: "fp32" or "pow2" (tensor and row groups: each scale the least power of
-            two at or above the fp32 one).
+        scale_format: "fp32", "pow2" (tensor and row groups: each scale the least power of
+            two at or above the fp32 one) or "inv" (values x * m, scales 1 / m, with
+            m = `formats.inv_multiplier(amax, fmt.max)`).
     Returns:
         (values, scale): values on the grid in `FP8_STORAGE[fmt]`; scale float32,
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
@@ -192,11 +216,13 @@ def quantize_operand(
         v = src = (occ_clip.remainder if remainder else occ_clip.clamp)(v, *clip)
     if prescale is not None:
         v = src = v * prescale.float()
-    if scale_format not in ("fp32", "pow2"):
-        raise ValueError(f"scale_format must be 'fp32' or 'pow2', got {scale_format!r}")
-    pow2 = scale_format == "pow2"
+    if scale_format not in ("fp32", "pow2", "inv"):
+        raise ValueError(f"scale_format must be 'fp32', 'pow2' or 'inv', got {scale_format!r}")
+    pow2, inv = scale_format == "pow2", scale_format == "inv"
     if pow2 and (scale is not None or granularity not in ("tensor", "row")):
         raise ValueError("power-of-two scales come from the operand's tensor or row maxima")
+    if inv and scale is not None:
+        raise ValueError("'inv' scales come from the operand's own maxima, not a given scale")
     if scale is not None:
         if granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
@@ -207,7 +233,7 @@ def quantize_operand(
     # (coalesced) instead of columns of a transposed view.
     if isinstance(granularity, tuple):
         block = granularity[::-1] if transpose else granularity
-        values, s = _quantize_blocks(v, fmt, block)
+        values, s = _quantize_blocks(v, fmt, block, inv)
         return _layout(values, transpose), (s.t().contiguous() if transpose else s)
     if granularity == "tensor":
         amax = src.abs().amax().float().reshape(1, 1)
@@ -221,8 +247,11 @@ def quantize_operand(
         raise ValueError(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
         )
-    s = scale_from_amax(amax, formats.get(fmt).max, pow2=pow2)
-    q = div_by_pow2(v, s, in_graph=True) if pow2 else div_rn_by_scale(v, s, in_graph=True)
+    if inv:
+        q, s = times_multiplier(v, amax, formats.get(fmt).max)
+    else:
+        s = scale_from_amax(amax, formats.get(fmt).max, pow2=pow2)
+        q = div_by_pow2(v, s, in_graph=True) if pow2 else div_rn_by_scale(v, s, in_graph=True)
     values = round_to_storage(q, fmt)
     return _layout(values, transpose), (s.t().contiguous() if transpose else s)
 
