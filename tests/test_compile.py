@@ -20,15 +20,15 @@ from minifloat.linear import QuantLinear
 
 # Every quantized recipe, plus OCC with a strided threshold sample (64 x 128 inputs hold fewer
 # entries than the default sample, so the named recipes take the exact quantiles) and with the
-# fp32 reference compensation, and power-of-two and "inv" scales (tensor, and row with OCC and
-# DGE).
+# fp32 reference compensation, and power-of-two and fp32 (divided, not the default "inv")
+# scales (tensor, and row with OCC and DGE).
 RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + [
     "fp4:occ.sample_size=1024",
     "fp4:occ.compensation_format=fp32",
     "fp8-tensorwise:scale_format=pow2",
     "fp4:scale_format=pow2",
-    "fp8-tensorwise:scale_format=inv",
-    "fp4:scale_format=inv",
+    "fp8-tensorwise:scale_format=fp32",
+    "fp4:scale_format=fp32",
 ]
 # The micro-block recipes (nvfp4, mxfp4: stochastic rounding, Hadamard transforms) take ~1.5x as
 # long to compile on the CPU: they run in the training mode (bf16 autocast) only.

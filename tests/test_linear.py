@@ -23,7 +23,7 @@ from minifloat.sqnr import sqnr_db
 # scaled input (the remainder folds into a scaled, not unit-scaled, wgrad operand) and tiles
 # (no fold: wgrad adds the remainder through its own E4M3 GEMM); the micro-block recipes
 # without random draws (the float64 reference below cannot draw; the drawing ones have their own
-# reference in tests/test_microblock_linear.py); power-of-two and "inv" scales.
+# reference in tests/test_microblock_linear.py); power-of-two and fp32 scales.
 FP32_COMPENSATION = "fp4:occ.compensation_format=fp32"
 OCC_TENSOR = "fp4-occ:scaling.input=tensor"
 OCC_TILES = "fp8-blockwise:occ=on"
@@ -35,16 +35,17 @@ POW2 = [
     "fp8-rowwise:scale_format=pow2",
     "fp4:scale_format=pow2",
 ]
-# "inv" scales (values x * max / amax): tensor, row, blocks, E2M1 rows with and without OCC
-INV = [
-    "fp8-tensorwise:scale_format=inv",
-    "fp8-rowwise:scale_format=inv",
-    "fp8-blockwise:scale_format=inv",
-    "fp4-dge:scale_format=inv",
-    "fp4:scale_format=inv",
+# fp32 scales (values x / (amax / max)), where the named recipes use "inv" (x * (max / amax)):
+# tensor, row, blocks, E2M1 rows with and without OCC
+FP32_SCALES = [
+    "fp8-tensorwise:scale_format=fp32",
+    "fp8-rowwise:scale_format=fp32",
+    "fp8-blockwise:scale_format=fp32",
+    "fp4-dge:scale_format=fp32",
+    "fp4:scale_format=fp32",
 ]
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + OCC_VARIANTS
-QUANT_RECIPES += MICROBLOCK_RNE + POW2 + INV
+QUANT_RECIPES += MICROBLOCK_RNE + POW2 + FP32_SCALES
 U = 2.0**-24  # fp32 unit roundoff
 
 # SQNR floors (dB) of y / dx / dw against the unquantized fp32 layer, on Gaussian data
@@ -84,9 +85,9 @@ SQNR_FLOORS = {
     "fp8-rowwise:scale_format=pow2": (29.0, 26.0, 26.0),
     "fp4:scale_format=pow2": (16.0, 15.0, 0.0),
 }
-# "inv" scales quantize as fp32 scales do but where x / scale lies within an ulp of a rounding
+# fp32 scales quantize as "inv" scales do but where x / scale lies within an ulp of a rounding
 # boundary: the base recipes' floors.
-SQNR_FLOORS.update({name: SQNR_FLOORS[name.split(":")[0]] for name in INV})
+SQNR_FLOORS.update({name: SQNR_FLOORS[name.split(":")[0]] for name in FP32_SCALES})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ __all__ = [
     "ROUNDING_MODES",
     "get",
     "get_scale_format",
-    "inv_multiplier",
+    "inv_scales",
     "names",
     "pow2_ceil",
     "represent_scale",
@@ -252,8 +252,8 @@ class ScaleFormat:
     the grid), capped at 2^127, the largest power of two in float32. e8m0: pow2 limited to MX's
     exponent range [-127, 127]. e4m3: NVFP4's two-level scale, an E4M3 block scale times an fp32
     per-tensor scale. inv: values are quantized by a *multiplication*, `round(x * m)` with
-    `m = fmt.max / amax` rounded to float32 (`inv_multiplier`), and the scale is `1 / m` rounded
-    to float32: the form of torchao's float8 and Transformer Engine, one float32 product per
+    `m = fmt.max / amax` rounded to float32, and the scale is `1 / m` rounded to float32
+    (`inv_scales`): the form of torchao's float8 and Transformer Engine, one float32 product per
     element where an exact quotient by an fp32 scale needs float64 arithmetic on a GPU. Its
     values differ from fp32's only where x / scale lies within an ulp or two of a rounding
     boundary of the grid.
@@ -289,11 +289,13 @@ def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
 _INV_MULTIPLIER_MAX = 2.0**126  # so that the scale 1 / m is a normal float32
 
 
-def inv_multiplier(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
-    """The "inv" scale format's quantization multipliers: `fmt_max / amax` of each group,
-    correctly rounded to float32 and at most 2^126 (a subnormal amax: the group's values are
-    `x * 2^126`, below `fmt_max`, and its scale 2^-126 a normal float32); 1 for all-zero groups;
-    NaN for groups whose amax is NaN or inf.
+def inv_scales(amax: torch.Tensor, fmt_max: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "inv" scale format's (multipliers m, scales 1 / m) of groups with maxima `amax`.
+
+    m is `fmt_max / amax` correctly rounded to float32 and at most 2^126 (a subnormal amax: the
+    group's values are `x * 2^126`, below `fmt_max`, and its scale 2^-126 a normal float32); 1
+    for all-zero groups; NaN for groups whose amax is NaN or inf. The scale is 1 / m correctly
+    rounded to float32.
 
     The one definition for the reference (`quantize`) and the GEMM operand quantizers
     (kernels/operand.py), written in forms that compile to the same bits: the quotient in
@@ -304,7 +306,8 @@ def inv_multiplier(amax: torch.Tensor, fmt_max: float) -> torch.Tensor:
     zero = (amax == 0).to(amax.dtype)
     m = div_rn(torch.full_like(amax, fmt_max), amax.clamp(min=fmt_max / _INV_MULTIPLIER_MAX))
     # zero groups: 2^126 * 0 + 1 (both exact); `amax - amax` is NaN where amax is inf or NaN
-    return m * (1.0 - zero) + zero + (amax - amax)
+    m = m * (1.0 - zero) + zero + (amax - amax)
+    return m, div_rn(torch.ones_like(m), m)
 
 
 E8M0_MIN_EXP, E8M0_MAX_EXP = -127, 127
@@ -323,7 +326,7 @@ def represent_scale(
     if name == "fp32":
         return raw_scale
     if name == "inv":
-        raise ValueError("the 'inv' scale format is formed from amax: see inv_multiplier")
+        raise ValueError("the 'inv' scale format is formed from amax: see inv_scales")
     if name == "pow2":
         # 2^128 is inf in float32; the cap only matters for formats with max < 2 (E1M2), whose
         # largest groups then saturate on the grid instead of dividing by an infinite scale.

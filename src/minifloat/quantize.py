@@ -5,7 +5,7 @@ into groups (the whole tensor, rows, columns or 2-D blocks); each group gets one
 multiplier `scale = amax / fmt.max` (represented in a scale format), and each element becomes
 `round(x / scale)` on the grid, so that `x ≈ values * scale`. The "inv" scale format (the named
 recipes' default) multiplies instead: `round(x * m)`, m = fmt.max / amax rounded to float32,
-scale = 1 / m (`formats.inv_multiplier`).
+scale = 1 / m (`formats.inv_scales`).
 
 Non-finite input is never made finite: a group holding NaN or ±inf gets a NaN scale and NaN
 values, so a downstream step guard sees the problem instead of a silently clipped number.
@@ -319,7 +319,7 @@ def quantize(
     Each group's scale is `amax / fmt.max` in `scale_format` (1 for an all-zero or empty group,
     NaN for a group holding NaN or ±inf, whose values are then NaN too); values are
     `round(x / scale)` on the grid (with scale format "inv", `round(x * m)` and scale `1 / m`,
-    m = `formats.inv_multiplier(amax, fmt.max)`). An empty `x` gives empty values and scales of
+    from `formats.inv_scales(amax, fmt.max)`). An empty `x` gives empty values and scales of
     the usual shape (see `QTensor`).
 
     Args:
@@ -351,12 +351,12 @@ def quantize(
 
     amax = group_amax(xf, granularity)
     if sfmt.name == "inv":  # values round(x * m), scale 1 / m (formats.ScaleFormat)
-        m = formats.inv_multiplier(amax, fmt.max)
+        m, scale = formats.inv_scales(amax, fmt.max)
         values = fmt.round(
             xf * expand_scale(m, xf.shape, granularity),
             rounding=rounding, generator=generator, noise=noise,
         )  # fmt: skip
-        return QTensor(values, torch.ones_like(m) / m, fmt, granularity, sfmt)
+        return QTensor(values, scale, fmt, granularity, sfmt)
     positive = amax > 0
     # Divide by a tensor, not a Python float: on CUDA, ATen turns division by a scalar into a
     # multiplication by its reciprocal, which is not correctly rounded.

@@ -17,7 +17,7 @@ Pinned forms, so that compiled code equals eager code bit for bit:
   quotients may differ in their last bit; every format here rounds them to zero either way.)
   Power-of-two scales divide as float32 products by powers of two (`div_by_pow2`): exact, and
   no float64 per element. "inv" scales quantize by one float32 product, `x * m`, which is the
-  definition (`formats.inv_multiplier`): the same bits in every compiled form.
+  definition (`formats.inv_scales`): the same bits in every compiled form.
 - Grid rounding by multiplications with powers of two and `torch.round` (E2M1), or the
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
   Hopper's `cvt.rn.satfinite`).
@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale, written_once
-from minifloat.formats import inv_multiplier
+from minifloat.formats import inv_scales
 from minifloat.kernels import clip as occ_clip
 from minifloat.quantize import Granularity
 
@@ -118,15 +118,16 @@ def div_by_pow2(v: torch.Tensor, scale: torch.Tensor, *, in_graph: bool = False)
     return v * f1 * f2
 
 
-def times_multiplier(v: torch.Tensor, amax: torch.Tensor, fmt_max: float):
-    """("inv" scale format) `(v * m, 1 / m)` with m = `formats.inv_multiplier(amax, fmt_max)`:
+def times_multiplier(
+    v: torch.Tensor, amax: torch.Tensor, fmt_max: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """("inv" scale format) `(v * m, 1 / m)` with `formats.inv_scales(amax, fmt_max)`:
     the values before rounding and the scales. Group multipliers and scales (not a tensor's
     single ones) are stored once under compile (`written_once`): inlined, every element that
     reads them would compute its group's float64 quotient again, the cast here and the
     backward's folds of the scales into dy (`prescale`): a float64 division an element there,
     which cost fp4-dge 9 ms a 1.3B step (docs/hopper_sessions.md, session 38)."""
-    m = inv_multiplier(amax, fmt_max)
-    scale = div_rn(torch.ones_like(m), m)
+    m, scale = inv_scales(amax, fmt_max)
     if m.numel() > 1 and torch.compiler.is_compiling():
         m, scale = written_once(m), written_once(scale)
     return v * m, scale
@@ -199,7 +200,7 @@ def quantize_operand(
         scale: a given [1, 1] tensor scale (delayed scaling) instead of the absmax one.
         scale_format: "fp32", "pow2" (tensor and row groups: each scale the least power of
             two at or above the fp32 one) or "inv" (values x * m, scales 1 / m, with
-            m = `formats.inv_multiplier(amax, fmt.max)`).
+            m and 1 / m from `formats.inv_scales(amax, fmt.max)`).
     Returns:
         (values, scale): values on the grid in `FP8_STORAGE[fmt]`; scale float32,
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
