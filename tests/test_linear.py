@@ -596,11 +596,11 @@ class _AccumRecording(EmulatedBackend):
 
 
 # (fprop, dgrad, wgrad) fast accumulation by default: on in backward only where 125M training
-# measured no loss from it (docs/hopper_sessions.md, session 37).
+# measured no loss from it (docs/hopper_sessions.md, sessions 37 and 39).
 _DEFAULT_FAST_ACCUM = {
     "fp8-tensorwise": (True, True, False),
-    "fp8-rowwise": (True, False, False),
-    "fp4-direct": (True, False, False),
+    "fp8-rowwise": (True, True, False),
+    "fp4-direct": (True, True, True),
     "fp4-dge": (True, True, True),
 }
 _FAST_ACCUM_VARIANTS = {

@@ -1,0 +1,42 @@
+"""benchmarks/paired_seeds.py: each run's validation-loss gap to the reference of its own seed."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import paired_seeds  # noqa: E402
+
+
+def _write(root: Path, seed: int, run: str, val: dict[int, float]) -> None:
+    run_dir = root / f"seed{seed}" / run
+    run_dir.mkdir(parents=True)
+    lines = [{"step": 50, "loss": 9.0}]  # a train-only record: skipped
+    lines += [{"step": s, "loss": 9.0, "val_loss": v} for s, v in val.items()]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+
+
+def test_gaps_pair_each_run_with_its_own_seeds_reference(tmp_path):
+    _write(tmp_path, 0, "ref", {100: 4.0, 200: 3.0})
+    _write(tmp_path, 0, "ref:v=on", {100: 4.04, 200: 2.97})
+    _write(tmp_path, 1, "ref", {100: 5.0, 200: 2.0})
+    _write(tmp_path, 1, "ref:v=on", {100: 5.0, 200: 2.02, 300: 1.0})  # 300: no reference
+    records = paired_seeds.paired_gaps(tmp_path, "ref")
+    assert [(r["seed"], r["run"], r["final_step"]) for r in records] == [
+        (0, "ref:v=on", 200), (1, "ref:v=on", 200),
+    ]  # fmt: skip
+    assert records[0]["gaps_pct"] == pytest.approx({100: 1.0, 200: -1.0})
+    assert records[1]["final_gap_pct"] == pytest.approx(1.0)
+    (row,) = paired_seeds.summary(records)
+    assert row["mean_pct"] == pytest.approx(0.0) and row["std_pct"] == pytest.approx(2**0.5)
+    text = paired_seeds.markdown(records, [row], "ref")
+    assert "| ref:v=on | 0 | 2.9700 (3.0000) | 100: +1.00, 200: -1.00 | -1.00 % |" in text
+
+
+def test_a_folder_without_pairs_is_refused(tmp_path, monkeypatch):
+    _write(tmp_path, 0, "ref", {100: 4.0})
+    monkeypatch.setattr(sys, "argv", ["paired_seeds", str(tmp_path), "--ref", "ref", "--name", "x"])
+    with pytest.raises(SystemExit, match="no run beside 'ref'"):
+        paired_seeds.main()
