@@ -28,9 +28,10 @@
 #   python benchmarks/seed_summary.py benchmarks/results/switch_125M_100M{,_seed1,_seed2}_h200_<date>.json \
 #     --name switch_125M_100M_seeds_h200_<date>
 #
-# FAST_ACCUM=1 trains fp8-tensorwise and fp4-dge again under session 37's defaults (their
-# backward GEMMs with fast accumulation: dgrad for fp8-tensorwise, both for fp4-dge;
-# results/fast_accum_125M_h200_2026-11-26.md) as study issue15s_fa, against the bf16 run above:
+# FAST_ACCUM=1 trains the recipes whose backward GEMMs run with fast accumulation by default
+# again (dgrad: fp8-tensorwise, fp8-rowwise; both: fp4-dge, fp4-direct; sessions 37 and 39,
+# results/fast_accum_125M_h200_2026-11-26.md, fast_accum_*_125M_seeds_h200_2026-11-28.md) as
+# study issue15s_fa, against the bf16 run above:
 # before the report, copy it in (cp -r benchmarks/results/runs_issue15s/h_125M/bf16
 # benchmarks/results/runs_issue15s_fa/h_125M/) -> fast_accum_125M_100M_h200_<date>.*
 set -euo pipefail
@@ -50,11 +51,13 @@ if [ "$SEED" != 0 ]; then
   QUEUE="$(grep -v fp8-tensorwise <<<"$QUEUE")"
 fi
 if [ "${FAST_ACCUM:-0}" = 1 ]; then
-  export STUDY=issue15s_fa H_ORDER="bf16,fp8-tensorwise,fp4-dge"
+  export STUDY=issue15s_fa H_ORDER="bf16,fp8-tensorwise,fp8-rowwise,fp4-dge,fp4-direct"
   export H_NAME="fast_accum_125M_100M_${GPU:-h200}"
   QUEUE="
 h fp8-tensorwise 470000
 h fp4-dge 400000
+h fp8-rowwise 400000
+h fp4-direct 400000
 "
 fi
 exec bash "$(dirname "$0")/convergence.sh" "$@"
