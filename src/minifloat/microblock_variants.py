@@ -1,7 +1,7 @@
 """The `BASE:KEY=VALUE` variant keys of the micro-block FP4 recipes (nvfp4, mxfp4).
 
-`recipes.get("nvfp4:rht=off")` parses the value (recipes.py) and calls `apply` here, which builds
-the variant with `dataclasses.replace`:
+`recipes.get("nvfp4:rht=off")` parses the value (recipe_variants.py) and calls `apply` here,
+which builds the variant with `dataclasses.replace`:
 
 - `sr` (bool): stochastic (on) or nearest-even (off) rounding of the gradient dy in dgrad and
   wgrad;
