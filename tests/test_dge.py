@@ -90,21 +90,27 @@ def test_other_format_grid():
     assert bool((dge_derivative(grid, fmt="e4m3") == 0.2).all())
 
 
-def test_dge_corrected_wgrad_equals_plain_times_derivative():
+@pytest.mark.parametrize("variant", ["", ":scale_format=fp32"])
+def test_dge_corrected_wgrad_equals_plain_times_derivative(variant):
     torch.manual_seed(0)
     x = torch.randn(48, 64)
     w = torch.randn(32, 64) * 0.05
     dy = torch.randn(48, 32)
     grads = {}
     for name in ("fp4-direct", "fp4-dge"):
-        layer = QuantLinear(64, 32, bias=False, recipe=name, backend="emulated")
+        layer = QuantLinear(64, 32, bias=False, recipe=name + variant, backend="emulated")
         layer.weight.data.copy_(w)
         layer(x).backward(dy)
         grads[name] = layer.weight.grad
-    # f' at w / its scale, the fprop weight operand's (row scales, the recipe's scale format)
-    spec = recipes.get("fp4-dge").fprop.rhs
-    w_scale = quantize(w, spec.fmt, spec.granularity, scale_format=spec.scale_format).scale
-    expected = grads["fp4-direct"] * dge_derivative(w / w_scale)
+    # f' at the scaled weight that the fprop weight quantizer rounded (row groups): w * m with
+    # "inv" scales (the default), w / its scale with fp32 ones
+    spec = recipes.get("fp4-dge" + variant).fprop.rhs
+    if spec.scale_format == "inv":
+        m, _ = formats.inv_scales(w.abs().amax(dim=1, keepdim=True), formats.get("e2m1").max)
+        w_scaled = w * m
+    else:
+        w_scaled = w / quantize(w, spec.fmt, spec.granularity, scale_format="fp32").scale
+    expected = grads["fp4-direct"] * dge_derivative(w_scaled)
     assert torch.equal(grads["fp4-dge"], expected)
     assert not torch.equal(grads["fp4-dge"], grads["fp4-direct"])
 

@@ -29,7 +29,7 @@ from minifloat.fsdp_quantized import (
     precompute_quantized_weights,
 )
 from minifloat.fsdp_weight import GatheredWeight, ShardedWeight, _quantized_key
-from minifloat.kernels import EmulatedBackend
+from minifloat.kernels import EmulatedBackend, operand
 from minifloat.linear import QuantLinear
 
 # Recipes under test; the gradients of all but DGE recipes are bit-exact (2 ranks: the average
@@ -601,3 +601,18 @@ def test_compiled_batch_equals_one_at_a_time(recipe):
         assert [u is None for u in leaves[0]] == [v is None for v in leaves[1]], recipe
         pairs = zip(*leaves, strict=True)
         assert all(u is None or torch.equal(u, v) for u, v in pairs), recipe
+
+
+@pytest.mark.parametrize("recipe", ["fp4-dge", "fp4-dge:scaling.weight=tensor", "fp8-rowwise"])
+def test_dge_gets_the_multipliers_the_fprop_weight_was_rounded_with(recipe):
+    # The sharded DGE hook evaluates f' at w * m ("inv" scales), as the unsharded layer does:
+    # m of the fprop operand, in the weight's layout (global amax for tensor scales)
+    plan = fsdp_plan.plan_for(recipes.get(recipe))
+    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(4))
+    amaxes = fsdp_plan.global_amaxes(fsdp_plan.shard_amaxes(EmulatedBackend(), plan, w), None)
+    *_, scale, m = fsdp_plan.quantize_weight(EmulatedBackend(), plan, w, amaxes, None)
+    spec = recipes.get(recipe).fprop.rhs
+    _, want_scale, want_m = operand.quantize_operand(
+        w, spec.fmt, spec.granularity, scale_format=spec.scale_format, with_multiplier=True
+    )
+    assert torch.equal(scale, want_scale) and torch.equal(m, want_m)

@@ -101,6 +101,16 @@ def _deq(t: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
     return q.values.double(), q.expand_scale().double()
 
 
+def _scaled(t: torch.Tensor, spec) -> torch.Tensor:
+    """t as quantize() scales it before rounding (row or tensor groups): t * m with "inv"
+    scales, m = max / amax per group (formats.inv_scales), else t / scale, in float32."""
+    q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
+    if spec.scale_format != "inv":
+        return t / q.expand_scale()
+    amax = t.abs().amax(1, keepdim=True) if spec.granularity == "row" else t.abs().amax()
+    return t * formats.inv_scales(amax, formats.get(spec.fmt).max)[0]
+
+
 def _gemm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a @ bᵀ in float64, and a bound on an fp32 computation's rounding error."""
     kc = a.shape[1]
@@ -158,8 +168,9 @@ def reference(
         tv, ts = _deq(x_c.t().contiguous(), recipe.wgrad.rhs)
         dw, dw_err = _gemm(hv * hs, tv * ts)
     dw, dw_err = dw + c, dw_err + c_err
-    if recipe.dge is not None:
-        f = dge_derivative(w / ws.float(), k=recipe.dge.k, cap=recipe.dge.cap).double()
+    if recipe.dge is not None:  # f' at the scaled w that the quantizer rounded
+        f = dge_derivative(_scaled(w, recipe.fprop.rhs), k=recipe.dge.k, cap=recipe.dge.cap)
+        f = f.double()
         dw, dw_err = dw * f, dw_err * f
     out["dw"] = (dw, dw_err)
     out["db"] = (dy.double().sum(0), dy.shape[0] * U * dy.double().abs().sum(0))

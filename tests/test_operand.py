@@ -104,6 +104,27 @@ def test_inv_scales_of_special_rows(fmt):
     assert torch.equal(values[6, 8:15].float(), formats.get(fmt).round(-midpoints))
 
 
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_inv_multipliers_are_the_ones_the_values_were_rounded_with(granularity, transpose):
+    # DGE evaluates f' at w * m (QOperand.multiplier): m of the operand's own groups, of its
+    # scale's shape, the values' round(x * m); no multipliers for fp32 scales or for blocks
+    x = adversarial(*TWO_STAGE, "e2m1", torch.float32)
+    values, scale, m = operand.quantize_operand(
+        x, "e2m1", granularity, transpose=transpose, scale_format="inv", with_multiplier=True
+    )
+    groups = x.t() if transpose else x
+    amax = groups.abs().amax() if granularity == "tensor" else groups.abs().amax(1)
+    want_m, want_scale = formats.inv_scales(amax.reshape(scale.shape), formats.get("e2m1").max)
+    assert bits_equal(m, want_m) and bits_equal(scale, want_scale)
+    rounded = formats.get("e2m1").round(groups * want_m)
+    assert bits_equal(values.float(), rounded)
+    for fmt_, g, sf in (("e2m1", "row", "fp32"), ("e4m3", (1, 32), "inv")):
+        assert (
+            operand.quantize_operand(x, fmt_, g, scale_format=sf, with_multiplier=True)[2] is None
+        )
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 def test_pow2_scales_of_tiny_rows_divide_exactly(fmt):
     # scales of 2^-149 .. 2^-127, whose reciprocals float32 cannot hold, and a zero row

@@ -9,7 +9,8 @@ differentiates a smooth stand-in for the staircase: between adjacent grid points
 odd-symmetric for negative x. f passes through every grid point and is steep near the midpoints,
 like the real quantizer. Its derivative f'(x) = (1/k)·|t|^(1/k - 1) equals 1/k on grid points
 and diverges at midpoints, so it is capped. The wgrad of a DGE recipe is multiplied element-wise
-by f'(w / w_scale), evaluated on the *scaled* weight (the values the quantizer rounds).
+by f' evaluated on the *scaled* weight, the values the quantizer rounds: w * m for "inv" scales
+(values round(w * m), `formats.inv_scales`), w / w_scale for the others.
 
 Beyond ±max (reachable only through the fp32 rounding of `amax / max`, or with a non-absmax
 scale) x is treated as sitting on ±max, giving 1/k: a saturating quantizer's gradient there would
@@ -100,11 +101,17 @@ def dge_scale(
     fmt: str | ElementFormat = "e2m1",
     k: float = 5.0,
     cap: float = 3.0,
+    w_mult: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """DGE's weight-gradient correction dw * f'(w / w_scale), float32.
+    """DGE's weight-gradient correction dw * f'(w scaled), float32.
 
-    `w_scale` broadcasts against `w` (e.g. [N, 1] row scales). Plain PyTorch that torch.compile
-    fuses into one pass; the division is `exact.div_rn_by_scale`, so compiled equals eager.
+    The scaled weight is w * w_mult where the quantizer multiplied ("inv" scales: its
+    multipliers m, `QOperand.multiplier`), else w / w_scale. `w_scale` and `w_mult` broadcast
+    against `w` (e.g. [N, 1] row scales). Plain PyTorch that torch.compile fuses into one pass:
+    one float32 product an element, or the division `exact.div_rn_by_scale` (float64), so
+    compiled equals eager either way.
     """
-    w_scaled = div_rn_by_scale(w.detach().float(), w_scale.float())
+    w = w.detach().float()
+    multiplied = w_mult is not None
+    w_scaled = w * w_mult.float() if multiplied else div_rn_by_scale(w, w_scale.float())
     return dw.float() * dge_derivative(w_scaled, fmt=fmt, k=k, cap=cap)

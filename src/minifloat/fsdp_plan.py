@@ -177,15 +177,16 @@ def _with_scale(w: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
 
 def _with_amax(
     w: torch.Tensor, amax: torch.Tensor, fmt: str, scale_format: str
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grid values, scales) of w for given group maxima (the global [1, 1] or [1, K] amax,
-    broadcast against w), as `quantize_operand` forms them from its own maxima."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(grid values, scales, "inv" multipliers or None) of w for given group maxima (the
+    global [1, 1] or [1, K] amax, broadcast against w), as `quantize_operand` forms them from
+    its own maxima."""
     fmt_max = get_format(fmt).max
     if scale_format == "inv":
-        q, scale = op.times_multiplier(w.float(), amax, fmt_max)
-        return op.round_to_storage(q, fmt), scale
+        q, m, scale = op.times_multiplier(w.float(), amax, fmt_max)
+        return op.round_to_storage(q, fmt), scale, m
     scale = op.scale_from_amax(amax, fmt_max)
-    return _with_scale(w, scale, fmt), scale
+    return _with_scale(w, scale, fmt), scale, None
 
 
 def _column_amax(w: torch.Tensor) -> torch.Tensor:
@@ -246,10 +247,11 @@ def quantize_shard(
     *,
     amax: torch.Tensor | None = None,
     delayed_scale: torch.Tensor | None = None,
-) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor]:
+) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """Quantize this rank's rows `w` [rows, K] for the all-gather.
 
-    Returns (payload, replicated scale, scale in the weight's layout): payload is the values
+    Returns (payload, replicated scale, scale in the weight's layout, "inv" multipliers in that
+    layout or None: what DGE scales w by, `QOperand.multiplier`): payload is the values
     as uint8 ([rows, K], or [rows, ceil(K/2)] packed E2M1) plus the [rows, 1] or block scales
     where they travel; the replicated scale (tensor [1, 1] or column [1, K], the same on every
     rank) is None where scales travel. Tensor and column scales come from `amax`, the global
@@ -258,24 +260,24 @@ def quantize_shard(
     fmt, groups, scale_format = g.spec.fmt, g.groups, g.spec.scale_format
     quantize = backend.kernel(op.quantize_operand, w)
     w = w.detach()
-    replicated = None
+    replicated = m = None
     if groups in ("tensor", "column") and delayed_scale is None and amax is None:
         raise ValueError(f"{groups} scales of {g.spec.words()} need the global amax")
     if groups == "tensor" and delayed_scale is not None:
         values, scale = quantize(w, fmt, "tensor", scale=delayed_scale)
         replicated = scale
     elif groups in ("tensor", "column"):
-        values, scale = backend.kernel(_with_amax, w)(w, amax, fmt, scale_format)
+        values, scale, m = backend.kernel(_with_amax, w)(w, amax, fmt, scale_format)
         replicated = scale
     else:
-        values, scale = quantize(w, fmt, groups, scale_format=scale_format)
+        values, scale, m = quantize(w, fmt, groups, scale_format=scale_format, with_multiplier=True)
     if fmt == "e2m1":
         payload = [backend.kernel(op.pack_e2m1, values)(values)]
     else:
         payload = [values.view(torch.uint8)]
     if replicated is None:
         payload.append(scale)
-    return payload, replicated, scale
+    return payload, replicated, scale, m
 
 
 def quantize_weight(
@@ -284,10 +286,11 @@ def quantize_weight(
     w: torch.Tensor,
     amaxes: list[torch.Tensor],
     history: torch.Tensor | None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor | None], torch.Tensor | None, torch.Tensor]:
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None], torch.Tensor | None, torch.Tensor, ...]:
     """Every operand `plan` sends of the shard `w`, quantized: (tensors to all-gather, each
     operand's replicated scale or None, fp8-delayed's global weight amax or None, the fprop
-    operand's scale in the weight's layout (DGE needs it)). `amaxes`: `shard_amaxes` reduced by
+    operand's scale and its "inv" multipliers or None, both in the weight's layout (DGE
+    needs them)). `amaxes`: `shard_amaxes` reduced by
     `global_amaxes`; `history`: the layer's amax history (fp8-delayed, else None). Plain
     PyTorch (no collectives), so that `quantize_weights` can compile many at once."""
     amax, operand_amaxes = split_amaxes(plan, amaxes)
@@ -296,15 +299,16 @@ def quantize_weight(
         delayed_scale = delayed_weight_scale(history, amax, plan.operands[0].spec.fmt, plan.delayed)
     tensors: list[torch.Tensor] = []
     replicated: list[torch.Tensor | None] = []
-    fprop_scale = None
+    fprop_scale = fprop_multiplier = None
     for i, g in enumerate(plan.operands):
-        payload, rep, scale = quantize_shard(
+        payload, rep, scale, m = quantize_shard(
             backend, w, g, amax=operand_amaxes[i], delayed_scale=delayed_scale if i == 0 else None
         )
         tensors += payload
         replicated.append(rep)
-        fprop_scale = scale if i == 0 else fprop_scale
-    return tensors, replicated, amax, fprop_scale
+        if i == 0:
+            fprop_scale, fprop_multiplier = scale, m
+    return tensors, replicated, amax, fprop_scale, fprop_multiplier
 
 
 def shard_amaxes_many(

@@ -120,6 +120,7 @@ class QuantizedShard:
     replicated: list[torch.Tensor | None]
     amax: torch.Tensor | None
     fprop_scale: torch.Tensor
+    fprop_multiplier: torch.Tensor | None  # "inv" scales' multipliers (DGE), else None
     fresh: bool  # made by a precompute and not yet sent by a forward
     # one rank: (one flat uint8 tensor, its layout) from fsdp_plan.pack_payload; `tensors` are
     # then views of it
@@ -141,6 +142,7 @@ class ShardedWeight(torch.Tensor):
     def __init__(self, hp: torch.Tensor) -> None:
         self._hp = hp
         self._dge_scale: torch.Tensor | None = None  # the fprop scale of this shard (DGE)
+        self._dge_mult: torch.Tensor | None = None  # and its "inv" multipliers, if any
         self._dge_grad: weakref.ref | None = None  # the gradient DGE last scaled
         self._writes = _WriteCount()  # `_mark_written`; replaced by the base's for views
         self._quantized: QuantizedShard | None = None  # `store_quantized`
@@ -183,10 +185,10 @@ class ShardedWeight(torch.Tensor):
         """Keep `quantized` (`fsdp_plan.quantize_weight`'s results for this shard; `module` the
         QuantLinear whose weight's local tensor this is) for the all-gathers of one forward and
         its backward; `fresh`: made ahead of that forward (the precompute)."""
-        tensors, replicated, amax, fprop_scale = quantized
+        tensors, replicated, amax, fprop_scale, fprop_multiplier = quantized
         key = _quantized_key(module, self, plan)
         self._quantized = QuantizedShard(
-            key, tuple(tensors), list(replicated), amax, fprop_scale, fresh
+            key, tuple(tensors), list(replicated), amax, fprop_scale, fprop_multiplier, fresh
         )
 
     def _kept(self, module: nn.Module, plan: fsdp_plan.GatherPlan) -> QuantizedShard | None:
@@ -236,7 +238,7 @@ class ShardedWeight(torch.Tensor):
             self.store_quantized(module, plan, quantized, fresh=False)
             kept = self._quantized
         if plan.dge is not None:
-            self._dge_scale = kept.fprop_scale
+            self._dge_scale, self._dge_mult = kept.fprop_scale, kept.fprop_multiplier
             _attach_dge_hook(module, self, plan, module.backend)
         tensors, layout = kept.tensors, None
         if world == 1 and len(tensors) > 1:  # FSDP2 would copy only the first (pack_payload)
@@ -473,7 +475,7 @@ def sharded_dge_hook(param: torch.Tensor, cfg, fmt: str, backend: str) -> None: 
         )
     kernels = get_backend(backend, grad.device)
     scaled = kernels.kernel(dge_scale, grad)(
-        grad, shard._hp, shard._dge_scale, fmt=fmt, k=cfg.k, cap=cfg.cap
+        grad, shard._hp, shard._dge_scale, fmt=fmt, k=cfg.k, cap=cfg.cap, w_mult=shard._dge_mult
     )
     grad.copy_(scaled)
     shard._dge_grad = weakref.ref(grad)

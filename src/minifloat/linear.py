@@ -67,7 +67,8 @@ class QuantLinearFunction(torch.autograd.Function):
                                                           product bf16 under bf16 autocast)
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
         wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
-                    (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w / s_w) with DGE)
+                    (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w·m_w) with DGE,
+                     m_w = 1/s_w the "inv" multipliers w_q was rounded with, else f'(w / s_w))
 
     Without the fold (tensor or block scales, or re-quantized operands) the backward GEMMs are
     the plain dx = Q(dy)·Q(w) and dw = Q(dy)ᵀ·Q(x), with each operand quantized along that GEMM's
@@ -144,6 +145,7 @@ class QuantLinearFunction(torch.autograd.Function):
             None if x_rhs is None else x_rhs.scale,
             x_q.scale if recipe.folds("wgrad") else None,
             w_q.scale,
+            w_q.multiplier if recipe.dge is not None else None,
             w_rhs_data,
             None if w_rhs is None else w_rhs.scale,
             delta_data,
@@ -165,6 +167,7 @@ class QuantLinearFunction(torch.autograd.Function):
             x_rhs_scale,
             x_scale,
             w_scale,
+            w_mult,
             w_rhs_data,
             w_rhs_scale,
             delta_data,
@@ -212,7 +215,8 @@ class QuantLinearFunction(torch.autograd.Function):
                 # A quantized all-gather has no hp weight: DGE scales the reduce-scattered
                 # gradient shard instead (fsdp_weight.sharded_dge_hook).
                 if recipe.dge is not None and not isinstance(weight, GatheredWeight):
-                    w_q = QOperand(weight, w_scale, *ctx.w_q_meta)  # data unused by apply_dge
+                    # (data unused by apply_dge)
+                    w_q = QOperand(weight, w_scale, *ctx.w_q_meta, multiplier=w_mult)
                     dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
                 dw = dw.to(weight.dtype)
             if need_db and ctx.bias_dtype is not None:

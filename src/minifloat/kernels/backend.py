@@ -38,6 +38,9 @@ class QOperand:
     wrote). Known statically, so a backend can make it contiguous in a kernel of its own
     (kernels/transpose.py) without asking for strides, which dynamo cannot always answer on
     tensors saved for backward.
+    `multiplier`: an "inv" operand's group multipliers m (its values are round(x * m), its
+    scale 1 / m; `formats.inv_scales`), the shape of `scale`, for tensor- and row-scaled
+    operands; None otherwise. DGE evaluates f' at x * m, the value the quantizer rounded.
     """
 
     data: torch.Tensor
@@ -47,6 +50,7 @@ class QOperand:
     tensor_scale: torch.Tensor | None = None
     scale_format: str = "fp32"
     transposed: bool = False
+    multiplier: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -130,5 +134,6 @@ class Backend(Protocol):
     def apply_dge(
         self, dw: torch.Tensor, w_hp: torch.Tensor, w_q: QOperand, cfg: DGEConfig
     ) -> torch.Tensor:
-        """dw * f'(w_hp / w_scale), float32."""
+        """dw * f'(w_hp scaled as its quantizer scaled it: w_hp * m for "inv" operands,
+        w_hp / w_scale otherwise), float32."""
         ...

@@ -64,12 +64,14 @@ class EmulatedBackend:
                 self, x, spec, prescale=prescale, transpose=transpose, clip=clip, seed=seed
             )
         if fast:
-            values, s = self.kernel(operand.quantize_operand, x)(
+            values, s, m = self.kernel(operand.quantize_operand, x)(
                 x.detach(), spec.fmt, spec.granularity, clip=clip, remainder=remainder,
                 prescale=prescale, transpose=transpose, scale=scale,
-                scale_format=spec.scale_format,
+                scale_format=spec.scale_format, with_multiplier=True,
             )  # fmt: skip
-            return QOperand(values, s, spec.fmt, spec.granularity, transposed=transpose)
+            return QOperand(
+                values, s, spec.fmt, spec.granularity, transposed=transpose, multiplier=m
+            )
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)
 
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
@@ -126,7 +128,9 @@ class EmulatedBackend:
         self, dw: torch.Tensor, w_hp: torch.Tensor, w_q: QOperand, cfg: DGEConfig
     ) -> torch.Tensor:
         scale = w_q.scale if w_q.granularity in _ROWISH else w_q.expanded_scale()
-        return self.kernel(dge_scale, dw)(dw, w_hp, scale, fmt=w_q.fmt, k=cfg.k, cap=cfg.cap)
+        return self.kernel(dge_scale, dw)(
+            dw, w_hp, scale, fmt=w_q.fmt, k=cfg.k, cap=cfg.cap, w_mult=w_q.multiplier
+        )
 
 
 def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:

@@ -120,17 +120,17 @@ def div_by_pow2(v: torch.Tensor, scale: torch.Tensor, *, in_graph: bool = False)
 
 def times_multiplier(
     v: torch.Tensor, amax: torch.Tensor, fmt_max: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """("inv" scale format) `(v * m, 1 / m)` with `formats.inv_scales(amax, fmt_max)`:
-    the values before rounding and the scales. Group multipliers and scales (not a tensor's
-    single ones) are stored once under compile (`written_once`): inlined, every element that
-    reads them would compute its group's float64 quotient again, the cast here and the
-    backward's folds of the scales into dy (`prescale`): a float64 division an element there,
-    which cost fp4-dge 9 ms a 1.3B step (docs/hopper_sessions.md, session 38)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """("inv" scale format) `(v * m, m, 1 / m)` with `formats.inv_scales(amax, fmt_max)`:
+    the values before rounding, the multipliers and the scales. Group multipliers and scales
+    (not a tensor's single ones) are stored once under compile (`written_once`): inlined,
+    every element that reads them would compute its group's float64 quotient again, the cast
+    here and the backward's folds of the scales into dy (`prescale`): a float64 division an
+    element there, which cost fp4-dge 9 ms a 1.3B step (docs/hopper_sessions.md, session 38)."""
     m, scale = inv_scales(amax, fmt_max)
     if m.numel() > 1 and torch.compiler.is_compiling():
         m, scale = written_once(m), written_once(scale)
-    return v * m, scale
+    return v * m, m, scale
 
 
 def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -165,7 +165,7 @@ def _quantize_blocks(
     blocks = v.reshape(v.shape[0] // br, br, v.shape[1] // bc, bc)
     amax = blocks.abs().amax(dim=(1, 3))
     if inv:
-        q, scale = times_multiplier(blocks, amax[:, None, :, None], formats.get(fmt).max)
+        q, _, scale = times_multiplier(blocks, amax[:, None, :, None], formats.get(fmt).max)
         scale = scale[:, 0, :, 0]
     else:
         scale = scale_from_amax(amax, formats.get(fmt).max)
@@ -184,7 +184,8 @@ def quantize_operand(
     transpose: bool = False,
     scale: torch.Tensor | None = None,
     scale_format: str = "fp32",
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_multiplier: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Quantize a 2-D GEMM operand: clip -> * prescale -> transpose -> absmax-quantize.
 
     Args:
@@ -201,10 +202,21 @@ def quantize_operand(
         scale_format: "fp32", "pow2" (tensor and row groups: each scale the least power of
             two at or above the fp32 one) or "inv" (values x * m, scales 1 / m, with
             m and 1 / m from `formats.inv_scales(amax, fmt.max)`).
+        with_multiplier: also return the "inv" multipliers m (scale's shape; None for other
+            scale formats and for blocks), for DGE (`QOperand.multiplier`).
     Returns:
         (values, scale): values on the grid in `FP8_STORAGE[fmt]`; scale float32,
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
+        `with_multiplier`: (values, scale, multiplier).
     """
+    values, scale, m = _quantize(
+        x, fmt, granularity, clip, remainder, prescale, transpose, scale, scale_format
+    )
+    return (values, scale, m) if with_multiplier else (values, scale)
+
+
+def _quantize(x, fmt, granularity, clip, remainder, prescale, transpose, scale, scale_format):
+    """`quantize_operand`'s (values, scale, "inv" multipliers or None)."""
     v = x.float()
     # The amaxes read x in its own dtype unless something changes it first: |x| and max are
     # exact in every float dtype, and under torch.compile the amax and the cast then share x
@@ -228,14 +240,15 @@ def quantize_operand(
         if granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
         scale = scale.float().reshape(1, 1)
-        return _layout(round_to_storage(div_rn_by_scale(v, scale), fmt), transpose), scale
+        values = round_to_storage(div_rn_by_scale(v, scale), fmt)
+        return _layout(values, transpose), scale, None
     # A transposed operand is quantized in x's own layout, where its groups are columns or
     # column blocks, and written transposed at the end: the reductions then read rows of x
     # (coalesced) instead of columns of a transposed view.
     if isinstance(granularity, tuple):
         block = granularity[::-1] if transpose else granularity
         values, s = _quantize_blocks(v, fmt, block, inv)
-        return _layout(values, transpose), (s.t().contiguous() if transpose else s)
+        return _layout(values, transpose), (s.t().contiguous() if transpose else s), None
     if granularity == "tensor":
         amax = src.abs().amax().float().reshape(1, 1)
     elif granularity == "row" and clip is not None and prescale is None and not transpose:
@@ -248,13 +261,16 @@ def quantize_operand(
         raise ValueError(
             f"operand granularity must be 'tensor', 'row' or a block, not {granularity!r}"
         )
+    m = None
     if inv:
-        q, s = times_multiplier(v, amax, formats.get(fmt).max)
+        q, m, s = times_multiplier(v, amax, formats.get(fmt).max)
     else:
         s = scale_from_amax(amax, formats.get(fmt).max, pow2=pow2)
         q = div_by_pow2(v, s, in_graph=True) if pow2 else div_rn_by_scale(v, s, in_graph=True)
     values = round_to_storage(q, fmt)
-    return _layout(values, transpose), (s.t().contiguous() if transpose else s)
+    if transpose:
+        s, m = s.t().contiguous(), (None if m is None else m.t().contiguous())
+    return _layout(values, transpose), s, m
 
 
 def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
