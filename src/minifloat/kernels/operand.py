@@ -215,7 +215,17 @@ def quantize_operand(
     return (values, scale, m) if with_multiplier else (values, scale)
 
 
-def _quantize(x, fmt, granularity, clip, remainder, prescale, transpose, scale, scale_format):
+def _quantize(
+    x: torch.Tensor,
+    fmt: str,
+    granularity: Granularity,
+    clip: tuple[torch.Tensor, torch.Tensor] | None,
+    remainder: bool,
+    prescale: torch.Tensor | None,
+    transpose: bool,
+    scale: torch.Tensor | None,
+    scale_format: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`quantize_operand`'s (values, scale, "inv" multipliers or None)."""
     v = x.float()
     # The amaxes read x in its own dtype unless something changes it first: |x| and max are
