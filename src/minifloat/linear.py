@@ -68,7 +68,8 @@ class QuantLinearFunction(torch.autograd.Function):
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
         wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
                     (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w·m_w) with DGE,
-                     m_w = 1/s_w the "inv" multipliers w_q was rounded with, else f'(w / s_w))
+                     m_w the "inv" multipliers w_q was rounded with (s_w = 1/m_w rounded),
+                     else f'(w / s_w))
 
     Without the fold (tensor or block scales, or re-quantized operands) the backward GEMMs are
     the plain dx = Q(dy)·Q(w) and dw = Q(dy)ᵀ·Q(x), with each operand quantized along that GEMM's
