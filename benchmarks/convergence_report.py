@@ -76,7 +76,8 @@ def _train(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "loss" in r]
 
 
-def _val(rows: list[dict]) -> dict[int, float]:
+def val_losses(rows: list[dict]) -> dict[int, float]:
+    """{step: validation loss} of a run's metrics records (records without one skipped)."""
     return {r["step"]: r["val_loss"] for r in rows if r.get("val_loss") is not None}
 
 
@@ -137,7 +138,7 @@ def best_step(ref_val: dict[int, float], steps: list[int]) -> int | None:
 def record(name: str, rows: list[dict], ref_rows: list[dict], common: int, model: str,
            tokens_per_step: int) -> dict[str, Any]:  # fmt: skip
     """The JSON record of one run (see the module docstring)."""
-    train, val, ref_val = _train(rows), _val(rows), _val(ref_rows)
+    train, val, ref_val = _train(rows), val_losses(rows), val_losses(ref_rows)
     both = sorted(set(val) & set(ref_val))
     gap_step = both[-1] if both else None
     best = best_step(ref_val, both)
@@ -187,11 +188,11 @@ def plot(runs: dict[str, list[dict]], order: list[str], path: Path, *, model: st
     fig, (ax, gap) = plt.subplots(1, 2, figsize=(13, 4.8))
     colors = plt.get_cmap("tab20" if len(order) > 10 else "tab10")
     ref_train = {r["step"]: r["loss"] for r in _train(runs[order[0]])}
-    ref_val = _val(runs[order[0]])
+    ref_val = val_losses(runs[order[0]])
     million = tokens_per_step / 1e6
     for i, name in enumerate(order):
         rows, color = runs[name], colors(i)
-        train, val = _train(rows), _val(rows)
+        train, val = _train(rows), val_losses(rows)
         ax.plot([r["step"] * million for r in train], [r["loss"] for r in train], color=color,
                 label=name, linewidth=1.2)  # fmt: skip
         ax.plot([s * million for s in val], list(val.values()), "o", color=color, markersize=3)

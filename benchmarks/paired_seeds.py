@@ -17,19 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from convergence_report import load, val_losses  # noqa: E402
+
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-
-
-def val_losses(metrics: Path) -> dict[int, float]:
-    """{step: validation loss} of one run's metrics.jsonl (records without one skipped)."""
-    out = {}
-    for line in metrics.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("val_loss") is not None:
-            out[record["step"]] = record["val_loss"]
-    return out
 
 
 def paired_gaps(root: Path, ref: str) -> list[dict]:
@@ -37,9 +31,12 @@ def paired_gaps(root: Path, ref: str) -> list[dict]:
     loss at every step both evaluated, and at the last of them."""
     records = []
     for seed_dir in sorted(root.glob("seed*"), key=lambda p: int(p.name[4:])):
-        ref_loss = val_losses(seed_dir / ref / "metrics.jsonl")
-        for run_dir in sorted(p for p in seed_dir.iterdir() if p.is_dir() and p.name != ref):
-            loss = val_losses(run_dir / "metrics.jsonl")
+        runs = load(seed_dir)
+        if ref not in runs:
+            raise SystemExit(f"paired_seeds: {seed_dir} has no run {ref!r}")
+        ref_loss = val_losses(runs[ref])
+        for name in sorted(n for n in runs if n != ref):
+            loss = val_losses(runs[name])
             steps = sorted(set(loss) & set(ref_loss))
             if not steps:
                 continue
@@ -47,7 +44,7 @@ def paired_gaps(root: Path, ref: str) -> list[dict]:
             records.append(
                 {
                     "seed": int(seed_dir.name[4:]),
-                    "run": run_dir.name,
+                    "run": name,
                     "ref": ref,
                     "gaps_pct": gaps,
                     "final_step": steps[-1],

@@ -112,6 +112,5 @@ def dge_scale(
     compiled equals eager either way.
     """
     w = w.detach().float()
-    multiplied = w_mult is not None
-    w_scaled = w * w_mult.float() if multiplied else div_rn_by_scale(w, w_scale.float())
+    w_scaled = div_rn_by_scale(w, w_scale.float()) if w_mult is None else w * w_mult.float()
     return dw.float() * dge_derivative(w_scaled, fmt=fmt, k=k, cap=cap)
