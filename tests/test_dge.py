@@ -150,3 +150,18 @@ def test_arithmetic_intervals_equal_a_search_of_the_grid(name, dtype):
     a_ref, delta_ref = _intervals_by_search(mag, fmt)
     assert torch.equal(a, a_ref)
     assert torch.equal(delta, delta_ref)
+
+
+@pytest.mark.parametrize("fmt", ["e2m1", "e1m2"])  # the fast quantizer; quantize() (reference)
+@pytest.mark.parametrize("granularity", ["row", "tensor"])
+def test_inv_weight_operands_carry_the_multipliers_dge_scales_by(fmt, granularity):
+    from minifloat.kernels import EmulatedBackend
+    from minifloat.recipes import OperandSpec
+
+    w = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    spec = OperandSpec(fmt=fmt, granularity=granularity, scale_format="inv")
+    w_q = EmulatedBackend().quantize(w, spec)
+    amax = w.abs().amax(1, keepdim=True) if granularity == "row" else w.abs().amax().reshape(1, 1)
+    m, scale = formats.inv_scales(amax, formats.get(fmt).max)
+    assert torch.equal(w_q.multiplier, m) and torch.equal(w_q.scale, scale)
+    assert torch.equal(w_q.values(), formats.get(fmt).round(w * m))

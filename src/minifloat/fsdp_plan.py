@@ -286,13 +286,16 @@ def quantize_weight(
     w: torch.Tensor,
     amaxes: list[torch.Tensor],
     history: torch.Tensor | None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor | None], torch.Tensor | None, torch.Tensor, ...]:
+) -> tuple[
+    list[torch.Tensor], list[torch.Tensor | None], torch.Tensor | None, torch.Tensor,
+    torch.Tensor | None,
+]:  # fmt: skip
     """Every operand `plan` sends of the shard `w`, quantized: (tensors to all-gather, each
     operand's replicated scale or None, fp8-delayed's global weight amax or None, the fprop
-    operand's scale and its "inv" multipliers or None, both in the weight's layout (DGE
-    needs them)). `amaxes`: `shard_amaxes` reduced by
-    `global_amaxes`; `history`: the layer's amax history (fp8-delayed, else None). Plain
-    PyTorch (no collectives), so that `quantize_weights` can compile many at once."""
+    operand's scale and its "inv" multipliers or None, both in the weight's layout: DGE needs
+    them). `amaxes`: `shard_amaxes` reduced by `global_amaxes`; `history`: the layer's amax
+    history (fp8-delayed, else None). Plain PyTorch (no collectives), so that
+    `quantize_weights` can compile many at once."""
     amax, operand_amaxes = split_amaxes(plan, amaxes)
     delayed_scale = None
     if plan.delayed is not None:

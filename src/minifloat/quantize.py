@@ -206,7 +206,9 @@ class QTensor:
     per group: [1, ..., 1] for "tensor", [..., R, 1] for "row", [..., 1, C] for "column" (these
     broadcast against x); for a block shape (br, bc) it is compact, [..., ceil(R/br),
     ceil(C/bc)] ([1, ceil(C/bc)] for 1-D x), and `expand_scale()` gives it per element.
-    A group that held NaN or ±inf has a NaN scale and NaN values.
+    A group that held NaN or ±inf has a NaN scale and NaN values. `multiplier`: with the "inv"
+    scale format, the group multipliers m the values were rounded with (round(x * m), scale's
+    shape); None otherwise.
     """
 
     values: torch.Tensor
@@ -214,6 +216,7 @@ class QTensor:
     fmt: ElementFormat
     granularity: Granularity
     scale_format: ScaleFormat
+    multiplier: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -356,7 +359,7 @@ def quantize(
             xf * expand_scale(m, xf.shape, granularity),
             rounding=rounding, generator=generator, noise=noise,
         )  # fmt: skip
-        return QTensor(values, scale, fmt, granularity, sfmt)
+        return QTensor(values, scale, fmt, granularity, sfmt, multiplier=m)
     positive = amax > 0
     # Divide by a tensor, not a Python float: on CUDA, ATen turns division by a scalar into a
     # multiplication by its reciprocal, which is not correctly rounded.

@@ -150,4 +150,6 @@ def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:
         xf, spec.fmt, spec.granularity, scale_format=spec.scale_format, rounding=spec.rounding
     )
     s = q.scale if q.scale.dim() == 2 else q.scale.reshape(1, 1)
-    return QOperand(q.values, s, spec.fmt, spec.granularity)
+    m = q.multiplier if spec.granularity in _ROWISH else None  # DGE's (QOperand.multiplier)
+    m = m if m is None or m.dim() == 2 else m.reshape(1, 1)
+    return QOperand(q.values, s, spec.fmt, spec.granularity, multiplier=m)
