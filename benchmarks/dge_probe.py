@@ -11,12 +11,18 @@ rescaling of dw, fused by inductor) run at ~1.7 TB/s: arithmetic, not memory, bi
 This compiles the backward's weight work of one linear as training does, for several weight
 shapes, in variants:
 - `direct`: fp4-direct's: the row-scaled E2M1 weight written transposed (no DGE);
-- `dge`: fp4-dge's as shipped (`dge.dge_scale`: frexp/ldexp for the grid spacing, `pow`);
+- `dge_quotient`: fp4-dge's before session 39: f' at the float64 quotient w / s_w;
+- `dge`: fp4-dge's as shipped (`dge.dge_scale` at w · m_w, the "inv" multipliers: frexp/ldexp
+  for the grid spacing, `pow`);
+- `dge_split`: the same, but DGE compiled as a graph of its own, so that inductor cannot fuse it
+  into the transposed E2M1 kernel (one 1-D pass over w and dw more: is the fused 2-D kernel's
+  arithmetic the cost?);
 - `dge_bits`: the E2M1 spacing read from the float32 bits, as `operand.round_to_storage` does
   (exact: the same values as frexp/ldexp), and `pow`;
 - `dge_bits_exp2`: the same with |t|^(1/k-1) as exp2((1/k-1)·log2|t|) (not the same bits as
   `pow`; the largest difference is reported);
 - `dge_bits_nopow`: the same without the power (a lower bound for the arithmetic, not DGE).
+All but `dge_quotient` evaluate f' at w · m_w.
 GPU kernel time per call (profiler), launches, the bytes of one ideal pass (w and dw read,
 the E2M1 bytes and the corrected dw written) over that time as a share of copy, and whether the
 compiled variant equals its eager form bit for bit. `--device cpu` runs small shapes eagerly and
@@ -37,7 +43,15 @@ from minifloat import dge, formats  # noqa: E402
 from minifloat.exact import div_rn_by_scale  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 
-VARIANTS = ("direct", "dge", "dge_bits", "dge_bits_exp2", "dge_bits_nopow")
+VARIANTS = (
+    "direct",
+    "dge_quotient",
+    "dge",
+    "dge_split",
+    "dge_bits",
+    "dge_bits_exp2",
+    "dge_bits_nopow",
+)
 K, CAP = 5.0, 3.0
 _E2M1 = formats.get("e2m1")
 
@@ -57,7 +71,7 @@ def _t_bits(x: torch.Tensor) -> torch.Tensor:
 
 def _derivative(x: torch.Tensor, variant: str) -> torch.Tensor:
     """f'(x) of `variant` (float32 x), NaN kept."""
-    if variant == "dge":
+    if variant in ("dge", "dge_quotient", "dge_split"):
         return dge.dge_derivative(x, "e2m1", K, CAP)
     u = _t_bits(x).abs()
     if variant == "dge_bits":
@@ -71,19 +85,47 @@ def _derivative(x: torch.Tensor, variant: str) -> torch.Tensor:
 
 def weight_backward(w: torch.Tensor, dw: torch.Tensor, variant: str):
     """The backward's weight work of one linear: w's E2M1 row quantization written transposed
-    (dgrad's operand) and, unless `direct`, dw * f'(w / s_w)."""
-    w_q, s_w = quantize_operand(w, "e2m1", "row")
+    (dgrad's operand) and, unless `direct`, dw * f'(w · m_w) (`dge_quotient`: f'(w / s_w))."""
+    w_q, s_w, m_w = quantize_operand(w, "e2m1", "row", scale_format="inv", with_multiplier=True)
     w_q_t = w_q.t().contiguous()
     if variant == "direct":
         return w_q_t, s_w
-    return w_q_t, dw * _derivative(div_rn_by_scale(w, s_w), variant)
+    if variant == "dge_split":
+        return w_q_t, m_w
+    w_scaled = div_rn_by_scale(w, s_w) if variant == "dge_quotient" else w * m_w
+    return w_q_t, dw * _derivative(w_scaled, variant)
+
+
+def dge_alone(w: torch.Tensor, dw: torch.Tensor, m_w: torch.Tensor) -> torch.Tensor:
+    """`dge_split`'s second graph: dw * f'(w · m_w) on its own."""
+    return dw * _derivative(w * m_w, "dge")
+
+
+def _split(first, second):
+    """`dge_split` as one call: the transposed E2M1 weight, then DGE in a graph of its own."""
+
+    def both(w: torch.Tensor, dw: torch.Tensor, variant: str = "dge_split"):
+        w_q_t, m_w = first(w, dw, "dge_split")
+        return w_q_t, second(w, dw, m_w)
+
+    return both
 
 
 def _max_rel_vs_head(w, dw, variant) -> float:
     """Largest relative difference of the corrected dw against `dge` (eager)."""
     ref = weight_backward(w, dw, "dge")[1].double()
-    got = weight_backward(w, dw, variant)[1].double()
+    got = _eager(variant)(w, dw, variant)[1].double()
     return ((got - ref).abs() / ref.abs().clamp_min(1e-30)).max().item()
+
+
+def _eager(variant: str):
+    return _split(weight_backward, dge_alone) if variant == "dge_split" else weight_backward
+
+
+def _compiled(variant: str):
+    if variant == "dge_split":
+        return _split(torch.compile(weight_backward), torch.compile(dge_alone))
+    return torch.compile(weight_backward)
 
 
 def run_case(n: int, k: int, device: str, timed: bool, copy_gbs: float) -> list[dict]:
@@ -93,14 +135,14 @@ def run_case(n: int, k: int, device: str, timed: bool, copy_gbs: float) -> list[
     out = []
     for variant in VARIANTS:
         torch._dynamo.reset()
-        fn = torch.compile(weight_backward)
-        same = same_bytes(fn(w, dw, variant), weight_backward(w, dw, variant))
+        fn = _compiled(variant)
+        same = same_bytes(fn(w, dw, variant), _eager(variant)(w, dw, variant))
         rec = {"shape": [n, k], "variant": variant, "compiled_equals_eager": same}
         if variant.startswith("dge_"):
             rec["max_rel_vs_dge"] = _max_rel_vs_head(w, dw, variant)
         if timed:
             prof = kernel_profile(lambda fn=fn, v=variant: fn(w, dw, v), reps=20, top=4)
-            moved = n * k * (4 + 1 + (8 if variant != "direct" else 0))
+            moved = n * k * (4 + 1 + (8 if variant != "direct" else 0))  # one ideal pass
             rec |= {"kernel_us": prof["kernel_ms"] * 1e3, "kernels": prof["kernels"],
                     "pct_of_copy": 100 * moved / (prof["kernel_ms"] * 1e-3) / 1e9 / copy_gbs,
                     "top_kernels": prof["top_kernels"]}  # fmt: skip
@@ -122,9 +164,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     ap.add_argument("--date", default=None)
+    ap.add_argument(
+        "--shapes",
+        default="5632x2048,2048x5632,2048x2048,11008x4096",
+        help="weight shapes N x K, comma-separated (CUDA; the CPU smoke test: 96x64)",
+    )
     args = ap.parse_args(argv)
     timed = args.device == "cuda"
-    shapes = [(5632, 2048), (2048, 5632), (2048, 2048), (11008, 4096)] if timed else [(96, 64)]
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = shapes if timed else [(96, 64)]
     copy_gbs = copy_bandwidth() if timed else 0.0
     records = [r for n, k in shapes for r in run_case(n, k, args.device, timed, copy_gbs)]
     body = (

@@ -48,3 +48,13 @@ def test_weight_backward_variants_share_the_operand(probe):
         out = probe.weight_backward(w, dw, variant)
         assert torch.equal(out[0].view(torch.uint8), ref[0].view(torch.uint8)), variant
     assert torch.equal(probe.weight_backward(w, dw, "dge_bits")[1], ref[1])
+
+
+def test_split_variant_is_the_shipped_dge(probe):
+    """`dge_split` times the same result as `dge`, only in two graphs."""
+    w = torch.randn(48, 32, generator=torch.Generator().manual_seed(1)) * 0.02
+    dw = torch.randn(48, 32, generator=torch.Generator().manual_seed(2))
+    split = probe._split(probe.weight_backward, probe.dge_alone)(w, dw)
+    fused = probe.weight_backward(w, dw, "dge")
+    assert all(torch.equal(a, b) for a, b in zip(split, fused, strict=True))
+    assert not torch.equal(fused[1], dw)  # DGE did rescale dw
