@@ -12,8 +12,8 @@ This compiles the backward's weight work of one linear as training does, for sev
 shapes, in variants:
 - `direct`: fp4-direct's: the row-scaled E2M1 weight written transposed (no DGE);
 - `dge_quotient`: fp4-dge's before session 39: f' at the float64 quotient w / s_w;
-- `dge`: fp4-dge's as shipped (`dge.dge_scale` at w · m_w, the "inv" multipliers: frexp/ldexp
-  for the grid spacing, `pow`);
+- `dge`: fp4-dge's as shipped (`dge.dge_derivative` at w · m_w, the "inv" multipliers, and
+  `pow`; its grid spacing by frexp/ldexp until session 40, from the bits since, as `dge_bits`);
 - `dge_split`: the same, but DGE compiled as a graph of its own, so that inductor cannot fuse it
   into the transposed E2M1 kernel (one 1-D pass over w and dw more: is the fused 2-D kernel's
   arithmetic the cost?);

@@ -220,3 +220,49 @@ def test_pow2_ceil_exact():
 def test_below_max_is_the_grid_point_under_max(name):
     fmt = formats.get(name)
     assert fmt.below_max == fmt.grid[-2].item()
+
+
+def _spacing_frexp_ldexp(fmt, mag: torch.Tensor) -> torch.Tensor:
+    """The spacing by frexp/ldexp: the definition that the bit-read form must equal."""
+    _, exp = torch.frexp(mag)
+    e = torch.where(mag == 0, fmt.emin, torch.clamp(exp - 1, min=fmt.emin))
+    return torch.ldexp(torch.ones_like(mag), (e - fmt.mbits).to(torch.int32))
+
+
+@pytest.mark.parametrize("name", list(FLOAT_LAYOUTS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spacing_from_bits_equals_frexp_ldexp(name, dtype):
+    """`spacing` and `inv_spacing` read float32/float64 exponent fields; both equal the
+    frexp/ldexp powers of two (and each other's reciprocal) for zeros, float subnormals, grid
+    points, their neighbours, midpoints and finite magnitudes far above max."""
+    fmt = formats.get(name)
+    info = torch.finfo(dtype)
+    grid = fmt.grid.to(dtype)
+    mids = (grid[1:] + grid[:-1]) / 2
+    special = torch.tensor([0.0, info.tiny, info.tiny / 4, 1e-30, fmt.max, 1e30, info.max],
+                           dtype=dtype)  # fmt: skip
+    rand = torch.rand(5000, dtype=dtype, generator=torch.Generator().manual_seed(0)) * fmt.max
+    mag = torch.cat([grid, mids, grid * (1 + info.eps), grid * (1 - info.eps / 2), special, rand])
+    want = _spacing_frexp_ldexp(fmt, mag)
+    got = fmt.spacing(mag)
+    assert got.dtype == dtype and torch.equal(got, want)
+    below = mag[mag < 2.0**100]
+    assert torch.equal(fmt.inv_spacing(below), _spacing_frexp_ldexp(fmt, below).reciprocal())
+    low = mag.bfloat16()  # other dtypes: the frexp/ldexp form
+    assert torch.equal(fmt.spacing(low), _spacing_frexp_ldexp(fmt, low))
+
+
+@pytest.mark.parametrize("name", list(FLOAT_LAYOUTS))
+def test_spacing_of_inf_and_nan_is_finite(name):
+    """The bit-read exponent is capped: inf and NaN magnitudes give finite powers of two."""
+    fmt = formats.get(name)
+    mag = torch.tensor([float("inf"), float("nan")])
+    assert torch.isfinite(fmt.spacing(mag)).all() and torch.isfinite(fmt.inv_spacing(mag)).all()
+
+
+@pytest.mark.parametrize("name", list(INT_BITS))
+def test_int_spacing_is_one(name):
+    fmt = formats.get(name)
+    mag = torch.tensor([0.0, 1.0, fmt.max])
+    assert torch.equal(fmt.spacing(mag), torch.ones(3))
+    assert torch.equal(fmt.inv_spacing(mag), torch.ones(3))

@@ -40,13 +40,16 @@ def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
     mag = x.abs().clamp(max=fmt.max)
     a_top = fmt.below_max
     delta = fmt.spacing(mag).to(x.dtype)
-    a = torch.floor(mag * delta.reciprocal()) * delta
+    # Grid spacings are powers of two: multiplying by the reciprocal is exact, and unlike a
+    # division it compiles to the same bits (Triton's float32 division is approximate). The
+    # reciprocal comes from the bits too (`inv_spacing`), not from a division.
+    inv_delta = fmt.inv_spacing(mag).to(x.dtype)
+    a = torch.floor(mag * inv_delta) * delta
     top = mag >= fmt.max
     a = torch.where(top, a_top, a)
     delta = torch.where(top, fmt.max - a_top, delta)
-    # Grid spacings are powers of two: multiplying by the reciprocal is exact, and unlike a
-    # division it compiles to the same bits (Triton's float32 division is approximate).
-    t = (2.0 * (mag - a) * delta.reciprocal() - 1.0).clamp(-1.0, 1.0)
+    inv_delta = torch.where(top, 1.0 / (fmt.max - a_top), inv_delta)
+    t = (2.0 * (mag - a) * inv_delta - 1.0).clamp(-1.0, 1.0)
     return a, delta, t
 
 
