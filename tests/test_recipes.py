@@ -117,6 +117,8 @@ def test_describe_words():
         ("fp8-tensorwise", {"dgrad": "fast accum"}),
         ("fp4-dge", {"dgrad": "fast accum", "wgrad": "fast accum"}),
         ("fp8-rowwise", {"dgrad": "fast accum"}),
+        ("fp4", {"dgrad": "fast accum"}),
+        ("fp4-occ", {"dgrad": "fast accum"}),
         ("fp8-blockwise", {}),
         (
             "fp8-rowwise:fast_accum=off:dgrad_fast_accum=off:wgrad_fast_accum=on",
