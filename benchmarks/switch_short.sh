@@ -29,8 +29,9 @@
 #     --name switch_125M_100M_seeds_h200_<date>
 #
 # FAST_ACCUM=1 trains the recipes whose backward GEMMs run with fast accumulation by default
-# again (dgrad: fp8-tensorwise, fp8-rowwise; both: fp4-dge, fp4-direct; sessions 37 and 39,
-# results/fast_accum_125M_h200_2026-11-26.md, fast_accum_*_125M_seeds_h200_2026-11-28.md) as
+# again (dgrad: fp8-tensorwise, fp8-rowwise, fp4; both: fp4-dge, fp4-direct; sessions 37, 39
+# and 40, results/fast_accum_125M_h200_2026-11-26.md, fast_accum_*_125M_seeds_h200_2026-11-28.md;
+# fp4-occ's dgrad is fp4's GEMM, so it is not run again) as
 # study issue15s_fa, against the bf16 run above:
 # before the report, copy it in (cp -r benchmarks/results/runs_issue15s/h_125M/bf16
 # benchmarks/results/runs_issue15s_fa/h_125M/) -> fast_accum_125M_100M_h200_<date>.*
@@ -51,13 +52,14 @@ if [ "$SEED" != 0 ]; then
   QUEUE="$(grep -v fp8-tensorwise <<<"$QUEUE")"
 fi
 if [ "${FAST_ACCUM:-0}" = 1 ]; then
-  export STUDY=issue15s_fa H_ORDER="bf16,fp8-tensorwise,fp8-rowwise,fp4-dge,fp4-direct"
+  export STUDY=issue15s_fa H_ORDER="bf16,fp8-tensorwise,fp8-rowwise,fp4-dge,fp4-direct,fp4"
   export H_NAME="fast_accum_125M_100M_${GPU:-h200}"
   QUEUE="
 h fp8-tensorwise 470000
 h fp4-dge 400000
 h fp8-rowwise 400000
 h fp4-direct 400000
+h fp4 282000
 "
 fi
 exec bash "$(dirname "$0")/convergence.sh" "$@"

@@ -141,6 +141,8 @@ def test_switch_study_plans_its_runs(seed: str, fast_accum: str) -> None:
     if seed == "0":
         want.add("h_125M/fp8-tensorwise")
     if fast_accum == "1":
-        want = {f"h_125M/{r}" for r in ("fp8-tensorwise", "fp8-rowwise", "fp4-dge", "fp4-direct")}
+        fast = ("fp8-tensorwise", "fp8-rowwise", "fp4-dge", "fp4-direct", "fp4")
+        want = {f"h_125M/{r}" for r in fast}
     assert planned == want, out
-    assert "=> 1 leases" in out
+    # FAST_ACCUM: fp4's run (~355 s) fits no call left in the first lease's three
+    assert ("=> 2 leases" if fast_accum == "1" else "=> 1 leases") in out
