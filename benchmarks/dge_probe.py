@@ -13,12 +13,12 @@ shapes, in variants:
 - `direct`: fp4-direct's: the row-scaled E2M1 weight written transposed (no DGE);
 - `dge_quotient`: fp4-dge's before session 39: f' at the float64 quotient w / s_w;
 - `dge`: fp4-dge's as shipped (`dge.dge_derivative` at w · m_w, the "inv" multipliers, and
-  `pow`; its grid spacing by frexp/ldexp until session 40, from the bits since, as `dge_bits`);
+  `pow`). Its grid spacing came from frexp/ldexp until session 40; session 40's `dge_bits`
+  variant, the spacing read from the float32 bits (77.9 against 115.7 us at 5632 x 2048,
+  `results/dge_probe_h200_2026-11-28.md`), is what `FloatFormat.spacings` does since;
 - `dge_split`: the same, but DGE compiled as a graph of its own, so that inductor cannot fuse it
   into the transposed E2M1 kernel (one 1-D pass over w and dw more: is the fused 2-D kernel's
   arithmetic the cost?);
-- `dge_bits`: the E2M1 spacing read from the float32 bits, as `operand.round_to_storage` does
-  (exact: the same values as frexp/ldexp), and `pow`;
 - `dge_bits_exp2`: the same with |t|^(1/k-1) as exp2((1/k-1)·log2|t|) (not the same bits as
   `pow`; the largest difference is reported);
 - `dge_bits_nopow`: the same without the power (a lower bound for the arithmetic, not DGE).
@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, copy_bandwidth, kernel_profile, same_bytes, write_results  # noqa: E402
-from minifloat import dge, formats  # noqa: E402
+from minifloat import dge  # noqa: E402
 from minifloat.exact import div_rn_by_scale  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 
@@ -48,38 +48,19 @@ VARIANTS = (
     "dge_quotient",
     "dge",
     "dge_split",
-    "dge_bits",
     "dge_bits_exp2",
     "dge_bits_nopow",
 )
 K, CAP = 5.0, 3.0
-_E2M1 = formats.get("e2m1")
-
-
-def _t_bits(x: torch.Tensor) -> torch.Tensor:
-    """DGE's t for E2M1, float32 x: the spacing 2^e read from the bits (e = binade - 1,
-    clamped to [-1, 1]), as `round_to_storage` rounds; max takes the last interval."""
-    mag = x.abs().clamp(max=_E2M1.max)
-    e = ((mag.view(torch.int32) >> 23) - 128).clamp(-1, 1)
-    step = ((e + 127) << 23).view(torch.float32)
-    inv_step = ((127 - e) << 23).view(torch.float32)
-    top = mag >= _E2M1.max
-    a = torch.where(top, _E2M1.below_max, torch.floor(mag * inv_step) * step)
-    inv_delta = torch.where(top, 1.0 / (_E2M1.max - _E2M1.below_max), inv_step)
-    return (2.0 * (mag - a) * inv_delta - 1.0).clamp(-1.0, 1.0)
 
 
 def _derivative(x: torch.Tensor, variant: str) -> torch.Tensor:
     """f'(x) of `variant` (float32 x), NaN kept."""
     if variant in ("dge", "dge_quotient", "dge_split"):
         return dge.dge_derivative(x, "e2m1", K, CAP)
-    u = _t_bits(x).abs()
-    if variant == "dge_bits":
-        p = u.pow(1.0 / K - 1.0)
-    elif variant == "dge_bits_exp2":
-        p = torch.exp2((1.0 / K - 1.0) * torch.log2(u))
-    else:
-        p = u
+    u = dge.grid_position(x, "e2m1").abs()
+    # dge_bits_nopow: no power at all (a bound)
+    p = torch.exp2((1.0 / K - 1.0) * torch.log2(u)) if variant == "dge_bits_exp2" else u
     return torch.where(torch.isnan(x), x, ((1.0 / K) * p).clamp(max=CAP))
 
 

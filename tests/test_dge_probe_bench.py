@@ -1,5 +1,6 @@
-"""benchmarks/dge_probe.py: its bit-read E2M1 intervals give DGE's derivative exactly (so the
-variant times the same arithmetic result), and the exp2 form stays within float32 rounding."""
+"""benchmarks/dge_probe.py: its variants share the E2M1 operand, the split one computes the
+shipped DGE, and the exp2 form stays within float32 rounding. (The bit-read spacing that the
+probe's `dge_bits` timed is the library's own since session 40: tests/test_formats.py.)"""
 
 from __future__ import annotations
 
@@ -25,13 +26,6 @@ def _adversarial() -> torch.Tensor:
     return torch.cat([points, -points, special, near, -near, rand])
 
 
-def test_bit_intervals_equal_dge_derivative(probe):
-    x = _adversarial()
-    want = dge.dge_derivative(x, "e2m1", probe.K, probe.CAP)
-    got = probe._derivative(x, "dge_bits")
-    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
-
-
 def test_exp2_form_within_float32_rounding(probe):
     x = _adversarial()
     x = x[~torch.isnan(x)]
@@ -47,7 +41,6 @@ def test_weight_backward_variants_share_the_operand(probe):
     for variant in probe.VARIANTS:
         out = probe.weight_backward(w, dw, variant)
         assert torch.equal(out[0].view(torch.uint8), ref[0].view(torch.uint8)), variant
-    assert torch.equal(probe.weight_backward(w, dw, "dge_bits")[1], ref[1])
 
 
 def test_split_variant_is_the_shipped_dge(probe):

@@ -39,11 +39,9 @@ def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
     """
     mag = x.abs().clamp(max=fmt.max)
     a_top = fmt.below_max
-    delta = fmt.spacing(mag).to(x.dtype)
     # Grid spacings are powers of two: multiplying by the reciprocal is exact, and unlike a
-    # division it compiles to the same bits (Triton's float32 division is approximate). The
-    # reciprocal comes from the bits too (`inv_spacing`), not from a division.
-    inv_delta = fmt.inv_spacing(mag).to(x.dtype)
+    # division it compiles to the same bits (Triton's float32 division is approximate).
+    delta, inv_delta = fmt.spacings(mag)
     a = torch.floor(mag * inv_delta) * delta
     top = mag >= fmt.max
     a = torch.where(top, a_top, a)

@@ -64,9 +64,11 @@ class ElementFormat:
         floored at the subnormal spacing: the quantum that rounding at `mag` uses."""
         raise NotImplementedError
 
-    def inv_spacing(self, mag: torch.Tensor) -> torch.Tensor:
-        """1 / `spacing(mag)`, exact (a power of two)."""
-        return self.spacing(mag).reciprocal()
+    def spacings(self, mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`spacing(mag)`, its reciprocal), both exact powers of two: a quantum and what to
+        multiply by instead of dividing by it (a compiled float32 division is approximate)."""
+        quantum = self.spacing(mag)
+        return quantum, quantum.reciprocal()
 
     def round(
         self,
@@ -188,37 +190,33 @@ class FloatFormat(ElementFormat):
 
     def spacing(self, mag: torch.Tensor) -> torch.Tensor:
         # Spacing of the grid around `mag`: 2^(e - mbits) with e the binade of mag, floored at the
-        # subnormal spacing. For float32/float64, `_log2_spacing` reads e from the bits and the
-        # power of two is built as bits: exact, as frexp/ldexp are, but a few integer
-        # instructions where a GPU compiles those to libdevice calls (DGE runs this on every
-        # weight each step: 115.7 -> 77.9 us for a 5632 x 2048 weight's backward, H200,
-        # `results/dge_probe_h200_2026-11-28.md`).
+        # subnormal spacing.
         if mag.dtype in _FLOAT_BITS:
-            _, mant, bias = _FLOAT_BITS[mag.dtype]
-            return ((self._log2_spacing(mag) + bias) << mant).view(mag.dtype)
+            return self.spacings(mag)[0]
         # Other dtypes (bfloat16, float16): frexp gives mag = f * 2^exp with f in [0.5, 1), so
         # e = exp - 1; zero (frexp: exp 0) lies in the subnormal binade.
         _, exp = torch.frexp(mag)
         e = torch.where(mag == 0, self.emin, torch.clamp(exp - 1, min=self.emin))
         return torch.ldexp(torch.ones_like(mag), (e - self.mbits).to(torch.int32))
 
-    def inv_spacing(self, mag: torch.Tensor) -> torch.Tensor:
-        if mag.dtype in _FLOAT_BITS:  # 2^-(e - mbits) as bits, no division
-            _, mant, bias = _FLOAT_BITS[mag.dtype]
-            return ((bias - self._log2_spacing(mag)) << mant).view(mag.dtype)
-        return self.spacing(mag).reciprocal()
-
-    def _log2_spacing(self, mag: torch.Tensor) -> torch.Tensor:
-        """e - mbits (integer, mag's dtype's same-width int) for float32/float64 mag >= 0.
+    def spacings(self, mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For float32/float64 `mag`, log2 of the spacing, e - mbits, is read from the exponent
+        field and both powers of two are built as bits: exact, as frexp/ldexp are, but a few
+        integer instructions where a GPU compiles those to libdevice calls (DGE runs this on
+        every weight each step: 115.7 -> 77.9 us for a 5632 x 2048 weight's backward, H200,
+        `results/dge_probe_h200_2026-11-28.md`), and no `torch.where` constants (see
+        `kernels.operand.round_to_storage`, which rounds E2M1 with them).
 
         Zero and float subnormals (exponent field 0) fall below emin and are floored there;
-        inf and NaN (all-ones field) are capped at the largest finite binade, so the powers of
-        two built from the result are finite (NaN's value is discarded downstream anyway).
-        `inv_spacing` is exact below 2^bias, far above every format's max.
-        """
+        inf and NaN (all-ones field) are capped at the largest finite binade, so both powers
+        of two are finite (NaN's value is discarded downstream anyway). The reciprocal is
+        exact below 2^bias, far above every format's max."""
+        if mag.dtype not in _FLOAT_BITS:
+            return super().spacings(mag)
         int_t, mant, bias = _FLOAT_BITS[mag.dtype]
-        e = torch.clamp((mag.view(int_t) >> mant) - bias, min=self.emin, max=bias)
-        return e - self.mbits
+        low = self.emin - self.mbits
+        e = ((mag.view(int_t) >> mant) - (bias + self.mbits)).clamp(low, bias - self.mbits)
+        return ((e + bias) << mant).view(mag.dtype), ((bias - e) << mant).view(mag.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,8 +242,8 @@ class IntFormat(ElementFormat):
     def spacing(self, mag: torch.Tensor) -> torch.Tensor:
         return torch.ones_like(mag)
 
-    def inv_spacing(self, mag: torch.Tensor) -> torch.Tensor:
-        return torch.ones_like(mag)
+    def spacings(self, mag: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.ones_like(mag), torch.ones_like(mag)
 
 
 _FORMATS: dict[str, ElementFormat] = {

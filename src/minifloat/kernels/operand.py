@@ -63,6 +63,7 @@ FP8_STORAGE: dict[str, torch.dtype] = {
     "e5m2": torch.float8_e5m2,
 }
 _FP32_TINIEST = 2.0**-149  # the reference's floor of a positive group's scale
+_E2M1 = formats.get("e2m1")
 
 
 def supports(fmt: str, granularity: Granularity, scale_format: str, rounding: str) -> bool:
@@ -138,16 +139,13 @@ def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
     if fmt == "e2m1":
         # Grid spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6]: round(|q| / spacing) * spacing,
-        # written with multiplications by powers of two (exact in every compiled form). log2 of
-        # the spacing is the binade's exponent minus 1, read from the bits and clamped to
-        # [-1, 1] (zero, subnormals and NaN included), the powers of two built as bits: few
-        # graph nodes (module docstring), and no `torch.where` constants, which every quantizer
-        # of a compiled graph shares; the partitioner's "used above/below fusible" rule then
-        # banned recomputing the later quantizers in backward, so it saved their E2M1 operands.
+        # written with multiplications by powers of two (exact in every compiled form), both
+        # read from the bits (`FloatFormat.spacings`): few graph nodes (module docstring), and
+        # no `torch.where` constants, which every quantizer of a compiled graph shares; the
+        # partitioner's "used above/below fusible" rule then banned recomputing the later
+        # quantizers in backward, so it saved their E2M1 operands.
         mag = q.abs().clamp(max=6.0)
-        e = ((mag.view(torch.int32) >> 23) - 128).clamp(-1, 1)
-        step = ((e + 127) << 23).view(torch.float32)
-        inv_step = ((127 - e) << 23).view(torch.float32)
+        step, inv_step = _E2M1.spacings(mag)
         return torch.copysign(torch.round(mag * inv_step) * step, q).to(FP8_STORAGE[fmt])
     fmt_max = formats.get(fmt).max
     return q.clamp(-fmt_max, fmt_max).to(FP8_STORAGE[fmt])
