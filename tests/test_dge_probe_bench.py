@@ -26,11 +26,13 @@ def _adversarial() -> torch.Tensor:
     return torch.cat([points, -points, special, near, -near, rand])
 
 
-def test_exp2_form_within_float32_rounding(probe):
+@pytest.mark.parametrize("variant", ["dge_pow", "dge_bits_exp2"])
+def test_power_forms_within_float32_rounding(probe, variant):
+    """Session 40's `pow` and the exp2 form against the shipped table power."""
     x = _adversarial()
     x = x[~torch.isnan(x)]
     want = dge.dge_derivative(x, "e2m1", probe.K, probe.CAP).double()
-    got = probe._derivative(x, "dge_bits_exp2").double()
+    got = probe._derivative(x, variant).double()
     torch.testing.assert_close(got, want, rtol=2e-6, atol=0)  # a few float32 ulps
 
 

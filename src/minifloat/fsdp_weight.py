@@ -475,7 +475,7 @@ def sharded_dge_hook(param: torch.Tensor, cfg, fmt: str, backend: str) -> None: 
         )
     kernels = get_backend(backend, grad.device)
     scaled = kernels.kernel(dge_scale, grad)(
-        grad, shard._hp, shard._dge_scale, fmt=fmt, k=cfg.k, cap=cfg.cap, w_mult=shard._dge_mult
+        grad, shard._hp, shard._dge_scale, fmt=fmt, cfg=cfg, w_mult=shard._dge_mult
     )
     grad.copy_(scaled)
     shard._dge_grad = weakref.ref(grad)

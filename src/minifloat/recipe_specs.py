@@ -94,8 +94,8 @@ class DGEConfig:
     cap: float = 3.0
 
     def __post_init__(self) -> None:
-        if not (self.k > 0 and self.cap > 0):
-            raise ValueError("DGE needs k > 0 and cap > 0")
+        if not (self.k >= 1 and self.cap > 0):  # k = 1: straight-through; below: not a quantizer
+            raise ValueError("DGE needs k >= 1 and cap > 0")
 
 
 OCC_THRESHOLDS = ("exact", "sampled")

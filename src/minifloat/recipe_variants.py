@@ -36,7 +36,7 @@ _OWN_SCALE_FORMATS = ("fp32", "pow2", "inv")  # scales from the operand's own ma
 
 VARIANT_KEYS: dict[str, str] = {
     "dge": "on|off: the DGE weight-gradient correction (on: k=5, cap=3)",
-    "dge.k": "DGE sharpness k > 0 (turns DGE on)",
+    "dge.k": "DGE sharpness k >= 1 (turns DGE on)",
     "dge.cap": "DGE derivative cap > 0 (turns DGE on)",
     "occ": "on|off: outlier clamping + compensation (on: alpha=0.99, sampled, e4m3)",
     "occ.alpha": "OCC clamp quantile alpha in (0.5, 1) (turns OCC on)",

@@ -129,7 +129,7 @@ class EmulatedBackend:
     ) -> torch.Tensor:
         scale = w_q.scale if w_q.granularity in _ROWISH else w_q.expanded_scale()
         return self.kernel(dge_scale, dw)(
-            dw, w_hp, scale, fmt=w_q.fmt, k=cfg.k, cap=cfg.cap, w_mult=w_q.multiplier
+            dw, w_hp, scale, fmt=w_q.fmt, cfg=cfg, w_mult=w_q.multiplier
         )
 
 
