@@ -199,7 +199,9 @@ def test_float32_derivative_agrees_with_float64s():
         assert float(_ulps(got, want).max()) <= 3.0
 
 
-def _adversarial_points() -> torch.Tensor:
+def adversarial_points() -> torch.Tensor:
+    """Grid points, midpoints, their float32 neighbours, specials (NaN, tiny, huge, beyond max)
+    and uniform values, both signs (also tests/test_dge_probe_bench.py's)."""
     grid = formats.get("e2m1").grid.float()
     mids = (grid[1:] + grid[:-1]) / 2
     pts = torch.cat([grid, mids, torch.tensor([6.5, 1e30, 1e-30, 1e-45, float("nan")])])
@@ -212,7 +214,7 @@ def _adversarial_points() -> torch.Tensor:
 def test_compiled_derivative_equals_eager():
     """One compiled function, configs with different k in turn (each recompiles: dynamo would
     trace a changed float k as a symbol, the config passes as a constant)."""
-    x = _adversarial_points()
+    x = adversarial_points()
     compiled = torch.compile(derivative, fullgraph=True)
     for k in (1.0, 5.0, 10.0, 3.0):
         cfg = DGEConfig(k=k, cap=3.0 if k != 10.0 else 7.5)
@@ -224,7 +226,7 @@ def test_compiled_derivative_reads_its_tables_as_constants():
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
-    x = _adversarial_points()
+    x = adversarial_points()
     _, codes = run_and_get_code(torch.compile(derivative, fullgraph=True), x, "e2m1", DGEConfig())
     code = "\n".join(codes)
     assert ".pow(" not in code and "std::pow" not in code
@@ -243,7 +245,7 @@ def test_k_below_one_is_refused():
 def test_derivative_has_the_same_bits_on_cpu_and_cuda_eager_and_compiled(k):
     """No libdevice pow: CUDA eager, CUDA compiled (where Triton could contract a product and
     a sum into an FMA) and the CPU give the same f'."""
-    x = _adversarial_points()
+    x = adversarial_points()
     cpu = dge_derivative(x, k=k)
     cuda = x.cuda()
     assert bits_equal(dge_derivative(cuda, k=k).cpu(), cpu)

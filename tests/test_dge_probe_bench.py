@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minifloat import dge, formats
+from minifloat import dge
 from scripts import load_benchmark
+from test_dge import adversarial_points
 
 
 @pytest.fixture(scope="module")
@@ -16,20 +17,10 @@ def probe():
     return load_benchmark("dge_probe")
 
 
-def _adversarial() -> torch.Tensor:
-    grid = formats.get("e2m1").grid.float()
-    mids = (grid[1:] + grid[:-1]) / 2
-    special = torch.tensor([0.0, -0.0, 6.0, -6.0, 6.5, 1e30, 1e-30, 1e-45, float("nan")])
-    points = torch.cat([grid, mids])
-    near = torch.cat([points * (1 + 2**-23), points * (1 - 2**-24)])  # one float32 ulp away
-    rand = torch.rand(20000, generator=torch.Generator().manual_seed(0)) * 14 - 7
-    return torch.cat([points, -points, special, near, -near, rand])
-
-
 @pytest.mark.parametrize("variant", ["dge_pow", "dge_bits_exp2"])
 def test_power_forms_within_float32_rounding(probe, variant):
     """Session 40's `pow` and the exp2 form against the shipped table power."""
-    x = _adversarial()
+    x = adversarial_points()
     x = x[~torch.isnan(x)]
     want = dge.dge_derivative(x, "e2m1", probe.K, probe.CAP).double()
     got = probe._derivative(x, variant).double()

@@ -118,7 +118,6 @@ def derivative(x_scaled: torch.Tensor, fmt: str | ElementFormat, cfg: DGEConfig)
 # train_interleaved_1.3B_ours_s41_dge_floor_...: fp4-dge:dge.k=0.5, whose power is |t|^1, ran
 # 224.8 against 229.4 ms); CPU and CUDA's pow also differ in the last bit, the tables do not.
 _BUCKET_BITS = 7
-_PAPER = DGEConfig()  # k = 5, cap 3
 
 
 @torch.compiler.assume_constant_result  # constants, so dynamo does not trace the loops
@@ -171,8 +170,9 @@ def dge_scale(
     dw: torch.Tensor,
     w: torch.Tensor,
     w_scale: torch.Tensor,
+    *,
+    cfg: DGEConfig,
     fmt: str | ElementFormat = "e2m1",
-    cfg: DGEConfig = _PAPER,
     w_mult: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DGE's weight-gradient correction dw * f'(w scaled), float32.
