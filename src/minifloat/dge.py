@@ -98,7 +98,7 @@ def dge_derivative(
 def derivative(x_scaled: torch.Tensor, fmt: str | ElementFormat, cfg: DGEConfig) -> torch.Tensor:
     """`dge_derivative` with a recipe's DGEConfig. Compiled code passes the config rather than
     its floats: dynamo traces a float that changed between compilations as a symbol, and the
-    power's tables need its value (`_power_tables`)."""
+    power's tables need its value (`_power_tables` reads it from `DGEConfig.k_key`)."""
     fmt = formats.get(fmt)
     x = x_scaled.to(_working_dtype(x_scaled))
     _, _, t = _intervals(x, fmt)
@@ -121,15 +121,17 @@ _BUCKET_BITS = 7
 
 
 @torch.compiler.assume_constant_result  # constants, so dynamo does not trace the loops
-def _power_tables(cfg: DGEConfig) -> tuple[tuple[float, ...], ...]:
-    """For a = 1/k - 1 and scale = 1/k: scale·2^(e·a) by float32 biased exponent e; m_j^a and
+def _power_tables(k_key: str) -> tuple[tuple[float, ...], ...]:
+    """For k = float.fromhex(k_key) (`DGEConfig.k_key`: torch 2.11's dynamo takes no frozen
+    dataclass as the argument of a constant function, and a float may be traced as a symbol),
+    a = 1/k - 1 and scale = 1/k: scale·2^(e·a) by float32 biased exponent e; m_j^a and
     1/m_j by bucket j (float64 values, rounded to float32 as tensors); the series' C(a, 1..3),
     rounded to float32 here so that every backend reads the same constants.
 
     Entry 0 of the first stands for |t| = 0 (and subnormals, which `_intervals` never returns:
     its t are multiples of 2^-24): scale·0^a.
     """
-    scale = 1.0 / cfg.k
+    scale = 1.0 / float.fromhex(k_key)
     a = scale - 1.0
     buckets = 1 << _BUCKET_BITS
     zero = math.inf if a < 0 else scale
@@ -149,7 +151,7 @@ def _unit_power(u: torch.Tensor, cfg: DGEConfig) -> torch.Tensor:
     and the sum that uses it into one FMA, which eager never does, so each product passes a
     clamp that cannot bind (|s·p| < 2^-6) before its sum.
     """
-    *tables, (c1, c2, c3) = _power_tables(cfg)
+    *tables, (c1, c2, c3) = _power_tables(cfg.k_key)
     by_exponent, by_bucket, recip = (
         torch.tensor(t, dtype=torch.float32, device=u.device) for t in tables
     )  # under torch.compile: constants of the graph
