@@ -12,12 +12,13 @@ This compiles the backward's weight work of one linear as training does, for sev
 shapes, in variants:
 - `direct`: fp4-direct's: the row-scaled E2M1 weight written transposed (no DGE);
 - `dge_quotient`: fp4-dge's before session 39: f' at the float64 quotient w / s_w;
-- `dge`: fp4-dge's as shipped (`dge.dge_derivative` at w · m_w, the "inv" multipliers, its
-  power from tables since session 41). Its grid spacing came from frexp/ldexp until session
+- `dge`: fp4-dge's as shipped (`dge.dge_derivative` at w · m_w, the "inv" multipliers; its
+  power `pow`, a libdevice call on CUDA). Its grid spacing came from frexp/ldexp until session
   40; session 40's `dge_bits` variant, the spacing read from the float32 bits (77.9 against
   115.7 us at 5632 x 2048, `results/dge_probe_h200_2026-11-28.md`), is what
-  `FloatFormat.spacings` does since;
-- `dge_pow`: the same with session 40's power, `pow` (a libdevice call on CUDA);
+  `FloatFormat.spacings` does since. Session 41's power from tables ran as `dge` in
+  `results/dge_probe_h200_2026-11-28_s42.md` (there `dge_pow` is pow): faster alone (251
+  against 269 us at 11008 x 4096), no faster in training, so dropped;
 - `dge_split`: the same, but DGE compiled as a graph of its own, so that inductor cannot fuse it
   into the transposed E2M1 kernel (one 1-D pass over w and dw more: is the fused 2-D kernel's
   arithmetic the cost?);
@@ -49,7 +50,6 @@ VARIANTS = (
     "direct",
     "dge_quotient",
     "dge",
-    "dge_pow",
     "dge_split",
     "dge_bits_exp2",
     "dge_bits_nopow",
@@ -62,12 +62,8 @@ def _derivative(x: torch.Tensor, variant: str) -> torch.Tensor:
     if variant in ("dge", "dge_quotient", "dge_split"):
         return dge.dge_derivative(x, "e2m1", K, CAP)
     u = dge.grid_position(x, "e2m1").abs()
-    if variant == "dge_pow":
-        p = u.pow(1.0 / K - 1.0)
-    elif variant == "dge_bits_exp2":
-        p = torch.exp2((1.0 / K - 1.0) * torch.log2(u))
-    else:  # dge_bits_nopow: no power at all (a bound)
-        p = u
+    exp2 = variant == "dge_bits_exp2"  # else dge_bits_nopow: no power at all (a bound)
+    p = torch.exp2((1.0 / K - 1.0) * torch.log2(u)) if exp2 else u
     return torch.where(torch.isnan(x), x, ((1.0 / K) * p).clamp(max=CAP))
 
 

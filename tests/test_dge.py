@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bits import bits_equal
 from minifloat import formats, recipes
-from minifloat.dge import _unit_power, derivative, dge_derivative, dge_function, grid_position
+from minifloat.dge import derivative, dge_derivative, dge_function, grid_position
 from minifloat.linear import QuantLinear
 from minifloat.quantize import quantize
 from minifloat.recipes import DGEConfig
@@ -175,22 +174,6 @@ def _ulps(got: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
     return (got.double() - want).abs() / spacing.double()
 
 
-@pytest.mark.parametrize("k", [1.0, 1.5, 3.0, 5.0, 10.0, 100.0])
-def test_float32_power_within_3_ulp_of_the_exact_one(k):
-    """The table power on every |t| DGE meets (the multiples of 2^-24 in (0, 1], all of them
-    for the paper's k = 5, every 7th otherwise) against float64's pow: measured <= 2.95 ulp,
-    and exactly 1/k where t is a grid point (|t| = 1)."""
-    step = 1 if k == 5.0 else 7
-    u = (torch.arange(1, 2**24 + 1, step, dtype=torch.float64) * 2**-24).float()
-    a = 1.0 / k - 1.0
-    got = _unit_power(u, DGEConfig(k=k))
-    assert float(_ulps(got, (1.0 / k) * u.double() ** a).max()) <= 3.0
-    one = _unit_power(torch.ones(1), DGEConfig(k=k))
-    assert bits_equal(one, torch.tensor([1.0 / k]))
-    zero = _unit_power(torch.zeros(1), DGEConfig(k=k))  # a midpoint: +inf, which the cap clips
-    assert float(zero) == (float("inf") if k > 1 else 1.0)
-
-
 def test_float32_derivative_agrees_with_float64s():
     x = torch.cat([_interior_points(), torch.rand(50_000, dtype=torch.float64) * 14 - 7])
     for k in (3.0, 5.0, 10.0):
@@ -211,43 +194,26 @@ def adversarial_points() -> torch.Tensor:
     return torch.cat([x, -x])
 
 
-def test_compiled_derivative_equals_eager():
-    """One compiled function, configs with different k in turn (each recompiles: dynamo would
-    trace a changed float k as a symbol, the config passes as a constant)."""
+def test_compiled_derivative_stays_within_two_ulp_of_eager_as_k_changes():
+    """One compiled function, configs with different k and cap in turn. Dynamo traces a float
+    that changed between compilations as a symbol, and torch 2.13's inductor then kept the first
+    symbolic exponent of `pow` (millions of ulp off); the constants come from `DGEConfig.key`
+    instead. Float32 pow itself differs by an ulp or two between ATen and inductor's C++."""
     x = adversarial_points()
     compiled = torch.compile(derivative, fullgraph=True)
-    for k in (1.0, 5.0, 10.0, 3.0):
+    for k in (1.0, 5.0, 10.0, 3.0, 7.0):
         cfg = DGEConfig(k=k, cap=3.0 if k != 10.0 else 7.5)
-        assert bits_equal(compiled(x, "e2m1", cfg), derivative(x, "e2m1", cfg))
+        got, want = compiled(x, "e2m1", cfg), derivative(x, "e2m1", cfg)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert float(_ulps(got[~nan], want[~nan].double()).max()) <= 2.0, k
 
 
-def test_compiled_derivative_reads_its_tables_as_constants():
-    """The compiled graph has no power left and no kernel that builds the tables."""
-    from torch._inductor.utils import run_and_get_code
-
-    torch._dynamo.reset()
-    x = adversarial_points()
-    _, codes = run_and_get_code(torch.compile(derivative, fullgraph=True), x, "e2m1", DGEConfig())
-    code = "\n".join(codes)
-    assert ".pow(" not in code and "std::pow" not in code
-    assert code.count("_tensor_constant") >= 3  # the three tables
-    assert code.count("async_compile.cpp") == 1  # one kernel
+def test_config_key_names_k_and_cap():
+    assert DGEConfig(k=5).key == DGEConfig(k=5.0).key
+    assert len({DGEConfig().key, DGEConfig(k=3.0).key, DGEConfig(cap=2.0).key}) == 3
 
 
 def test_k_below_one_is_refused():
     with pytest.raises(ValueError, match="k >= 1"):
         dge_derivative(torch.ones(2), k=0.5)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("k", [3.0, 5.0])
-def test_derivative_has_the_same_bits_on_cpu_and_cuda_eager_and_compiled(k):
-    """No libdevice pow: CUDA eager, CUDA compiled (where Triton could contract a product and
-    a sum into an FMA) and the CPU give the same f'."""
-    x = adversarial_points()
-    cpu = dge_derivative(x, k=k)
-    cuda = x.cuda()
-    assert bits_equal(dge_derivative(cuda, k=k).cpu(), cpu)
-    compiled = torch.compile(dge_derivative, fullgraph=True)
-    assert bits_equal(compiled(cuda, k=k).cpu(), cpu)

@@ -20,9 +20,6 @@ gradient would freeze the channel's largest weight.
 
 from __future__ import annotations
 
-import math
-import struct
-
 import torch
 
 from minifloat import formats
@@ -88,84 +85,30 @@ def dge_derivative(
             approaches the hard quantizer (the paper uses 5). Below 1, f would be flat at the
             midpoints and steep at the grid points: the opposite of a quantizer.
         cap: upper bound of the derivative near midpoints (the paper uses 3.0).
-    float32 reads the power from tables (`_unit_power`, within 3 ulp of the exact value),
-    float64 computes it with `pow`. NaN in x gives NaN (the step guard must see it). Under
-    torch.compile, k and cap must be constants of the graph (as a recipe's are).
+    NaN in x gives NaN (the step guard must see it).
     """
     return derivative(x_scaled, fmt, DGEConfig(k=k, cap=cap))
 
 
 def derivative(x_scaled: torch.Tensor, fmt: str | ElementFormat, cfg: DGEConfig) -> torch.Tensor:
-    """`dge_derivative` with a recipe's DGEConfig. Compiled code passes the config rather than
-    its floats: dynamo traces a float that changed between compilations as a symbol, and the
-    power's tables need its value (`_power_tables` reads it from `DGEConfig.k_key`)."""
+    """`dge_derivative` with a recipe's DGEConfig (the form the backward calls). Its constants
+    come from `cfg.key` (`_constants`), so compiled code never holds k or cap as a symbol."""
     fmt = formats.get(fmt)
     x = x_scaled.to(_working_dtype(x_scaled))
     _, _, t = _intervals(x, fmt)
-    # |t|^(1/k-1) is +inf at t = 0 (exact midpoints); the cap turns that into `cap`.
-    if x.dtype == torch.float64:
-        deriv = (1.0 / cfg.k) * t.abs().pow(1.0 / cfg.k - 1.0)
-    else:
-        deriv = _unit_power(t.abs(), cfg)
-    deriv = deriv.clamp(max=cfg.cap)
+    scale, exponent, cap = _constants(cfg.key)
+    # |t|^(1/k-1) is +inf at t = 0 (exact midpoints); the cap turns that into `cap`. pow is a
+    # libdevice call on CUDA (~4.6 ms of a 1.3B fp4-dge step); session 42's table power was
+    # no faster in training (docs/hopper_sessions.md).
+    deriv = (scale * t.abs().pow(exponent)).clamp(max=cap)
     return torch.where(torch.isnan(x), x, deriv)
 
 
-# |t|^a from tables: |t| = 2^e · m (m in [1, 2)); the top _BUCKET_BITS bits of m's fraction pick
-# a bucket [m_j, m_j + 2^-_BUCKET_BITS), and (m / m_j)^a = (1 + s)^a, s < 2^-7, is the binomial
-# series to s^3 (the rest < 2^-28 for |a| <= 1). The float32 pow it replaces is a libdevice call
-# that cost ~4.6 ms of a 1.3B fp4-dge step on the H200 (benchmarks/results/
-# train_interleaved_1.3B_ours_s41_dge_floor_...: fp4-dge:dge.k=0.5, whose power is |t|^1, ran
-# 224.8 against 229.4 ms); CPU and CUDA's pow also differ in the last bit, the tables do not.
-_BUCKET_BITS = 7
-
-
-@torch.compiler.assume_constant_result  # constants, so dynamo does not trace the loops
-def _power_tables(k_key: str) -> tuple[tuple[float, ...], ...]:
-    """For k = float.fromhex(k_key) (`DGEConfig.k_key`: torch 2.11's dynamo takes no frozen
-    dataclass as the argument of a constant function, and a float may be traced as a symbol),
-    a = 1/k - 1 and scale = 1/k: scale·2^(e·a) by float32 biased exponent e; m_j^a and
-    1/m_j by bucket j (float64 values, rounded to float32 as tensors); the series' C(a, 1..3),
-    rounded to float32 here so that every backend reads the same constants.
-
-    Entry 0 of the first stands for |t| = 0 (and subnormals, which `_intervals` never returns:
-    its t are multiples of 2^-24): scale·0^a.
-    """
-    scale = 1.0 / float.fromhex(k_key)
-    a = scale - 1.0
-    buckets = 1 << _BUCKET_BITS
-    zero = math.inf if a < 0 else scale
-    by_exponent = tuple(scale * 2.0 ** ((e - 127) * a) if e else zero for e in range(128))
-    m_j = [1.0 + j / buckets for j in range(buckets)]
-    c2 = a * (a - 1.0) / 2.0
-    series = tuple(struct.unpack("f", struct.pack("f", c))[0] for c in (a, c2, c2 * (a - 2) / 3))
-    return by_exponent, tuple(m**a for m in m_j), tuple(1.0 / m for m in m_j), series
-
-
-def _unit_power(u: torch.Tensor, cfg: DGEConfig) -> torch.Tensor:
-    """(1/k)·u^a, a = 1/k - 1 in (-1, 0], for float32 u in {0} ∪ [2^-126, 1], in float32, with
-    the same bits eager and compiled, and by construction on the CPU and on CUDA alike (NaN
-    entries: the caller masks them).
-
-    Only table reads, bit operations, float32 products and sums. Triton may contract a product
-    and the sum that uses it into one FMA, which eager never does, so each product passes a
-    clamp that cannot bind (|s·p| < 2^-6) before its sum.
-    """
-    *tables, (c1, c2, c3) = _power_tables(cfg.k_key)
-    by_exponent, by_bucket, recip = (
-        torch.tensor(t, dtype=torch.float32, device=u.device) for t in tables
-    )  # under torch.compile: constants of the graph
-    bits = u.view(torch.int32)
-    e = (bits >> 23).clamp(0, 127)  # biased exponent (NaN: 255, clamped; masked later)
-    j = (bits >> (23 - _BUCKET_BITS)) & ((1 << _BUCKET_BITS) - 1)
-    one = 0x3F800000  # the bits of 1.0: a fraction field or-ed in gives a value in [1, 2)
-    m = ((bits & 0x7FFFFF) | one).view(torch.float32)
-    m_j = ((bits & (0x7FFFFF ^ ((1 << (23 - _BUCKET_BITS)) - 1))) | one).view(torch.float32)
-    s = (m - m_j) * recip[j]  # m - m_j is exact
-    p = (s * c3).clamp(max=1.0) + c2
-    p = (s * p).clamp(max=1.0) + c1
-    p = (s * p).clamp(max=1.0) + 1.0
-    return by_exponent[e] * by_bucket[j] * p
+@torch.compiler.assume_constant_result  # Python floats in the graph, whatever dynamo made of k
+def _constants(key: str) -> tuple[float, float, float]:
+    """1/k, 1/k - 1 and cap of the DGEConfig whose `key` this is."""
+    k, cap = (float.fromhex(v) for v in key.split())
+    return 1.0 / k, 1.0 / k - 1.0, cap
 
 
 def dge_scale(
@@ -182,8 +125,9 @@ def dge_scale(
     The scaled weight is w * w_mult where the quantizer multiplied ("inv" scales: its
     multipliers m, `QOperand.multiplier`), else w / w_scale. `w_scale` and `w_mult` broadcast
     against `w` (e.g. [N, 1] row scales). Plain PyTorch that torch.compile fuses into one pass:
-    one float32 product an element, or the division `exact.div_rn_by_scale` (float64), so
-    compiled equals eager either way.
+    one float32 product an element, or the division `exact.div_rn_by_scale` (float64). The
+    float32 `pow` of f' is not correctly rounded and differs by an ulp or two between ATen,
+    inductor's C++ and CUDA; the Hopper backend runs this compiled in eager too (`kernel`).
     """
     w = w.detach().float()
     w_scaled = div_rn_by_scale(w, w_scale.float()) if w_mult is None else w * w_mult.float()

@@ -96,10 +96,12 @@ class DGEConfig:
     def __post_init__(self) -> None:
         if not (self.k >= 1 and self.cap > 0):  # k = 1: straight-through; below: not a quantizer
             raise ValueError("DGE needs k >= 1 and cap > 0")
-        # k as text, the key of dge's power tables: under torch.compile a float attribute that
-        # changed between compilations is traced as a symbol (no table can be built from one),
-        # a string stays a constant of the graph. Not a field: equality and repr are k's.
-        object.__setattr__(self, "k_key", float(self.k).hex())
+        # k and cap as text, from which dge.py reads its constants: under torch.compile a float
+        # attribute that changed between compilations is traced as a symbol, and torch 2.13's
+        # inductor computed DGE wrongly with a symbolic k (session 42); a string stays a
+        # constant of the graph (one graph per config). Not a field: equality and repr are
+        # k's and cap's.
+        object.__setattr__(self, "key", f"{float(self.k).hex()} {float(self.cap).hex()}")
 
 
 OCC_THRESHOLDS = ("exact", "sampled")
