@@ -125,24 +125,42 @@ def test_ragged_dims_fall_back_with_warning():
     assert sum(issubclass(c.category, FallbackWarning) for c in caught) <= 1
 
 
+def _compiled_and_eager(name: str, autocast: bool, bias: bool = False) -> list[tuple]:
+    """(y, dx, dw) of one step of a layer and of its compiled copy."""
+    torch._dynamo.reset()
+    layer = QuantLinear(256, 384, bias=bias, recipe=name, backend="auto").cuda()
+    compiled = torch.compile(copy.deepcopy(layer), fullgraph=True)
+    x, _, dy = _inputs(96, 256, 384)
+    x = x if autocast else x.float()
+    outs = []
+    for mod in (layer, compiled):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            y = mod(xi)
+        y.backward(dy.to(y.dtype))
+        outs.append((y, xi.grad, mod.weight.grad))
+    return outs
+
+
 @pytest.mark.parametrize("name", QUANT_RECIPES)
 def test_torch_compile_matches_eager(name):
     # fullgraph: choosing the backend or running its kernels must not break the graph (a break
     # made the trainer's compiled step recompile per input dtype and fall back to eager). Eager
     # CUDA calls run the quantizers' compiled twins, the compiled layer inlines the same PyTorch
     # functions, and the GEMMs are the same cuBLAS calls: the results must be identical.
-    torch._dynamo.reset()
-    layer = QuantLinear(256, 384, bias=False, recipe=name, backend="auto").cuda()
-    compiled = torch.compile(copy.deepcopy(layer), fullgraph=True)
-    x, _, dy = _inputs(96, 256, 384)
-    outs = []
-    for mod in (layer, compiled):
-        xi = x.clone().requires_grad_(True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = mod(xi)
-        y.backward(dy)
-        outs.append((y, xi.grad, mod.weight.grad))
+    outs = _compiled_and_eager(name, autocast=True)
     for key, a, b in zip(("y", "dx", "dw"), outs[0], outs[1], strict=True):
+        assert bits_equal(b, a), f"{name}: compiled {key} differs from eager"
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp4-dge"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_torch_compile_matches_eager_in_float32(name, bias):
+    """Without autocast the layer's output is float32 all along: torch 2.11's dynamo gave the
+    autograd.Function zero gradients while it returned `y.to(y.dtype)` (exact.to_dtype)."""
+    outs = _compiled_and_eager(name, autocast=False, bias=bias)
+    for key, a, b in zip(("y", "dx", "dw"), outs[0], outs[1], strict=True):
+        assert a.dtype == torch.float32 and a.abs().max() > 0, key
         assert bits_equal(b, a), f"{name}: compiled {key} differs from eager"
 
 

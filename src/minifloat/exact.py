@@ -145,7 +145,11 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
 
 def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 `x` cast to `dtype`, a bf16 cast through `round_to_bf16` (so a later cast back to
-    float32 keeps the rounding in compiled code too)."""
+    float32 keeps the rounding in compiled code too). `x` itself where it has `dtype`: torch
+    2.11's dynamo gives an autograd.Function whose forward returns `x.to(x.dtype)` a zero
+    gradient (tests/test_compile.py's float32 cases)."""
+    if x.dtype == dtype:
+        return x
     if dtype == torch.bfloat16 and x.dtype == torch.float32:
         x = round_to_bf16(x)
     return x.to(dtype)
