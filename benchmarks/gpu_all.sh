@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu_all.sh tests kernels linear e2e-1.3B e2e-125M e2e-hf
 #
-# Stages: tests (pytest -m gpu, four xdist workers if installed), kernels (benchmarks/kernels.py),
+# Stages: tests (pytest -m gpu, six xdist workers if installed), kernels (benchmarks/kernels.py),
 # linear (one layer, compiled, 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py),
 # optim (optimizer step time, benchmarks/optim_states.py --step-time), gradcomm (the fp8 gradient
 # all-reduce's passes per bucket, eager vs compiled, benchmarks/grad_comm_codec.py; one GPU).
@@ -25,9 +25,10 @@ status=0
 run_stage() {
   local stage=$1; shift
   case "$stage" in
-    tests) # four workers share the GPU where pytest-xdist is installed: the 190 tests took
-           # 302 s so on an H200, and do not fit one 600 s device call run serially (session 28)
-           local workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 4)
+    tests) # workers share the GPU where pytest-xdist is installed: the 190 tests took 302 s
+           # with four on an H200 (session 28), 256 took 441 s (session 41) and ~260 more than
+           # 480 s (session 42), so six now (16 cores; each test mostly compiles on the CPU)
+           local workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
            python3 -m pytest -m gpu -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} \
              --durations=10 tests "$@" \
              2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
