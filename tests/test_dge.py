@@ -214,6 +214,18 @@ def test_config_key_names_k_and_cap():
     assert len({DGEConfig().key, DGEConfig(k=3.0).key, DGEConfig(cap=2.0).key}) == 3
 
 
+def test_config_key_survives_pickling_and_is_rebuilt_for_old_pickles():
+    import copy
+    import pickle
+
+    cfg = DGEConfig(k=3.0, cap=2.5)
+    for twin in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert twin == cfg and twin.key == cfg.key
+    old = DGEConfig.__new__(DGEConfig)  # what a pickle without `key` restores
+    old.__setstate__({"k": 3.0, "cap": 2.5})
+    assert old == cfg and old.key == cfg.key
+
+
 def test_k_below_one_is_refused():
     with pytest.raises(ValueError, match="k >= 1"):
         dge_derivative(torch.ones(2), k=0.5)

@@ -103,6 +103,12 @@ class DGEConfig:
         # k's and cap's.
         object.__setattr__(self, "key", f"{float(self.k).hex()} {float(self.cap).hex()}")
 
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling: a config pickled before `key` existed (session 42) gets it here."""
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+        self.__post_init__()
+
 
 OCC_THRESHOLDS = ("exact", "sampled")
 OCC_COMPENSATION_FORMATS = ("fp32", "e4m3")
