@@ -152,9 +152,24 @@ def test_skip_callable_is_refused_not_inverted():
         convert(model, "fp4", skip=lambda module, fqn: True)
     with pytest.raises(TypeError, match="skip patterns must be strings"):
         convert(model, "fp4", skip=["layers.0.*", 3])
+    with pytest.raises(TypeError, match="skip must be a pattern string or a list"):
+        convert(model, "fp4", skip=3)
+    with pytest.raises(TypeError, match="keep_head must be True or False, got 'no'"):
+        convert(model, "fp4", keep_head="no")  # a non-empty string would have meant True
     assert not any(isinstance(m, QuantLinear) for m in model.modules())
     assert not hasattr(model, REPORT_ATTR)  # refused before marking: the model converts later
     assert convert(model, "fp4").minifloat_report.converted
+
+
+def test_convert_takes_a_module():
+    with pytest.raises(TypeError, match="convert takes an nn.Module, got OrderedDict"):
+        convert(tiny_llama().state_dict(), "fp4")
+
+
+def test_set_recipe_on_a_model_without_quantized_layers_warns():
+    model = tiny_llama()
+    with pytest.warns(UserWarning, match="changed nothing: the model holds no quantized layer"):
+        assert set_recipe(model, "bf16") == []
 
 
 def test_module_filter_fn_must_return_bool():

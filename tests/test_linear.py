@@ -455,6 +455,37 @@ def test_non_finite_input_propagates():
         assert torch.isnan(got["y"][3]).all() and torch.isfinite(got["y"][:3]).all()
 
 
+NAMED_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
+
+
+@pytest.mark.parametrize("name", NAMED_RECIPES)
+def test_inputs_without_rows_give_nn_linears_empty_result(name):
+    layer = QuantLinear(128, 128, recipe=name)
+    for shape in ((0, 128), (2, 0, 128)):
+        x = torch.randn(shape, requires_grad=True)
+        y = layer(x)
+        y.sum().backward()
+        assert y.shape == (*shape[:-1], 128) and x.grad.shape == shape
+        assert layer.weight.grad is not None and not layer.weight.grad.any()
+        layer.weight.grad = None
+
+
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        (torch.randint(0, 3, (2, 64)), TypeError, "floating-point input, got torch.int64"),
+        (torch.ones(2, 64, dtype=torch.bool), TypeError, "floating-point input, got torch.bool"),
+        (torch.ones(2, 64, dtype=torch.complex64), TypeError, "got torch.complex64"),
+        (torch.tensor(1.0), ValueError, "at least 1 dim"),
+        (torch.ones(2, 63), ValueError, "expected last dim 64"),
+    ],
+)
+def test_inputs_the_layer_cannot_take_raise_one_line_errors(x, error, match):
+    # integer input was truncated by the quantizers into a wrong integer result
+    with pytest.raises(error, match=match):
+        QuantLinear(64, 32, recipe="fp8-rowwise")(x)
+
+
 def test_backend_selection():
     assert isinstance(backend_for("cpu"), EmulatedBackend)
     assert isinstance(EmulatedBackend(), Backend)

@@ -46,6 +46,22 @@ def test_delayed_scaling_history():
     assert layer.amax_history[0, :2].tolist() == [float(10 * amax1), float(amax1)]
 
 
+def test_delayed_scales_keep_non_finite_input_non_finite():
+    """A scale from past steps would saturate an inf to E4M3's max and the step guard would
+    train on it: the cast keeps it NaN, as the current-scaled recipes' NaN group scale does."""
+    layer = _delayed_layer()
+    layer(torch.randn(16, 64)).sum().backward()  # a filled history: scales from the past
+    x = torch.randn(16, 64)
+    x[3, 5] = float("inf")
+    y = layer(x)
+    y.sum().backward()
+    assert torch.isnan(y[3]).all() and torch.isfinite(y[:3]).all()
+    assert not torch.isfinite(layer.weight.grad).all()
+    assert layer.amax_history[0, 0] == float("inf")  # recorded, and ignored by later scales
+    x[3, 5] = 0.0
+    assert torch.isfinite(layer(x)).all()
+
+
 def test_delayed_history_ignores_evaluation_and_recomputation():
     layer = _delayed_layer()
     x = torch.randn(16, 64)

@@ -129,6 +129,51 @@ def test_unknown_format_lists_names():
         AdamW(_params(0), exp_avg_dtype="fp8-sqrt")
 
 
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(lr=float("nan")), ValueError, "lr must be finite and >= 0, got nan"),
+        (dict(eps=float("inf")), ValueError, "eps must be finite"),
+        (dict(weight_decay=-0.1), ValueError, "weight_decay must be finite and >= 0"),
+        (dict(lr=torch.tensor(1e-3)), TypeError, "lr must be a Python float"),
+        (dict(betas=(0.9,)), ValueError, "betas must be two floats"),
+        (dict(betas=(0.9, 1.0)), ValueError, "betas must be two floats"),
+        (dict(block_size=0), ValueError, "block_size must be a positive int"),
+        (dict(block_size=1.5), ValueError, "block_size must be a positive int"),
+    ],
+)
+def test_bad_hyperparameters_fail_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        AdamW(_params(0), **kwargs)
+
+
+def test_params_the_optimizer_cannot_keep_exactly_are_refused():
+    f64 = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="float64 .*fp32 master would drop precision"):
+        AdamW([f64])  # torch.optim.AdamW updates it in float64; ours would round to fp32
+    f16 = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    with pytest.raises(ValueError, match="supports float32, bfloat16 params, got torch.float16"):
+        AdamW([f16], master_weights="none")
+
+
+def test_a_step_with_a_bad_group_changes_no_state():
+    params = _params(0)
+    opt = AdamW(params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in params]
+    opt.param_groups[0]["lr"] = float("nan")  # as a broken schedule would set it
+    with pytest.raises(ValueError, match="lr must be finite"):
+        opt.step()
+    assert not opt.state and all(torch.equal(a, p) for a, p in zip(before, params, strict=True))
+    with pytest.raises(ValueError, match="lr must be finite"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2))], "lr": -1.0})
+    assert len(opt.param_groups) == 1
+    opt.param_groups[0]["lr"] = 1e-3
+    opt.step()
+    assert all(float(opt.state[p]["step"]) == 1.0 for p in params)
+
+
 # ---- low-precision states stay close to fp32 states ------------------------------------------
 
 

@@ -418,6 +418,16 @@ def test_clip_quantile_clamps_two_sided_and_keeps_non_finite():
         (dict(fmt="e2m1", clip_quantile=torch.tensor(0.9)), TypeError, r"\(0\.5, 1\)"),
         (dict(fmt="e2m1", rounding="down"), ValueError, "stochastic"),
         (dict(fmt="e2m1", scale_format="fp16"), ValueError, "pow2"),
+        (dict(fmt="e2m1", noise=torch.rand(4, 4)), ValueError, "for rounding='stochastic'"),
+        (dict(fmt="e2m1", generator=torch.Generator()), ValueError, "'nearest' draws none"),
+        (dict(fmt="e2m1", rounding="stochastic", generator=0), TypeError, "torch.Generator"),
+        (dict(fmt="e2m1", rounding="stochastic", noise=torch.rand(1)), ValueError, "x's shape"),
+        (dict(fmt="e2m1", rounding="stochastic", noise=torch.rand(4, 5)), ValueError, r"\(4, 5\)"),
+        (
+            dict(fmt="e2m1", rounding="stochastic", noise=torch.ones(4, 4, dtype=torch.int64)),
+            TypeError,
+            "noise must be a floating-point tensor",
+        ),
     ],
 )
 @pytest.mark.parametrize("fn", [quantize, minifloat.fake_quantize])

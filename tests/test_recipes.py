@@ -49,6 +49,8 @@ def test_unknown_name_lists_valid():
     with pytest.raises(ValueError, match="fp8-rowwise") as err:
         recipes.get("fp3")
     assert "fp3" in str(err.value)
+    with pytest.raises(TypeError, match=r"a recipe is a name or a Recipe, got list: \['fp4'\]"):
+        recipes.get(["fp4"])
 
 
 def test_register_duplicate_raises():

@@ -41,6 +41,9 @@ def test_sqnr_known_values():
     # dB (deterministic; measured 8.3e-6 dB at 40, which the default rel=1e-6 held only by luck)
     assert sqnr_db(ref, ref * 1.1) == pytest.approx(20.0, abs=1e-4)
     assert sqnr_db(ref, ref + 0.01) == pytest.approx(40.0, abs=1e-4)
+    assert sqnr_db(torch.zeros(4), torch.ones(4)) == -math.inf  # no signal, some noise
+    with pytest.raises(ValueError, match=r"shapes differ: \(4, 4\) vs \(4,\)"):
+        sqnr_db(torch.ones(4, 4), torch.ones(4))  # would broadcast to the wrong comparison
 
 
 def test_table_covers_every_format_and_granularity(table):

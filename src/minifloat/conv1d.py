@@ -85,8 +85,7 @@ class QuantConv1D(QuantizedGemmMixin, nn.Module):
         return self.nf
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.nx:
-            raise ValueError(f"expected last dim {self.nx}, got shape {tuple(x.shape)}")
+        self._check_input(x, self.nx)
         if not self.recipe.quantized:  # set_recipe("bf16"): Conv1D's own computation
             y = torch.addmm(self.bias, x.reshape(-1, self.nx), self.weight)
             return y.reshape(*x.shape[:-1], self.nf)

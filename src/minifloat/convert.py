@@ -138,6 +138,8 @@ def _skip_patterns(skip: str | Iterable[str] | None) -> list[str]:
             "callable; pass a predicate as module_filter_fn=lambda module, fqn: ... "
             "(True = convert, as in torchao)"
         )
+    if not isinstance(skip, (str, Iterable)):
+        raise TypeError(f"skip must be a pattern string or a list of them, got {skip!r}")
     patterns = [skip] if isinstance(skip, str) else list(skip)
     for pattern in patterns:
         if not isinstance(pattern, str):
@@ -350,9 +352,14 @@ def convert(
         AlreadyConvertedError: convert() already ran on the model (or on one of its submodules),
             whatever it swapped, or the model holds quantized layers.
         ValueError: unknown recipe or backend, or `model` is itself a linear layer.
-        TypeError: `skip` is not patterns, `module_filter_fn` is not a callable returning bool,
-            or `size_rule` is not a SizeRule.
+        TypeError: `model` is not an nn.Module, `skip` is not patterns, `module_filter_fn` is
+            not a callable returning bool, `size_rule` is not a SizeRule, or `keep_head` is not
+            a bool.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert takes an nn.Module, got {type(model).__name__}")
+    if not isinstance(keep_head, bool):
+        raise TypeError(f"keep_head must be True or False, got {keep_head!r}")
     recipe = recipes.get(recipe)
     patterns = _checked_arguments(backend, skip, module_filter_fn, size_rule)
     conv1d = _conv1d_class()
@@ -476,10 +483,19 @@ def set_recipe(model: nn.Module, recipe: str | Recipe) -> list[str]:
     Raises:
         ValueError: unknown recipe, or a layer whose dims the recipe cannot take (checked for
             every layer before any changes, so the model is left as it was).
+    Warns:
+        UserWarning: the model holds no quantized layer (never converted, or convert kept
+            every layer), so nothing changes.
     """
     recipe = recipes.get(recipe)
     check_recipe(model, recipe)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QUANTIZED_LAYERS)]
+    if not layers:
+        warnings.warn(
+            f"set_recipe({recipe.name!r}) changed nothing: the model holds no quantized layer "
+            "(convert it first; a recipe switch acts on the layers convert() swapped)",
+            stacklevel=2,
+        )
     for _, layer in layers:
         layer.set_recipe(recipe)
     return [name for name, _ in layers]

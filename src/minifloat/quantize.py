@@ -277,7 +277,32 @@ class PackedQTensor:
         return QTensor(values, self.scale, self.fmt, self.granularity, self.scale_format)
 
 
-def _check_args(x: torch.Tensor, rounding: str, clip_quantile: float | None) -> None:
+def _check_randomness(
+    x: torch.Tensor, rounding: str, generator: torch.Generator | None, noise: torch.Tensor | None
+) -> None:
+    """The random source of stochastic rounding: a Generator, or uniforms of x's own shape
+    (a broadcast one would give every element the same draw); none with "nearest", where it
+    would be ignored. That the uniforms lie in [0, 1) is the caller's contract (no pass here)."""
+    if rounding == "nearest" and (generator is not None or noise is not None):
+        raise ValueError("generator and noise are for rounding='stochastic'; 'nearest' draws none")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if noise is None:
+        return
+    if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
+        got = noise.dtype if isinstance(noise, torch.Tensor) else type(noise).__name__
+        raise TypeError(f"noise must be a floating-point tensor of uniforms, got {got}")
+    if noise.shape != x.shape:
+        raise ValueError(f"noise must have x's shape {tuple(x.shape)}, got {tuple(noise.shape)}")
+
+
+def _check_args(
+    x: torch.Tensor,
+    rounding: str,
+    clip_quantile: float | None,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+) -> None:
     if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise TypeError(f"quantize expects a floating-point tensor, got {got}")
@@ -285,6 +310,7 @@ def _check_args(x: torch.Tensor, rounding: str, clip_quantile: float | None) -> 
         raise ValueError("quantize expects a tensor with at least one dimension")
     if rounding not in formats.ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}, got {rounding!r}")
+    _check_randomness(x, rounding, generator, noise)
     if clip_quantile is None:
         return
     # bool is a numbers.Real, but clip_quantile=True is a mistake, not the quantile 1.0
@@ -340,11 +366,13 @@ def quantize(
             its [1-alpha, alpha] per-tensor quantiles first.
 
     Raises:
-        TypeError: non-floating `x`, or a `clip_quantile` that is not a real number.
+        TypeError: non-floating `x` or `noise`, a `generator` that is not a torch.Generator, or
+            a `clip_quantile` that is not a real number.
         ValueError: unknown format, scale format, granularity or rounding, 0-dim `x`, column
-            granularity on 1-D `x`, or `clip_quantile` outside (0.5, 1).
+            granularity on 1-D `x`, `clip_quantile` outside (0.5, 1), `noise` not of x's
+            shape, or `noise`/`generator` with rounding "nearest".
     """
-    _check_args(x, rounding, clip_quantile)
+    _check_args(x, rounding, clip_quantile, generator, noise)
     fmt = formats.get(fmt)
     sfmt = formats.get_scale_format(scale_format)
     granularity = normalize_granularity(granularity)

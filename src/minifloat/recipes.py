@@ -209,9 +209,11 @@ def get(name: str | Recipe) -> Recipe:
     """
     if isinstance(name, Recipe):
         return name
+    if not isinstance(name, str):
+        raise TypeError(f"a recipe is a name or a Recipe, got {type(name).__name__}: {name!r}")
     if name in _REGISTRY:
         return _REGISTRY[name]
-    if isinstance(name, str) and ":" in name:
+    if ":" in name:
         return _variant(name)
     raise ValueError(
         f"unknown recipe {name!r}; valid: {', '.join(_REGISTRY)} "

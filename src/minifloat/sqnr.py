@@ -51,12 +51,19 @@ _KIND_TITLES = {
 
 
 def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio of `out` against `ref`, in dB (inf when equal)."""
+    """Signal-to-quantization-noise ratio of `out` against `ref`, in dB (inf when equal, -inf
+    when `ref` is all zeros and `out` is not). The shapes must match: broadcasting would
+    compare the wrong entries."""
+    if ref.shape != out.shape:
+        raise ValueError(
+            f"sqnr_db: ref and out shapes differ: {tuple(ref.shape)} vs {tuple(out.shape)}"
+        )
     ref64, out64 = ref.double(), out.double()
     noise = (out64 - ref64).norm().item()
     if noise == 0.0:
         return math.inf
-    return 20.0 * math.log10(ref64.norm().item() / noise)
+    signal = ref64.norm().item()
+    return 20.0 * math.log10(signal / noise) if signal > 0.0 else -math.inf
 
 
 def student_t(shape: tuple[int, ...], dof: int, generator: torch.Generator) -> torch.Tensor:

@@ -62,6 +62,24 @@ def test_export_command_writes_the_trained_weights(
     assert not (tmp_path / "hf/tokenizer.json").exists()  # only with --with-tokenizer
 
 
+def test_export_refuses_destinations_that_would_mix_or_lose_files(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    hf = tmp_path / "hf"
+    assert main(["export", str(run_dir), "--out", str(hf)]) == 0
+    with pytest.raises(ValueError, match="is not empty; .* overwrite"):
+        export_run(run_dir, hf)  # a second export over the first one
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--out", str(hf)]) != 0
+    assert "is not empty" in capsys.readouterr().err
+    assert main(["export", str(run_dir), "--out", str(hf), "--overwrite"]) == 0
+    with pytest.raises(ValueError, match="is the run directory itself"):
+        export_run(run_dir, run_dir, overwrite=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        export_run(run_dir, tmp_path / "file")
+
+
 @pytest.mark.skipif(not HAS_TRANSFORMERS, reason="transformers is not installed (logits check)")
 def test_exported_run_gives_the_same_logits_in_transformers(run_dir: Path, tmp_path: Path) -> None:
     import transformers

@@ -248,7 +248,13 @@ def _quantize(
         if granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
         scale = scale.float().reshape(1, 1)
-        values = round_to_storage(div_rn_by_scale(v, scale), fmt)
+        q = div_rn_by_scale(v, scale)
+        # A scale from past steps would saturate ±inf to ±max: an infinite quotient (a
+        # non-finite entry, or one over 2^128 times the scale) becomes NaN instead, as a NaN
+        # group scale makes it elsewhere, so that a step guard sees it. Written from q alone
+        # (q - q is 0 or NaN): a mask from v made the compiled fp8-delayed block save v and
+        # the mask (tests/test_recompute.py).
+        values = round_to_storage(q * ((q - q) + 1.0), fmt)
         return _layout(values, transpose), scale, None
     # A transposed operand is quantized in x's own layout, where its groups are columns or
     # column blocks, and written transposed at the end: the reductions then read rows of x

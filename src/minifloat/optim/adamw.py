@@ -40,12 +40,38 @@ __all__ = ["AdamW"]
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 _MASTER_MODES = ("fp32", "none")
+_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # "none": the first two
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The rank-local tensor of a DTensor (shares storage), or `t` itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None else t
+
+
+def _check_group(group: dict[str, Any], master_weights: str) -> None:
+    """ValueError/TypeError naming the first bad hyperparameter or parameter of a group."""
+    for name in ("lr", "eps", "weight_decay"):
+        value = group[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
+        if not (math.isfinite(value) and value >= 0.0):
+            raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    betas = group["betas"]
+    if (
+        not isinstance(betas, (tuple, list))
+        or len(betas) != 2
+        or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)
+    ):
+        raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
+    allowed = _PARAM_DTYPES if master_weights == "fp32" else _PARAM_DTYPES[:2]
+    for p in group["params"]:
+        if p.dtype not in allowed:
+            names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+            raise ValueError(
+                f"master_weights={master_weights!r} supports {names} params, got {p.dtype}"
+                + (" (its fp32 master would drop precision)" if p.dtype == torch.float64 else "")
+            )
 
 
 class AdamW(torch.optim.Optimizer):
@@ -86,10 +112,6 @@ class AdamW(torch.optim.Optimizer):
         fused: bool | None = None,
         fused_kernel: str = "auto",
     ) -> None:
-        if min(lr, eps, weight_decay) < 0.0:
-            raise ValueError(f"invalid lr={lr}, eps={eps} or weight_decay={weight_decay}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"invalid betas {betas}")
         if master_weights not in _MASTER_MODES:
             raise ValueError(
                 f"master_weights must be one of {_MASTER_MODES}, got {master_weights!r}"
@@ -98,17 +120,32 @@ class AdamW(torch.optim.Optimizer):
         get_state_format(exp_avg_sq_dtype)
         if get_state_format(exp_avg_dtype).sqrt_domain:
             raise ValueError("sqrt-domain formats need values >= 0: use them for exp_avg_sq only")
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        # set before super().__init__, whose add_param_group checks each group against them
+        self.master_weights = master_weights
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.exp_avg_dtype = exp_avg_dtype
         self.exp_avg_sq_dtype = exp_avg_sq_dtype
-        self.master_weights = master_weights
         self.block_size = block_size
         self.small_numel = small_numel
         self.seed = seed
         self.fused = fused
         self.fused_kernel = fused_kernel
         self._generators: dict[str, torch.Generator] = {}
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's, after checking the group's hyperparameters and parameter dtypes, so that a
+        bad value fails here with its name rather than in `step` with half the state advanced
+        (a NaN lr would otherwise turn every parameter NaN without an error)."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            _check_group(group, self.master_weights)
+        except (TypeError, ValueError):
+            self.param_groups.pop()
+            raise
 
     # ---- configuration per parameter -------------------------------------------------------
 
@@ -136,8 +173,6 @@ class AdamW(torch.optim.Optimizer):
             self._store(state, key, fmt, torch.zeros_like(local, dtype=torch.float32))
         if self._needs_master(p):
             state["master"] = local.detach().float().clone()
-        elif self.master_weights == "none" and p.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"master_weights='none' supports fp32 or bf16 params, got {p.dtype}")
         return state
 
     def _store(self, state: dict, key: str, fmt: StateFormat, value: torch.Tensor) -> None:
@@ -168,6 +203,8 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for group in self.param_groups:  # all checked before any state changes
+            _check_group(group, self.master_weights)  # (a scheduler or .to() may change them)
         for group in self.param_groups:
             buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
             for p in group["params"]:

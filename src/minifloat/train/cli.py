@@ -274,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also write tokenizer.json (re-opens the run's dataset, from its cache if present)",
     )
+    p_hf.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out")
     p_hf.set_defaults(func=_cmd_export)
 
     p_rec = sub.add_parser("recipes", help="list precision recipes and variant keys")
@@ -436,7 +437,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     dtype = getattr(torch, args.dtype)
     exported = export_run(args.run_dir, args.dest_dir, dtype=dtype,
-                          with_tokenizer=args.with_tokenizer)  # fmt: skip
+                          with_tokenizer=args.with_tokenizer, overwrite=args.overwrite)  # fmt: skip
     files = ", ".join(sorted(p.name for p in exported.files))
     print(f"exported {args.run_dir} ({exported.recipe} {exported.model}, step {exported.step}) "
           f"to {exported.out_dir}: {files}")  # fmt: skip

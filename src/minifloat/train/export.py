@@ -70,22 +70,40 @@ def _load_newest(run_dir: Path) -> tuple[Path, dict]:
     raise errors[0]
 
 
+def _check_destination(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    """One-line errors for an export destination that would lose or mix files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"export destination {out_dir} is a file, not a directory")
+    if out_dir.exists() and run_dir.exists() and out_dir.resolve() == run_dir.resolve():
+        raise ValueError(f"export destination {out_dir} is the run directory itself")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise ValueError(
+            f"export destination {out_dir} is not empty; choose a new directory or pass "
+            "overwrite (--overwrite) to replace the export there"
+        )
+
+
 def export_run(
     run_dir: str | Path,
     out_dir: str | Path,
     *,
     dtype: torch.dtype = torch.float32,
     with_tokenizer: bool = False,
+    overwrite: bool = False,
 ) -> ExportedRun:
     """Write the model of the run in ``run_dir`` to ``out_dir`` in the HF LLaMA layout.
 
     ``with_tokenizer``: also write ``tokenizer.json`` (BPE runs), which re-opens the run's
     dataset (a cache hit when the data cache is still there, else a rebuild). Raises
-    :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint.
+    :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint, and
+    ValueError, before reading anything, for an ``out_dir`` that is a file, the run directory
+    itself, or a directory holding files (unless ``overwrite``: then its files of the same
+    names are replaced).
     """
     from minifloat.models import Llama, export_hf
     from minifloat.train.model import model_config
 
+    _check_destination(Path(run_dir), Path(out_dir), overwrite)
     path, state = _load_newest(Path(run_dir))
     try:
         known = {f.name for f in dataclasses.fields(TrainConfig)}
