@@ -85,7 +85,7 @@ class QuantConv1D(QuantizedGemmMixin, nn.Module):
         return self.nf
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x, self.nx)
+        self._check_input(x)
         if not self.recipe.quantized:  # set_recipe("bf16"): Conv1D's own computation
             y = torch.addmm(self.bias, x.reshape(-1, self.nx), self.weight)
             return y.reshape(*x.shape[:-1], self.nf)

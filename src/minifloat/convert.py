@@ -358,10 +358,8 @@ def convert(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert takes an nn.Module, got {type(model).__name__}")
-    if not isinstance(keep_head, bool):
-        raise TypeError(f"keep_head must be True or False, got {keep_head!r}")
     recipe = recipes.get(recipe)
-    patterns = _checked_arguments(backend, skip, module_filter_fn, size_rule)
+    patterns = _checked_arguments(backend, skip, module_filter_fn, size_rule, keep_head)
     conv1d = _conv1d_class()
     _check_convertible(model, conv1d)
     report = ConversionReport(recipe=recipe.name)
@@ -390,6 +388,7 @@ def _checked_arguments(
     skip: str | Iterable[str] | None,
     module_filter_fn: ModuleFilter | None,
     size_rule: SizeRule | None,
+    keep_head: bool,
 ) -> list[str]:
     """convert()'s options checked (one-line errors, before anything changes); the skip
     patterns as a list."""
@@ -402,6 +401,8 @@ def _checked_arguments(
         )
     if size_rule is not None and not isinstance(size_rule, SizeRule):
         raise TypeError(f"size_rule must be a minifloat.SizeRule or None, got {size_rule!r}")
+    if not isinstance(keep_head, bool):  # a non-empty string would count as True
+        raise TypeError(f"keep_head must be True or False, got {keep_head!r}")
     return patterns
 
 

@@ -458,16 +458,17 @@ class QuantizedGemmMixin:
             if prefix + key in missing:
                 missing.remove(prefix + key)
 
-    def _check_input(self, x: torch.Tensor, in_features: int) -> None:
+    def _check_input(self, x: torch.Tensor) -> None:
         """The one-line errors for inputs the plain layer would also refuse: no dims, an
         integer, bool or complex dtype (which the quantizers would otherwise truncate), or a
         last dim other than in_features."""
+        k = self.in_features
         if x.dim() == 0:
-            raise ValueError(f"expected an input with at least 1 dim (last {in_features}), got 0-D")
+            raise ValueError(f"expected an input with at least 1 dim (last {k}), got 0-D")
         if not x.is_floating_point():
             raise TypeError(f"{type(self).__name__} expects a floating-point input, got {x.dtype}")
-        if x.shape[-1] != in_features:
-            raise ValueError(f"expected last dim {in_features}, got shape {tuple(x.shape)}")
+        if x.shape[-1] != k:
+            raise ValueError(f"expected last dim {k}, got shape {tuple(x.shape)}")
 
     def _quantized_gemm(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_out: int
@@ -534,7 +535,7 @@ class QuantLinear(QuantizedGemmMixin, nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_input(x, self.in_features)
+        self._check_input(x)
         if not self.recipe.quantized:  # set_recipe("bf16"): nn.Linear's own computation
             return nn.functional.linear(x, self.weight, self.bias)
         return self._quantized_gemm(x, self.weight, self.bias, self.out_features)

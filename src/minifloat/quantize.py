@@ -300,8 +300,8 @@ def _check_args(
     x: torch.Tensor,
     rounding: str,
     clip_quantile: float | None,
-    generator: torch.Generator | None = None,
-    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None,
+    noise: torch.Tensor | None,
 ) -> None:
     if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
