@@ -93,6 +93,20 @@ def _step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor):
     return x.grad, None if layer.weight.grad is None else layer.weight.grad.clone()
 
 
+def test_hadamard_longer_than_the_step_needs_fails_at_the_first_training_call():
+    """rht.size depends on no layer dim, so the variant builds and converts; the first call
+    that rotates (a forward that prepares wgrad) with fewer tokens than it needs raises."""
+    x, w, _, dy = _data(100, 64, 32, seed=6)
+    layer = _layer("nvfp4:rht.size=256", w)
+    layer.weight.requires_grad_(False)
+    layer(x)  # no weight gradient: no wgrad operands, nothing rotated
+    layer.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match=r"rht.size=256: this wgrad rotates 100 tokens.*<= 128$"):
+        _step(layer, x, dy)
+    dx, dw = _step(_layer("nvfp4:rht.size=128", w), x, dy)  # 128 covers the 100 tokens
+    assert bool(dx.isfinite().all() and dw.isfinite().all())
+
+
 def test_stochastic_rounding_is_unbiased_through_the_layer():
     """mxfp4's dx = Q_sr(dy)·Q(wᵀ)ᵀ: E[Q_sr(dy)] = dy (E8M0 scales never saturate), so the mean
     of dx over steps tends to dy·Q(wᵀ)ᵀ, the error shrinking like 1/sqrt(steps); with

@@ -65,6 +65,21 @@ def test_variants():
 
 
 @pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("nvfp4:rht=on:block=32", 32),  # rht=on takes the final block's size, wherever it stands
+        ("nvfp4:block=32:rht=on", 32),
+        ("nvfp4:rht.size=64:rht=on", 64),  # an explicit size wins over rht=on's
+        ("nvfp4:rht=on:rht.size=64", 64),
+        ("nvfp4:block=32", 16),  # block alone keeps the recipe's transform
+    ],
+)
+def test_variant_keys_apply_in_one_order(name, size):
+    r = recipes.get(name)
+    assert r.wgrad.lhs.hadamard == r.wgrad.rhs.hadamard == size
+
+
+@pytest.mark.parametrize(
     ("name", "fragment"),
     [
         ("fp4:sr=on", "micro-block recipes (nvfp4, mxfp4) only"),

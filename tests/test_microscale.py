@@ -71,10 +71,51 @@ def test_e8m0_scale_range_and_extremes():
     """pow2 ceilings by bit operations equal formats.pow2_ceil, subnormal and huge amax too."""
     raw = torch.tensor([2.0**-149, 2.0**-130, 2.0**-127, 1.1 * 2.0**-127, 2.0**-126, 0.3, 1.0,
                         3.0, 2.0**126 * 1.5, 2.0**127, 3.0e38])  # fmt: skip
-    want = formats.pow2_ceil(raw).clamp(2.0**-127, 2.0**127)
+    want = formats.pow2_ceil(raw).clamp(2.0**-127, 2.0**125)  # 6 * 2^125: E2M1's finite top
     assert bits_equal(microscale._pow2_ceil_e8m0(raw), want)
     x = torch.tensor([[1e-40, 3e-39, 0.0, 1.0] * 8, [3.0e38, -2.0, 1.0, 0.5] * 8])
     check(microscale.quantize_microscaled, x, (1, 32), "e8m0", transpose=False)
+
+
+@pytest.mark.parametrize("stochastic", [False, True])
+def test_e8m0_blocks_near_float32_max_stay_finite(stochastic):
+    """A finite block past 6 * 2^125 once got the scale 2^126 and a value rounded up to 4:
+    4 * 2^126 = inf in the GEMM operand, inf and NaN (inf * 0) in the output. The scale stays
+    2^125 and the values saturate to +-6; NaN and inf blocks still come out NaN."""
+    fmax = torch.finfo(torch.float32).max
+    x = torch.ones(4, 64)
+    x[0, 0], x[1, :2], x[2, 40] = 3.0e38, torch.tensor([fmax, -fmax]), float("inf")
+    x[3, 33] = float("nan")
+    spec = OperandSpec(fmt="e2m1", granularity=(1, 32), scale_format="e8m0",
+                       rounding="stochastic" if stochastic else "nearest")  # fmt: skip
+    q = _operand(x, spec, seed=torch.tensor(4))
+    assert q.scale[0, 0] == q.scale[1, 0] == 2.0**125
+    assert q.values()[0, 0] == 6.0 and q.values()[1, :2].tolist() == [6.0, -6.0]
+    vb = microscale.exact_bf16_values(q)
+    assert bool(vb[:2].isfinite().all()) and bool(vb[:2, :32].abs().max() == 6 * 2.0**125)
+    assert bool(vb[2, 32:].isnan().all() and vb[3, 32:].isnan().all())
+    out = EmulatedBackend().scaled_mm(
+        q, _operand(torch.eye(64) * 2.0**-8, spec), out_dtype=torch.float32
+    )
+    assert bool(out[:2].isfinite().all()) and bool(out[2:].isnan().all())  # NaN propagates
+
+
+@pytest.mark.parametrize(
+    ("n", "tokens", "most"),
+    [(64, 20, 32), (32, 3, 16), (64, 32, 32), (32, 20, None), (16, 3, None), (64, 33, None)],
+)
+@pytest.mark.parametrize("transpose", [False, True])
+def test_hadamard_longer_than_the_tokens_need_is_refused(n, tokens, most, transpose):
+    """A transform longer than both the block (16) and the tokens rounded up to a power of two
+    only rotates zero padding into larger operands: refused before quantizing, naming the
+    largest size that would do; the block's own size passes on any length."""
+    spec = OperandSpec(fmt="e2m1", granularity=(1, 16), scale_format="e4m3", hadamard=n)
+    x = torch.randn(tokens, 32) if transpose else torch.randn(32, tokens)  # contraction: tokens
+    if most is not None:
+        with pytest.raises(ValueError, match=rf"rht.size={n}: .* use rht.size <= {most}$"):
+            _operand(x, spec, transpose=transpose)
+    else:
+        assert _operand(x, spec, transpose=transpose).shape == (32, -(-tokens // n) * n)
 
 
 @pytest.mark.slow
@@ -97,11 +138,10 @@ def test_e2m1_times_block_scales_is_exact_in_bf16():
     e2m1 = torch.cat([e2m1, -e2m1])
     e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
     e4m3 = e4m3[e4m3.isfinite()]
-    e8m0 = torch.tensor([2.0**k for k in range(-127, 128)], dtype=torch.float64)
+    e8m0 = torch.tensor([2.0**k for k in range(-127, 126)], dtype=torch.float64)  # 2^125 tops
     for scales in (e4m3, e8m0):
         prod = (e2m1[:, None] * scales[None, :]).flatten()  # exact in float64
-        prod = prod[prod.abs() <= torch.finfo(torch.float32).max]  # 6 * 2^127 overflows fp32
-        assert torch.equal(prod.to(torch.bfloat16).double(), prod)
+        assert torch.equal(prod.to(torch.bfloat16).double(), prod)  # finite too
     # ... but not times an fp32 tensor scale (amax / 2688): that one stays outside the GEMM
     ts = torch.tensor(3.7 / 2688, dtype=torch.float32).double()
     prod = (e2m1[:, None] * e4m3[None, :] * ts).flatten()

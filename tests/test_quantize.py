@@ -78,8 +78,9 @@ def reference_scales(x: torch.Tensor, granularity, fmt_max: float, scale_format:
         return (1 / m.double()).float().reshape(layout), ids
     if scale_format in ("pow2", "e8m0"):
         scale = torch.exp2(torch.ceil(torch.log2(raw))).clamp(max=2.0**127)
-        if scale_format == "e8m0":
-            scale = scale.clamp(min=2.0**-127)
+        if scale_format == "e8m0":  # fmt_max * scale < 2^128: at most 2^(127 - emax)
+            top = 2.0 ** min(127, 127 - math.floor(math.log2(fmt_max)))
+            scale = scale.clamp(min=2.0**-127, max=top)
     elif scale_format == "e4m3":
         tensor_scale = (amax.max() / (fmt_max * 448)).float().double()
         if tensor_scale == 0:
@@ -519,9 +520,10 @@ def test_finite_input_near_dtype_max_stays_finite(dtype, scale_format, fmt, gran
     ("dtype", "big", "scale_format"),
     [
         (torch.float16, 65504.0, "pow2"),
-        (torch.bfloat16, torch.finfo(torch.bfloat16).max, "e8m0"),
+        (torch.float16, 65504.0, "e8m0"),
+        (torch.bfloat16, torch.finfo(torch.bfloat16).max, "pow2"),
         (torch.float32, 3e38, "pow2"),
-        (torch.float32, torch.finfo(torch.float32).max, "e8m0"),
+        (torch.float32, torch.finfo(torch.float32).max, "pow2"),
     ],
 )
 def test_rounding_past_dtype_max_saturates(dtype, big, scale_format):
@@ -533,6 +535,21 @@ def test_rounding_past_dtype_max_saturates(dtype, big, scale_format):
     y = minifloat.fake_quantize(x, "e2m1", "row", scale_format=scale_format)
     assert y[0, 0].item() == torch.finfo(dtype).max and bool(torch.isfinite(y).all())
     assert q.dequantize(dtype)[0, 0].item() == torch.finfo(dtype).max
+
+
+@pytest.mark.parametrize("fmt", formats.names())
+def test_e8m0_scale_keeps_values_times_scale_finite(fmt):
+    # pow2_ceil(amax / max) of a group near float32's max could be 2^(128 - emax), and a value
+    # rounded up to the next power of two then decoded to 2^128 = inf (E2M1: 4 * 2^126). OCP MX's
+    # shared exponent floor(log2 amax) - emax is at most 127 - emax: values saturate instead.
+    f, big = formats.get(fmt), torch.finfo(torch.float32).max
+    x = torch.tensor([[big, -big / 8], [3.0e38, 1.0], [2.0**127, -1.0]])
+    q = quantize(x, fmt, "row", scale_format="e8m0")
+    top = formats.e8m0_max(f.max)
+    assert top == 2.0 ** min(127, 127 - math.floor(math.log2(f.max)))
+    assert top * f.max <= big and (2 * top * f.max > big or top == 2.0**127)  # the largest
+    assert bool((q.scale <= top).all()) and q.values[0, 0] == f.max
+    assert bool(torch.isfinite(q.values * q.expand_scale()).all())
 
 
 def test_dequantize_rejects_non_floating_dtype():

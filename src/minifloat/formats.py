@@ -27,6 +27,7 @@ __all__ = [
     "ScaleFormat",
     "SCALE_FORMATS",
     "ROUNDING_MODES",
+    "e8m0_max",
     "get",
     "get_scale_format",
     "inv_scales",
@@ -290,13 +291,14 @@ class ScaleFormat:
 
     fp32: exact `amax / fmt.max`. pow2: the smallest power of two >= that (so no value overflows
     the grid), capped at 2^127, the largest power of two in float32. e8m0: pow2 limited to MX's
-    exponent range [-127, 127]. e4m3: NVFP4's two-level scale, an E4M3 block scale times an fp32
-    per-tensor scale. inv: values are quantized by a *multiplication*, `round(x * m)` with
-    `m = fmt.max / amax` rounded to float32, and the scale is `1 / m` rounded to float32
-    (`inv_scales`): the form of torchao's float8 and Transformer Engine, one float32 product per
-    element where an exact quotient by an fp32 scale needs float64 arithmetic on a GPU. Its
-    values differ from fp32's only where x / scale lies within an ulp or two of a rounding
-    boundary of the grid.
+    exponent range [-127, 127] and at most `e8m0_max(fmt.max)`, so that every grid value times
+    the scale is a finite float32 (groups above `fmt.max * e8m0_max(fmt.max)` saturate). e4m3:
+    NVFP4's two-level scale, an E4M3 block scale times an fp32 per-tensor scale. inv: values
+    are quantized by a *multiplication*, `round(x * m)` with `m = fmt.max / amax` rounded to
+    float32, and the scale is `1 / m` rounded to float32 (`inv_scales`): the form of torchao's
+    float8 and Transformer Engine, one float32 product per element where an exact quotient by an
+    fp32 scale needs float64 arithmetic on a GPU. Its values differ from fp32's only where
+    x / scale lies within an ulp or two of a rounding boundary of the grid.
     """
 
     name: str
@@ -355,6 +357,19 @@ _E8M0_LO, _E8M0_HI = math.ldexp(1.0, E8M0_MIN_EXP), math.ldexp(1.0, E8M0_MAX_EXP
 _FP32_MAX_POW2 = math.ldexp(1.0, 127)
 
 
+def e8m0_max(fmt_max: float) -> float:
+    """The largest E8M0 scale for elements of largest magnitude `fmt_max`: 2^(127 - emax),
+    emax = floor(log2 fmt_max) (2^125 for E2M1), at most 2^127.
+
+    OCP MX's shared exponent `floor(log2 amax) - emax` never exceeds 127 - emax for float32
+    input; the ceiling `pow2_ceil(amax / fmt_max)` can be one more (2^126 for E2M1 at amax >
+    6 * 2^125), and a value that rounds up to 4 then decodes to 4 * 2^126 = inf. Capped, such
+    a group's values saturate to +-fmt_max instead, and `fmt_max * scale` is always finite.
+    """
+    emax = math.frexp(fmt_max)[1] - 1  # fmt_max = m * 2^e, m in [0.5, 1): floor(log2) = e - 1
+    return min(_E8M0_HI, math.ldexp(1.0, 127 - emax))
+
+
 def represent_scale(
     raw_scale: torch.Tensor, scale_format: ScaleFormat, tensor_amax: torch.Tensor, fmt_max: float
 ) -> torch.Tensor:
@@ -372,7 +387,7 @@ def represent_scale(
         # largest groups then saturate on the grid instead of dividing by an infinite scale.
         return pow2_ceil(raw_scale).clamp(max=_FP32_MAX_POW2)
     if name == "e8m0":
-        return pow2_ceil(raw_scale).clamp(_E8M0_LO, _E8M0_HI)
+        return pow2_ceil(raw_scale).clamp(_E8M0_LO, e8m0_max(fmt_max))
     # e4m3 block scale under an fp32 tensor scale chosen so the largest block scale is 448.
     e4m3 = get("e4m3")
     tensor_amax = tensor_amax.float()  # divide by a tensor: see quantize()

@@ -61,7 +61,10 @@ VARIANT_KEYS: dict[str, str] = {
     "wgrad_fast_accum": "on|off: wgrad's GEMM with fast accumulation (on: fp4-direct, fp4-dge)",
     "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",
     "rht": "on|off: random Hadamard transform on both wgrad operands, size = block (nvfp4, mxfp4)",
-    "rht.size": "power of two: size of the wgrad random Hadamard transform (turns it on)",
+    "rht.size": (
+        "power of two: size of the wgrad random Hadamard transform (turns it on); above the "
+        "block, at most a step's tokens rounded up to a power of two"
+    ),
     "block": "power of two >= 2: micro-block length along the contraction dim (square weights NxN)",
     "keep_last": "integer >= 0: the model's last N blocks' linear layers stay in bf16 (convert)",
 }
@@ -205,6 +208,9 @@ def _parse_overrides(items: list[str]) -> dict[str, str]:
     return overrides
 
 
+_FIRST = {"block": 0, "rht": 1, "rht.size": 2}
+
+
 def build(base: QuantRecipe, name: str, items: list[str]) -> QuantRecipe:
     """The variant of `base` that the overrides `items` ("KEY=VALUE" strings) name, called
     `name` (the whole `BASE:KEY=VALUE...` string); a bad name, key or value raises ValueError."""
@@ -213,7 +219,9 @@ def build(base: QuantRecipe, name: str, items: list[str]) -> QuantRecipe:
             raise ValueError("a variant name may hold only letters, digits and . _ + = : -")
         overrides = _parse_overrides(items)
         recipe = base
-        for key, value in overrides.items():
+        # block before rht before rht.size, wherever the name puts them: rht=on takes the final
+        # block's size and an explicit rht.size wins over it (stable sort: others keep order)
+        for key, value in sorted(overrides.items(), key=lambda kv: _FIRST.get(kv[0], 3)):
             recipe = _apply(recipe, key, value)
         description = f"{base.description}; variant {':'.join(items)}"
         return dataclasses.replace(recipe, name=name, description=description)

@@ -8,8 +8,13 @@ adds what the recipes put around the quantizer: a prescale, a transposed operand
 Hadamard transform along the contraction dim (minifloat/hadamard.py) and stochastic rounding
 with counter-based uniforms (minifloat/counter_rng.py), both drawn from a seed tensor.
 
-Scales. MXFP4 (e8m0): one power-of-two scale per block, `pow2_ceil(amax / 6)` (never saturates,
-so stochastic rounding needs no 3/4 pre-scaling). NVFP4 (e4m3): an fp32 tensor scale
+Scales. MXFP4 (e8m0): one power-of-two scale per block, `pow2_ceil(amax / 6)` clamped to
+[2^-127, 2^125] (`formats.e8m0_max`). Below a block amax of 6 * 2^125 (~2.55e38) it never
+saturates, so stochastic rounding needs no 3/4 pre-scaling. Above, the ceiling would be 2^126,
+and a value rounded up to 4 would decode to 4 * 2^126 = inf (a finite operand, an inf or NaN
+GEMM): the scale stays 2^125, OCP MX's shared exponent there, and the block's values saturate
+to +-6 as OCP MX specifies, so finite input always gives finite `values * scale`. Blocks holding
+NaN or +-inf keep NaN scales and values. NVFP4 (e4m3): an fp32 tensor scale
 `ts = amax_tensor / (6 * 448)` and per block an E4M3 scale `b = e4m3(amax_block / 6 / ts)`; the
 values are `round(x / fp32(b * ts))` as `quantize()` computes them. The operand keeps b (as
 float8_e4m3fn, one byte a block) and ts apart: `QOperand.scale` = b, `QOperand.tensor_scale` = ts.
@@ -33,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from minifloat import counter_rng, hadamard
+from minifloat import counter_rng, formats, hadamard
 from minifloat.exact import div_rn, div_rn_by_scale, to_dtype
 from minifloat.kernels import clip as occ_clip
 from minifloat.kernels.backend import QOperand
@@ -50,6 +55,7 @@ __all__ = [
     "is_microscaled",
     "quantize_microscaled",
     "quantize",
+    "check_hadamard_size",
     "exact_bf16_values",
     "dequantized_mm",
 ]
@@ -57,7 +63,8 @@ __all__ = [
 SCALE_FORMATS = ("e4m3", "e8m0")
 _E2M1_MAX, _E4M3_MAX, _E4M3_TINIEST = 6.0, 448.0, 2.0**-9
 _FP32_TINIEST = 2.0**-149
-_E8M0_LO, _E8M0_HI = 2.0**-127, 2.0**127
+# E8M0's least scale, and the largest whose E2M1 multiples are finite (6 * 2^125 < 2^128)
+_E8M0_LO, _E8M0_E2M1_HI = 2.0**-127, formats.e8m0_max(_E2M1_MAX)
 
 
 def supports(spec: OperandSpec) -> bool:
@@ -75,16 +82,17 @@ def is_microscaled(q: QOperand) -> bool:
 
 
 def _pow2_ceil_e8m0(raw: torch.Tensor) -> torch.Tensor:
-    """`formats.pow2_ceil(raw).clamp(2^-127, 2^127)` for positive float32 raw, by bit operations
-    (exact in every compiled form; frexp/ldexp lower to pow/exp2 on GPUs). NaN in: garbage out,
-    the caller masks it."""
+    """`formats.pow2_ceil(raw).clamp(2^-127, 2^125)` for positive float32 raw, by bit operations
+    (exact in every compiled form; frexp/ldexp lower to pow/exp2 on GPUs): the E8M0 scale of
+    E2M1 blocks, `formats.represent_scale`'s. NaN in: garbage out, the caller masks it."""
     bits = raw.view(torch.int32)
     exponent, mantissa = bits >> 23, bits & 0x7FFFFF
     up = (exponent + (mantissa != 0).to(torch.int32)).clamp(max=255)
     normal = (up << 23).view(torch.float32)
     lo, mid = torch.full_like(raw, _E8M0_LO), torch.full_like(raw, 2.0**-126)
     subnormal = torch.where(raw <= _E8M0_LO, lo, mid)  # pow2_ceil of a subnormal is <= 2^-126
-    return torch.where(exponent == 0, subnormal, normal).clamp(_E8M0_LO, _E8M0_HI)
+    # 2^125, not E8M0's 2^127: a block past 6 * 2^125 then saturates rather than decoding to inf
+    return torch.where(exponent == 0, subnormal, normal).clamp(_E8M0_LO, _E8M0_E2M1_HI)
 
 
 def _block_scales(
@@ -199,7 +207,10 @@ def quantize(
     seed: torch.Tensor | None = None,
 ) -> QOperand:
     """The `Backend.quantize` of a micro-block spec (`supports(spec)`), through `backend.kernel`
-    (the Hopper backend runs a compiled twin for eager CUDA calls)."""
+    (the Hopper backend runs a compiled twin for eager CUDA calls). ValueError for a Hadamard
+    transform longer than the operand's contraction dim needs (`check_hadamard_size`)."""
+    if spec.hadamard:
+        check_hadamard_size(spec.hadamard, spec.granularity[1], x.shape[0 if transpose else 1])
     values, b, ts = backend.kernel(quantize_microscaled, x)(
         x.detach(), spec.granularity, spec.scale_format,
         prescale=prescale, clip=clip, transpose=transpose,
@@ -209,6 +220,26 @@ def quantize(
     return QOperand(
         values, b, spec.fmt, spec.granularity, tensor_scale, spec.scale_format, transpose
     )
+
+
+def check_hadamard_size(n: int, block: int, length: int) -> None:
+    """ValueError if a Hadamard transform of size n is longer than both the block and the
+    contraction length rounded up to a power of two (wgrad's: the step's tokens).
+
+    Such a transform cannot spread an outlier further: the shorter one already mixes all the
+    tokens, and the rest of it rotates zero padding (`hadamard.rotate`), while both rotated
+    operands, one saved from forward, grow to n columns. The block's own size (`rht=on`) stays
+    allowed on any input. Only knowable from the input's shape, so checked at each call (a
+    Python comparison of static sizes, traced away under torch.compile); for a power of two n,
+    `n >= 2 * length` is `n > pow2_ceil(length)`.
+    """
+    if n > block and n >= 2 * length > 0:
+        cover = 1 << (int(length) - 1).bit_length()  # length rounded up to a power of two
+        most = max(block, cover)
+        raise ValueError(
+            f"rht.size={n}: this wgrad rotates {length} tokens, and a transform longer than "
+            f"{most} only rotates zero padding; use rht.size <= {most}"
+        )
 
 
 def exact_bf16_values(q: QOperand) -> torch.Tensor:
