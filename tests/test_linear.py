@@ -565,3 +565,29 @@ def test_fast_accumulation_reaches_the_gemms_it_names(base, variant):
     # OCC compensates fprop with a second GEMM (the clipped residual), under fprop's hint
     fprops = [((32, 48), fprop)] * (2 if recipe.occ is not None else 1)
     assert backend.calls == [*fprops, ((32, 64), dgrad), ((48, 64), wgrad)]
+
+
+class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """The number of aten ops run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-rowwise", "fp4", "nvfp4"])
+def test_no_grad_prepares_no_backward_operands(name):
+    # Weights require grad in evaluation too; under no_grad the layer must not quantize or
+    # transpose what only backward reads (wgrad's x, dgrad's w_q transposed, OCC's remainder)
+    torch.manual_seed(0)
+    layer, x = QuantLinear(64, 32, recipe=name), torch.randn(16, 64)
+    with _CountOps() as trained:
+        y = layer(x)
+    with torch.no_grad(), _CountOps() as evaluated:
+        y_eval = layer(x)
+    assert torch.equal(y_eval, y.detach())
+    assert evaluated.count < trained.count

@@ -81,13 +81,20 @@ class QuantLinearFunction(torch.autograd.Function):
     operands along M: dw = Q(dyᵀ·R)·Q(xᵀ·R)ᵀ, R an orthogonal random Hadamard transform
     (minifloat/hadamard.py); the draws come from `rng_state` (counter_rng.py): seeds of the
     forward's step, saved for backward, which counts the step (`counter_rng.advance`).
+    `grad_enabled=False` (the module passes its grad mode: no_grad, inference_mode) prepares no
+    backward operands; otherwise those of the gradients autograd will ask for.
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, recipe, backend, out_dtype, amax_history, rng_state=None):
+    def forward(
+        ctx, x, weight, bias, recipe, backend, out_dtype, amax_history, rng_state=None,
+        grad_enabled=True,
+    ):  # fmt: skip
         recipe: QuantRecipe
         backend: Backend
-        need_dx, need_dw = ctx.needs_input_grad[:2]
+        # needs_input_grad follows requires_grad alone, also under no_grad; `grad_enabled` (the
+        # caller's grad mode) keeps evaluation from preparing backward operands nothing will use
+        need_dx, need_dw = (grad_enabled and need for need in ctx.needs_input_grad[:2])
         comp = occ_gemm.compensation(recipe)
         x_dtype = x.dtype  # x may become a float32 copy below
         with torch.autocast(x.device.type, enabled=False):
@@ -222,7 +229,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 dw = dw.to(weight.dtype)
             if need_db and ctx.bias_dtype is not None:
                 db = dy.float().sum(dim=0).to(ctx.bias_dtype)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def _weight_operand(
@@ -486,7 +493,7 @@ class QuantizedGemmMixin:
         backend = get_backend(self.backend, x.device)
         args = (
             x.reshape(-1, x.shape[-1]), weight, bias, self.recipe, backend, out_dtype,
-            self.amax_history, self.rng_state,
+            self.amax_history, self.rng_state, torch.is_grad_enabled(),
         )  # fmt: skip
         if torch.compiler.is_compiling() and recompute.applies(self.recipe, weight):
             y = recompute.checkpointed(QuantLinearFunction.apply, *args)
