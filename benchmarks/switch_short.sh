@@ -15,6 +15,8 @@
 #   after each call, here:  K=benchmarks/results/runs_issue15s; mkdir -p $K && tar xzf \
 #                             FILES_AT/issue15s_runs.tar.gz -C $K --wildcards '*/metrics.jsonl' \
 #                             '*/DONE' && cp FILES_AT/issue15s_done.txt benchmarks/results/
+#   the runs' checkpoints stay on the machine: make call N+1 right after call N (the machine
+#   goes back after ~30 s idle, and a fresh one starts every unfinished run again; session 44)
 #   at the end (CPU):       bash benchmarks/switch_short.sh report benchmarks/results/runs_issue15s
 #     -> benchmarks/results/switch_125M_100M_h200_<date>.{md,json,png}
 #
