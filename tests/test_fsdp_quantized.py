@@ -4,7 +4,8 @@ Against the unsharded model in one process (each rank's batch shard run through 
 summed as FSDP averages them): the all-gathered weight operands equal `backend.quantize(full
 weight)` (values and scales), the forward outputs are equal bit for bit, the gradients too
 (tolerance below for DGE), and each all-gather input holds 1 byte a parameter (FP8) or 0.5
-(E2M1) plus the scales that travel.
+(E2M1) plus the scales that travel. What one process can check (refusals, the precompute's
+batched quantization) is in test_fsdp_quantized_local.py.
 """
 
 from __future__ import annotations
@@ -17,27 +18,20 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torch.utils._pytree as pytree
 from torch import nn
 
+from fsdp_nets import RECIPES, net
 from gloo_ranks import WORLD, spawn
 from minifloat import delayed, fsdp_plan, recipes
 from minifloat.distributed import apply_fsdp
 from minifloat.fsdp_quantized import (
     all_gather_bytes,
-    enable_quantized_all_gather,
     precompute_quantized_weights,
 )
 from minifloat.fsdp_weight import GatheredWeight, ShardedWeight, _quantized_key
-from minifloat.kernels import EmulatedBackend, operand
+from minifloat.kernels import EmulatedBackend
 from minifloat.linear import QuantLinear
 
-# Recipes under test; the gradients of all but DGE recipes are bit-exact (2 ranks: the average
-# (a + b) / 2 equals a / 2 + b / 2 in fp32, and every operand is the same as unsharded).
-# The named recipes form "inv" scales (fp8-delayed divides by its history's); the fp32 variant
-# covers scales formed by division from the global amax.
-RECIPES = ["fp8-tensorwise", "fp8-rowwise", "fp4-direct", "fp4-dge", "fp8-blockwise", "fp8-delayed"]
-RECIPES += ["fp8-rowwise:scale_format=fp32"]
 # DGE recipes: max |g - g_ref| / max |g_ref| per tensor. The factor f'(w/s) is applied after the
 # reduce-scatter, (a + b)·f, against a·f + b·f unsharded: fp32 rounding only (measured <= 7e-7).
 DGE_GRAD_REL_TOL = 1e-5
@@ -48,36 +42,6 @@ AMAX_WEIGHTS["fp8-rowwise:scale_format=fp32"] = 4
 AMAX_WEIGHTS.update({r: 0 for r in RECIPES if r not in AMAX_WEIGHTS})  # row and block scales
 # Bytes of values per parameter in the all-gather input, by weight format.
 VALUE_BYTES = {"e4m3": 1.0, "e5m2": 1.0, "e2m1": 0.5}
-
-
-class _Block(nn.Module):
-    def __init__(self, dim: int, hidden: int, recipe: str) -> None:
-        super().__init__()
-        self.up = QuantLinear(dim, hidden, bias=False, recipe=recipe)
-        self.down = QuantLinear(hidden, dim, recipe=recipe)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(F.gelu(self.up(x)))
-
-
-class _Net(nn.Module):
-    """Two residual MLP blocks of QuantLinear layers (`layers`, as apply_fsdp shards) + a head."""
-
-    def __init__(self, recipe: str, dim: int = 64, hidden: int = 128) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([_Block(dim, hidden, recipe) for _ in range(2)])
-        self.head = nn.Linear(dim, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-
-def _net(recipe: str) -> _Net:
-    torch.manual_seed(0)
-    # 128x128 weight blocks must not cross the shard boundary: 256 rows, 128 a rank.
-    return _Net(recipe, 256, 256) if recipe == "fp8-blockwise" else _Net(recipe)
 
 
 def _data(dim: int, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -201,7 +165,7 @@ def _check_grads(model: nn.Module, ref: nn.Module, recipe: str, step: int) -> No
 
 def _matches_unsharded_worker(rank: int) -> None:
     for recipe in RECIPES:
-        ref = _net(recipe)
+        ref = net(recipe)
         model = apply_fsdp(copy.deepcopy(ref), quantized_all_gather=True)
         assert isinstance(model.layers[0].up.weight._local_tensor, ShardedWeight)
         # Step 0: nothing precomputed; step 1: precomputed after the update; step 2:
@@ -255,7 +219,7 @@ def _optimizer_step_makes_amaxes_stale(rank: int) -> None:
     from minifloat.optim import AdamW
 
     for fused in (False, True):
-        model = apply_fsdp(_net("fp8-tensorwise"), quantized_all_gather=True)
+        model = apply_fsdp(net("fp8-tensorwise"), quantized_all_gather=True)
         opt = AdamW(model.parameters(), lr=1e-2, fused=fused)
         xs, ts = _data(64, 0)
         for stale in (False, True):
@@ -277,7 +241,7 @@ def _kept_shard_serves_one_forward(rank: int) -> None:
     forward quantizes again, written or not: compiled writes (a compiled optimizer update, a
     compiled backward's fp8-delayed history record) move no version counter to tell."""
     for recipe in ("fp8-tensorwise", "fp8-delayed"):
-        model = apply_fsdp(_net(recipe), quantized_all_gather=True)
+        model = apply_fsdp(net(recipe), quantized_all_gather=True)
         xs, ts = _data(64, 0)
         precompute_quantized_weights(model)
         for expected in (0, 4):  # after the precompute; then without one (no write between)
@@ -289,7 +253,7 @@ def _kept_shard_serves_one_forward(rank: int) -> None:
 
 def _dge_refuses_accumulation(rank: int) -> None:
     """Reduce-scatter on every micro-batch (no no_sync) would scale the accumulated part twice."""
-    model = apply_fsdp(_net("fp4-dge"), quantized_all_gather=True)
+    model = apply_fsdp(net("fp4-dge"), quantized_all_gather=True)
     xs, ts = _data(64, 0)
     F.cross_entropy(model(xs[rank]), ts[rank]).backward()
     with pytest.raises(RuntimeError, match="one reduce-scatter per optimizer step"):
@@ -307,7 +271,7 @@ def _checkpoint_worker(rank: int) -> None:
     )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model = apply_fsdp(_net("fp4-dge"), quantized_all_gather=True)
+    model = apply_fsdp(net("fp4-dge"), quantized_all_gather=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     xs, ts = _data(64, 0)
     for _ in range(2):
@@ -321,7 +285,7 @@ def _checkpoint_worker(rank: int) -> None:
     shared = [full]
     dist.broadcast_object_list(shared, src=0)
     for quantized in (True, False):
-        fresh = _net("fp4-dge")
+        fresh = net("fp4-dge")
         for layer in fresh.modules():  # other values, so that the load must set them
             if isinstance(layer, QuantLinear):
                 nn.init.zeros_(layer.weight)
@@ -380,7 +344,7 @@ def _compiled_worker(rank: int) -> None:
         grads = {}
         for quantized in (False, True):
             torch._dynamo.reset()
-            model = _net(recipe)
+            model = net(recipe)
             for block in model.layers:
                 block.compile()
             apply_fsdp(model, quantized_all_gather=quantized)
@@ -430,7 +394,7 @@ def _one_rank_worker(rank: int) -> None:
     one (fsdp_plan.pack_payload). Every recipe gives the unsharded model's gradients; the kept
     tensors are views of the packed one (its bytes held once); compiled as in two ranks."""
     for recipe in RECIPES:
-        ref = _net(recipe)
+        ref = net(recipe)
         model = apply_fsdp(copy.deepcopy(ref), quantized_all_gather=True)
         plan = fsdp_plan.plan_for(recipes.get(recipe))
         tensors = sum(1 + g.gathers_scale for g in plan.operands)
@@ -507,112 +471,3 @@ def test_trainer_flag_needs_fsdp():
 
     with pytest.raises(ConfigError, match="quantized-all-gather needs parallel=fsdp"):
         check_config(TrainConfig(recipe="fp8-tensorwise", quantized_all_gather=True))
-
-
-# ---- refusals (one process) -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("recipe", ["fp4", "fp4-occ"])
-def test_occ_recipes_are_refused(recipe):
-    with pytest.raises(ValueError, match="OCC"):
-        enable_quantized_all_gather(_net(recipe))
-
-
-@pytest.mark.parametrize(
-    "recipe", ["fp8-tensorwise:scale_format=pow2", "fp4-dge:scale_format=pow2"]
-)
-def test_power_of_two_scales_are_refused(recipe):
-    with pytest.raises(ValueError, match="pow2 scales"):
-        fsdp_plan.plan_for(recipes.get(recipe))
-
-
-def test_split_weight_blocks_are_refused():
-    model = _Net("fp8-blockwise", 128, 128)  # 64 rows a rank: a 128-row block would be split
-    with pytest.raises(ValueError, match="multiple of the 128-row blocks"):
-        enable_quantized_all_gather(model, world_size=2)
-    assert enable_quantized_all_gather(model, world_size=1) == 4
-
-
-def test_uneven_shards_are_refused():
-    with pytest.raises(ValueError, match="divisible by the 3 ranks"):
-        enable_quantized_all_gather(_net("fp8-rowwise"), world_size=3)
-
-
-def test_enabled_unsharded_model_is_unchanged():
-    # Wrapped but not sharded: the same outputs and gradients as the plain model (the wrapper
-    # only changes what FSDP2 all-gathers); its state_dict holds plain tensors.
-    ref, model = _net("fp4-dge"), _net("fp4-dge")
-    assert enable_quantized_all_gather(model) == 4
-    x = torch.randn(8, 64)
-    y, y_ref = model(x), ref(x)
-    assert torch.equal(y, y_ref)
-    y.sum().backward()
-    y_ref.sum().backward()
-    for p, p_ref in zip(model.parameters(), ref.parameters(), strict=True):
-        assert type(p.grad) is torch.Tensor and torch.equal(p.grad, p_ref.grad)
-    assert all(type(v) is torch.Tensor for v in model.state_dict().values())
-
-
-def test_gathered_weight_serves_only_quantlinear():
-    model = _net("fp8-rowwise")
-    enable_quantized_all_gather(model)
-    shard = model.layers[0].up.weight.data
-    payload, meta = shard.fsdp_pre_all_gather(_OneRankMesh(), shard.shape, shard.stride(),
-                                              model.layers[0].up, None)  # fmt: skip
-    gathered, _ = shard.fsdp_post_all_gather(payload, meta, torch.float32)
-    assert gathered.shape == shard.shape and gathered.dtype == torch.float32
-    for misuse in (lambda: gathered + 1, lambda: F.linear(torch.ones(2, 64), gathered)):
-        with pytest.raises(RuntimeError, match="only QuantLinear"):
-            misuse()
-
-
-class _OneRankMesh:
-    """The two DeviceMesh methods fsdp_pre_all_gather uses, for one rank without a group."""
-
-    ndim = 1
-
-    def size(self) -> int:
-        return 1
-
-
-# ---- the precompute's batched quantization equals one shard at a time ---------------------------
-
-BATCH_SHAPES = [(64, 96), (32, 96), (128, 256)]
-
-
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_compiled_batch_equals_one_at_a_time(recipe):
-    # precompute_quantized_weights quantizes a block's shards in one compiled call on the GPU;
-    # the all-gathers one shard at a time, eagerly. Both must send the same bits.
-    plan = fsdp_plan.plan_for(recipes.get(recipe))
-    backend = EmulatedBackend()
-    gen = torch.Generator().manual_seed(3)
-    shapes = [(256, 256)] * 2 if recipe == "fp8-blockwise" else BATCH_SHAPES
-    ws = [torch.randn(s, generator=gen) * 10 ** torch.randn(1, generator=gen) for s in shapes]
-    ws[0][0, :3] = torch.tensor([0.0, -448.0 * 8, 1e-9])  # zero, a large and a tiny entry
-    history = torch.rand(3, 16, generator=gen) if plan.delayed is not None else None
-    plans, histories = [plan] * len(ws), [history] * len(ws)
-    amaxes = fsdp_plan.shard_amaxes_many(backend, plans, ws)
-    compiled = torch.compile(fsdp_plan.quantize_weights, fullgraph=True)
-    got = compiled(backend, plans, ws, amaxes, histories)
-    for w, a, one in zip(ws, amaxes, got, strict=True):
-        want = fsdp_plan.quantize_weight(backend, plan, w, a, history)
-        leaves = [pytree.tree_leaves(x) for x in (one, want)]
-        assert [u is None for u in leaves[0]] == [v is None for v in leaves[1]], recipe
-        pairs = zip(*leaves, strict=True)
-        assert all(u is None or torch.equal(u, v) for u, v in pairs), recipe
-
-
-@pytest.mark.parametrize("recipe", ["fp4-dge", "fp4-dge:scaling.weight=tensor", "fp8-rowwise"])
-def test_dge_gets_the_multipliers_the_fprop_weight_was_rounded_with(recipe):
-    # The sharded DGE hook evaluates f' at w * m ("inv" scales), as the unsharded layer does:
-    # m of the fprop operand, in the weight's layout (global amax for tensor scales)
-    plan = fsdp_plan.plan_for(recipes.get(recipe))
-    w = torch.randn(64, 96, generator=torch.Generator().manual_seed(4))
-    amaxes = fsdp_plan.global_amaxes(fsdp_plan.shard_amaxes(EmulatedBackend(), plan, w), None)
-    *_, scale, m = fsdp_plan.quantize_weight(EmulatedBackend(), plan, w, amaxes, None)
-    spec = recipes.get(recipe).fprop.rhs
-    _, want_scale, want_m = operand.quantize_operand(
-        w, spec.fmt, spec.granularity, scale_format=spec.scale_format, with_multiplier=True
-    )
-    assert torch.equal(scale, want_scale) and torch.equal(m, want_m)
