@@ -93,6 +93,8 @@ CASES = [
     (["train", *TINY, "--out", "locked", "--overwrite"], 2, "locked is in use by another run"),
     (["train", *TINY, "--out", "afile"], 2, "--out afile exists and is not a directory"),
     (["compare", *TINY, "--recipes", "bf16,bf16"], 2, "recipe bf16 is named more than once"),
+    # Data: an empty name (`--data "$UNSET"`) used to train on the current directory.
+    (["train", *TINY, "--data", ""], 2, "data must be a corpus (stdlib, site-packages, english)"),
     # Data: a truncated compressed corpus (the message is the data module's).
     (["train", *TINY, "--data", "truncated.xz"], 2, ""),
     # Out of memory: the run fails (status 1) with what to lower.

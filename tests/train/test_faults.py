@@ -1,6 +1,7 @@
 """Faults of real runs, with real processes and real signals: a SIGKILL in the middle of a
-checkpoint save, a resumed run killed before its first metrics record, two runs on one
-directory, and SIGTERM/SIGINT, which must leave a checkpoint. After each fault the run is
+checkpoint save, a save that fails (the file-size limit), a resumed run killed before its first
+metrics record, two runs on one directory, SIGTERM/SIGINT, which must leave a checkpoint, and a
+second SIGINT, which stops the run at once. After each fault the run is
 resumed and must end exactly (bit for bit, every step's loss) as an uninterrupted run does.
 
 The runs are ``python CHILD MODE MARKER minifloat-train-args...``: CHILD runs the ``minifloat``
@@ -10,7 +11,9 @@ point (so the test can act there) instead of at a random time.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,6 +65,12 @@ elif mode == "hold-before-step-4":
             wait_for(marker.with_suffix(".done"))
         return step(self)
     trainer.Trainer.train_step = held_step
+elif mode == "file-size-limit":
+    # Writes past 200 kB fail with EFBIG (as writes to a full disk fail with ENOSPC): every
+    # checkpoint save fails, the small metrics records do not.
+    import resource
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
 sys.exit(cli.main(argv))
 """
 
@@ -176,5 +185,70 @@ def test_a_signal_writes_a_checkpoint_and_a_second_run_is_locked_out(
     assert _leftovers(out) == []
 
     done = _cli(*_args(out, cache, "--resume"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _losses(out) == reference
+
+
+def _checkpoints(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("checkpoint*.pt"))}
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_every_earlier_one(
+    setup, tmp_path: Path
+) -> None:
+    """A save that fails for real (over the process's file-size limit, as on a full disk) used
+    to end in `minifloat: error: [Errno 27] File too large` (exit 2, no path, no step) after
+    the older checkpoint had been rotated out for a copy of the newest."""
+    child, cache, reference = setup
+    out = tmp_path / "run"
+    first = _cli(*_args(out, cache, "--ckpt-every", "2", "--stop-after", "4"), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = _checkpoints(out)
+    assert [load_checkpoint(out / name)["step"] for name in before] == [2, 4]  # .1.pt, .pt
+
+    args = _args(out, cache, "--ckpt-every", "2", "--resume")
+    proc = _start(child, "file-size-limit", tmp_path / "unused", args)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    newest = out / "checkpoint.pt"
+    assert stderr.strip().splitlines() == [
+        f"minifloat: error: could not write the checkpoint of step 6 to {newest} ([Errno "
+        f"{errno.EFBIG}] {os.strerror(errno.EFBIG)}); newest checkpoint {newest} (step 4); "
+        "continue with --resume once the cause is fixed"
+    ]
+    assert _checkpoints(out) == before  # both, byte for byte
+    assert _leftovers(out) == []
+
+    done = _cli(*args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert _losses(out) == reference
+
+
+def test_a_second_sigint_stops_at_once_and_names_the_newest_checkpoint(
+    setup, tmp_path: Path
+) -> None:
+    """The second Ctrl-C (for a step or save that hangs) used to print `minifloat:
+    interrupted` and nothing on where the run can continue from."""
+    child, cache, reference = setup
+    out, marker = tmp_path / "run", tmp_path / "held"
+    args = _args(out, cache, "--ckpt-every", "2")
+    proc = _start(child, "hold-before-step-4", marker, args)
+    try:
+        _wait_for(marker, proc)
+        proc.send_signal(signal.SIGINT)  # recorded: the run would stop after step 4
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)  # acts at once, in step 4
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert stderr.strip().splitlines() == [
+        f"minifloat: interrupted by a second SIGINT after step 3; newest checkpoint "
+        f"{out / 'checkpoint.pt'} (step 2); continue with --resume"
+    ]
+    assert load_checkpoint(out / "checkpoint.pt")["step"] == 2
+    assert _leftovers(out) == []
+
+    done = _cli(*args, "--resume", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert _losses(out) == reference

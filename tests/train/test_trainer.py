@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from minifloat.train.checkpoint import CheckpointError
+from minifloat.train.checkpointer import read_checkpoint_summary
 from minifloat.train.config import ConfigError, TrainConfig
 from minifloat.train.errors import RunDirError, RunFailed
 from minifloat.train.trainer import Trainer, train
@@ -336,18 +337,21 @@ def _nan_logits(model: torch.nn.Module) -> None:
 
 def test_a_run_that_skips_most_steps_fails_with_the_reason(tmp_path: Path, dataset) -> None:
     """39 of 40 skipped steps used to end with status 0: now RunFailed, after the checkpoint and
-    metrics are written, with the result attached."""
-    config = _config(tmp_path, steps=4, eval_batches=0)
+    metrics are written, with the result attached; and as soon as more than max-skip-fraction
+    of the planned steps were skipped (6 of 10), since the end's check could no longer pass."""
+    config = _config(tmp_path, steps=10, eval_batches=0, ckpt_every=100)
     with pytest.raises(RunFailed) as info:
         train(config, dataset=dataset, progress=False, model_transform=_nan_logits)
     message = str(info.value)
-    assert message.startswith("4 of 4 steps were skipped (100 % > max-skip-fraction 0.5)")
+    assert message.startswith(
+        "6 of 6 steps were skipped (100 % > max-skip-fraction 0.5; stopped after step 6 of 10)"
+    )
     assert "last reason: non-finite loss or grad norm" in message
-    assert info.value.result.skipped_steps == 4 and info.value.result.steps == 4
-    assert (Path(config.out_dir) / "checkpoint.pt").is_file()
+    assert info.value.result.skipped_steps == 6 and info.value.result.steps == 6
+    assert read_checkpoint_summary(Path(config.out_dir) / "checkpoint.pt")["step"] == 6
     tolerant = dataclasses.replace(config, out_dir=str(tmp_path / "tolerant"), max_skip_fraction=1)
     result = train(tolerant, dataset=dataset, progress=False, model_transform=_nan_logits)
-    assert result.skipped_steps == 4
+    assert result.skipped_steps == 10
 
 
 def _allocate_too_much(model: torch.nn.Module) -> None:
@@ -370,6 +374,35 @@ def test_out_of_memory_building_the_model(tmp_path: Path, dataset) -> None:
     with pytest.raises(RunFailed, match="out of memory building the model on cpu .*smaller --m"):
         train(_config(tmp_path, model_overrides=huge), dataset=dataset, progress=False)
     assert not (tmp_path / "run").exists()  # the directory it created for nothing is gone
+
+
+def _fail_in_step(step: int):  # noqa: ANN202
+    """A model_transform whose model raises in the forward pass of training step ``step``."""
+    calls = []
+
+    def fail(_module: torch.nn.Module, _args: tuple) -> None:
+        calls.append(None)
+        if len(calls) == step:
+            raise RuntimeError("device fault")
+
+    return lambda model: model.register_forward_pre_hook(fail)
+
+
+def test_an_error_in_a_step_names_the_newest_checkpoint(tmp_path: Path, dataset) -> None:
+    """An error in step 6 leaves the step-4 checkpoint as it was, and says so (it used to be a
+    bare traceback); the resumed run ends as an uninterrupted one does."""
+    config = _config(tmp_path, ckpt_every=2, eval_batches=0)
+    full = train(dataclasses.replace(config, out_dir=str(tmp_path / "full")), dataset=dataset,
+                 progress=False)  # fmt: skip
+    with pytest.raises(RuntimeError, match="device fault") as info:
+        train(config, dataset=dataset, progress=False, model_transform=_fail_in_step(6))
+    newest = Path(config.out_dir) / "checkpoint.pt"
+    assert info.value.__notes__ == [
+        f"minifloat: the run stopped after step 5; newest checkpoint {newest} (step 4); "
+        "continue with --resume once the cause is fixed"
+    ]
+    rest = train(dataclasses.replace(config, resume=True), dataset=dataset, progress=False)
+    assert rest.losses == full.losses
 
 
 def test_a_new_run_does_not_replace_an_earlier_one(tmp_path: Path, dataset) -> None:

@@ -19,7 +19,7 @@ import json
 import os
 import random
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +55,18 @@ _NO_HEADER = "a torch file, but without a minifloat header"
 
 
 def save_checkpoint(
-    path: str | os.PathLike, state: Mapping[str, Any], *, fields: Mapping[str, Any]
+    path: str | os.PathLike,
+    state: Mapping[str, Any],
+    *,
+    fields: Mapping[str, Any],
+    before_replace: Callable[[], None] | None = None,
 ) -> Path:
     """Atomically write ``state`` to ``path`` with a format header, fingerprint and digest.
 
     ``fields`` are the run settings the fingerprint covers; they are stored in plain form so a
-    mismatch can be reported field by field.
+    mismatch can be reported field by field. ``before_replace`` runs once the new file is
+    complete on disk, just before it takes ``path``'s name (to rotate the older checkpoints
+    only when there is a new one to take their place: a failed write leaves them all).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +85,8 @@ def save_checkpoint(
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary output file
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -29,8 +29,13 @@ from minifloat.train.checkpoint import (
     read_checkpoint_header,
     save_checkpoint,
 )
-from minifloat.train.errors import CheckpointError, CheckpointMismatchError, RunWarning
-from minifloat.train.runtime import Runtime, all_gather_objects
+from minifloat.train.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    RunFailed,
+    RunWarning,
+)
+from minifloat.train.runtime import Runtime, all_gather_objects, broadcast_object
 from minifloat.train.sharded_checkpoint import (
     load_sharded,
     old_dir,
@@ -151,7 +156,26 @@ class Checkpointer:
     def save(self, global_state: Mapping[str, Any], rank_state: Mapping[str, Any]) -> Path | None:
         """Write a checkpoint; every rank takes part. ``global_state`` is the same on every
         rank, ``rank_state`` is this rank's own. Returns the path (None on ranks that do not
-        write in the full format)."""
+        write in the full format).
+
+        A save that fails (disk full, quota, permissions) leaves every earlier checkpoint as it
+        was and raises :class:`RunFailed` naming the newest one, on every rank."""
+        failure, error, path = None, None, None
+        try:
+            path = self._write(global_state, rank_state)
+        except Exception as exc:  # any failure of the write (disk full, ...) stops the run
+            error = exc
+            failure = (
+                f"could not write the checkpoint of step {global_state['step']} to {self.path} "
+                f"({first_line(exc)}); {self.resume_hint()} once the cause is fixed"
+            )
+        if not self.sharded:  # only rank 0 wrote: every rank learns how that went
+            failure = broadcast_object(failure, self.runtime)
+        if failure is not None:
+            raise RunFailed(failure) from error
+        return path
+
+    def _write(self, global_state: Mapping[str, Any], rank_state: Mapping[str, Any]) -> Path | None:
         if self.sharded:
             return save_sharded(self.path, model=self.model, optimizer=self.optimizer,
                                 global_state=global_state, rank_state=rank_state,
@@ -162,8 +186,26 @@ class Checkpointer:
         state["ranks"] = all_gather_objects(dict(rank_state), self.runtime)
         if not self.runtime.is_main:
             return None
-        rotate(self.path, self.keep)
-        return save_checkpoint(self.path, state, fields=self.fields)
+        # The older checkpoints move down a slot only once the new one is complete on disk.
+        return save_checkpoint(self.path, state, fields=self.fields,
+                               before_replace=lambda: rotate(self.path, self.keep))  # fmt: skip
+
+    def newest(self) -> tuple[Path, int] | None:
+        """(path, step) of this run's newest readable checkpoint; None when it has none."""
+        for path in checkpoint_candidates(self.out_dir, self.fmt):
+            try:
+                return path, int(read_checkpoint_summary(path)["step"])
+            except CheckpointError:
+                continue
+        return None
+
+    def resume_hint(self) -> str:
+        """Where this run can be continued from, for a message: "newest checkpoint
+        DIR/checkpoint.pt (step 500); continue with --resume"."""
+        newest = self.newest()
+        if newest is None:
+            return "this run has no checkpoint yet; start it again"
+        return f"newest checkpoint {newest[0]} (step {newest[1]}); continue with --resume"
 
     def load(
         self, *, before_model: Callable[[int], None] | None = None

@@ -549,5 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CheckpointError, ValueError, TypeError, OSError, EOFError, lzma.LZMAError) as exc:
         if args.traceback:
             raise
-        print(f"minifloat: error: {first_line(exc)}", file=sys.stderr)
+        # A run stopped by an error mid-loop carries a note naming its newest checkpoint.
+        notes = [n.removeprefix("minifloat: ") for n in getattr(exc, "__notes__", [])]
+        print(f"minifloat: error: {'; '.join([first_line(exc), *notes])}", file=sys.stderr)
         return EXIT_USAGE

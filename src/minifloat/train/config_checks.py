@@ -106,6 +106,10 @@ def _check_checkpoints(cfg: TrainConfig) -> None:
 
 
 def _check_choices(cfg: TrainConfig) -> None:
+    if not str(cfg.data).strip():  # a path "" would be the current directory, read as a corpus
+        raise ConfigError(
+            f"data must be a corpus (stdlib, site-packages, english) or a path, got {cfg.data!r}"
+        )
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(

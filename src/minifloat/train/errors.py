@@ -52,13 +52,16 @@ class RunFailed(RuntimeError):
 
 class TrainingInterrupted(KeyboardInterrupt):
     """SIGINT or SIGTERM stopped the run after step ``step``; ``checkpoint`` is the checkpoint
-    written then (None when the run saves none). A KeyboardInterrupt, so code that cleans up
+    written then (None when the run saves none), or for a second SIGINT, which stops the run at
+    once, the newest one (``message`` then says so). A KeyboardInterrupt, so code that cleans up
     after Ctrl-C does the same here."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
+    def __init__(
+        self, signum: int, step: int, checkpoint: Path | None, *, message: str | None = None
+    ) -> None:
         name = signal.Signals(signum).name
         saved = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint (this run saves none)"
-        super().__init__(f"interrupted by {name} after step {step}; {saved}")
+        super().__init__(message or f"interrupted by {name} after step {step}; {saved}")
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "StepGuard",
     "StepGuardConfig",
     "attach_embedding_grad_shrink",
+    "no_progress",
     "shrink_embedding_grad",
     "z_loss",
 ]
@@ -169,6 +170,23 @@ class StepGuard:
         self.skipped_nonfinite = int(state["skipped_nonfinite"])
         self.skipped_spike = int(state["skipped_spike"])
         self.skipped_update = int(state.get("skipped_update", 0))  # absent before the weight guard
+
+
+def no_progress(skipped: int, steps: int, planned: int, fraction: float) -> str | None:
+    """Why a run that took `steps` of its `planned` steps, `skipped` of them vetoed, made no
+    progress: more than `fraction` of the steps it took were skipped. None when it did.
+
+    Checked after every step (the trainer stops there) as well as at the end: once more than
+    `fraction` of the planned steps are skipped, the end's check cannot pass, so a run that went
+    NaN stops then instead of running its remaining steps for nothing.
+    """
+    if not steps or skipped <= fraction * (steps if steps == planned else planned):
+        return None
+    stopped = "" if steps == planned else f"; stopped after step {steps} of {planned}"
+    return (
+        f"{skipped} of {steps} steps were skipped ({100 * skipped / steps:.0f} % > "
+        f"max-skip-fraction {fraction:g}{stopped})"
+    )
 
 
 def shrink_embedding_grad(x: torch.Tensor, alpha: float) -> torch.Tensor:

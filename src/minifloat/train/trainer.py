@@ -46,12 +46,7 @@ from minifloat.convert import set_recipe
 from minifloat.errors import first_line
 from minifloat.fsdp_quantized import precompute_quantized_weights
 from minifloat.train.branch import BranchPoint, checkpoint_steps, load_branch, plan_branch
-from minifloat.train.build import (
-    build_iterator,
-    build_optimizer,
-    check_names,
-    load_dataset,
-)
+from minifloat.train.build import build_iterator, build_optimizer, check_names, load_dataset
 from minifloat.train.checkpoint import capture_rng_state, restore_rng_state
 from minifloat.train.checkpointer import Checkpointer
 from minifloat.train.config import TrainConfig
@@ -80,8 +75,9 @@ from minifloat.train.runtime import (
 from minifloat.train.runtime import setup as setup_runtime
 from minifloat.train.schedule import lr_at
 from minifloat.train.signals import StopSignals
-from minifloat.train.stability import StepGuard, StepGuardConfig, z_loss
+from minifloat.train.stability import StepGuard, StepGuardConfig, no_progress, z_loss
 from minifloat.train.state import extra_buffers, restore_buffers
+from minifloat.train.stopped import stop_handling
 from minifloat.train.switch import RecipeSwitch, recipe_switch, run_name
 from minifloat.train.weight_guard import WeightGuard
 
@@ -460,25 +456,19 @@ class Trainer:
         display = ProgressDisplay(self.total_steps, mode=self.progress_mode,
                                   label=self.run_name, print_every=cfg.log_every)  # fmt: skip
         try:
-            with StopSignals() as signals:
+            with stop_handling(self) as signals:
                 step_times = self._loop(stop, display, signals)
         finally:
             display.close()
         result = self._finish(step_times)
-        self._check_progress(result)
-        return result
-
-    def _check_progress(self, result: TrainResult) -> None:
-        """Raise RunFailed (the checkpoint and metrics already written) when more than
-        ``max_skip_fraction`` of the run's steps were skipped: such a run made no progress."""
-        skipped, fraction = self.guard.skipped, self.config.max_skip_fraction
-        if self.step and skipped > fraction * self.step:
+        # RunFailed (the checkpoint and metrics already written) when the run made no progress
+        if failed := no_progress(self.guard.skipped, self.step, stop, cfg.max_skip_fraction):
             raise RunFailed(
-                f"{skipped} of {self.step} steps were skipped ({100 * skipped / self.step:.0f} % "
-                f"> max-skip-fraction {fraction:g}): the run made no progress (last reason: "
+                f"{failed}: the run made no progress (last reason: "
                 f"{self.last_skip_reason}); see {result.metrics_path}",
                 result=result,
             )
+        return result
 
     def _loop(self, stop: int, display: ProgressDisplay, signals: StopSignals) -> list[float]:
         """Steps until ``stop``; returns the seconds each step took (evaluation excluded).
@@ -505,6 +495,12 @@ class Trainer:
             if signum:
                 saved = self.checkpoint_path if self.config.save_checkpoints else None
                 raise TrainingInterrupted(signum, self.step, saved)
+            # The end's check would fail whatever the remaining steps do: stop, keeping the
+            # weights (skipped steps never changed them) as the run's end would
+            if no_progress(self.guard.skipped, self.step, stop, self.config.max_skip_fraction):
+                if self.config.save_checkpoints and self.saved_step != self.step:
+                    self.save()
+                break
         return step_times
 
     def _after_step(
