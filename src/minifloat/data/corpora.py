@@ -214,6 +214,9 @@ def _resolve(data: str | Path, cache_dir: Path) -> tuple[str, Callable[[], list[
                 f"english corpus not built ({path} missing): run `minifloat data build english`"
             )
         return "english", lambda: read_corpus_file(path), "english gives one document per record"
+    if not str(data).strip():  # Path("") is the current directory: never a corpus by accident
+        raise DataError(f"data is empty ({data!r}): name a corpus ({', '.join(BUILTIN_CORPORA)}) "
+                        "or a path")  # fmt: skip
     path = Path(data)
     if path.exists():
         return path.name, lambda: _path_documents(path), _path_rule(path)
