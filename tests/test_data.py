@@ -230,8 +230,8 @@ def _truncated_xz(path: Path) -> Path:
     ("setup", "match"),
     [
         (lambda d: "wikipedia", "unknown corpus 'wikipedia'.*stdlib"),
-        (lambda d: "", "data is empty.*stdlib"),  # Path("") would read the current directory
-        (lambda d: Path(" "), "data is empty"),
+        (lambda d: "", "data must be a corpus.*stdlib.* or a path, got ''"),  # not Path("")=cwd
+        (lambda d: Path(" "), "data must be a corpus"),
         (lambda d: str(d / "missing.txt"), "does not exist"),
         (lambda d: (d / "empty").mkdir() or d / "empty", "empty"),
         (lambda d: (d / "x.txt").write_bytes(b"ok \xff\xfe bad") and d / "x.txt", "not UTF-8"),

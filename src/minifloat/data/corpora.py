@@ -35,6 +35,7 @@ __all__ = [
     "BUILTIN_CORPORA",
     "DEFAULT_CACHE_DIR",
     "Corpus",
+    "check_corpus_name",
     "corpus_dir",
     "corpus_info",
     "export_corpus",
@@ -200,6 +201,15 @@ def _path_rule(path: Path) -> str:
     )
 
 
+def check_corpus_name(data: str | Path) -> None:
+    """DataError for an empty name: Path("") is the current directory, which would be read as
+    the corpus (a `--data "$UNSET"` or `os.environ.get(...)` gone wrong)."""
+    if not str(data).strip():
+        raise DataError(
+            f"data must be a corpus ({', '.join(BUILTIN_CORPORA)}) or a path, got {data!r}"
+        )
+
+
 def _resolve(data: str | Path, cache_dir: Path) -> tuple[str, Callable[[], list[str]], str]:
     """(corpus name, reader of its documents, what one document is) for ``data``."""
     per_file = f"{data} gives one document per .py file"
@@ -214,9 +224,7 @@ def _resolve(data: str | Path, cache_dir: Path) -> tuple[str, Callable[[], list[
                 f"english corpus not built ({path} missing): run `minifloat data build english`"
             )
         return "english", lambda: read_corpus_file(path), "english gives one document per record"
-    if not str(data).strip():  # Path("") is the current directory: never a corpus by accident
-        raise DataError(f"data is empty ({data!r}): name a corpus ({', '.join(BUILTIN_CORPORA)}) "
-                        "or a path")  # fmt: skip
+    check_corpus_name(data)
     path = Path(data)
     if path.exists():
         return path.name, lambda: _path_documents(path), _path_rule(path)

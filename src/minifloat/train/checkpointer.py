@@ -199,13 +199,19 @@ class Checkpointer:
                 continue
         return None
 
+    def describe_newest(self) -> tuple[str, Path | None]:
+        """("newest checkpoint DIR/checkpoint.pt (step 500)" or "this run has no checkpoint
+        yet", its path or None), for messages."""
+        newest = self.newest()
+        if newest is None:
+            return "this run has no checkpoint yet", None
+        return f"newest checkpoint {newest[0]} (step {newest[1]})", newest[0]
+
     def resume_hint(self) -> str:
         """Where this run can be continued from, for a message: "newest checkpoint
         DIR/checkpoint.pt (step 500); continue with --resume"."""
-        newest = self.newest()
-        if newest is None:
-            return "this run has no checkpoint yet; start it again"
-        return f"newest checkpoint {newest[0]} (step {newest[1]}); continue with --resume"
+        where, path = self.describe_newest()
+        return f"{where}; {'continue with --resume' if path else 'start it again'}"
 
     def load(
         self, *, before_model: Callable[[int], None] | None = None

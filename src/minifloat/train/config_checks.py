@@ -106,10 +106,12 @@ def _check_checkpoints(cfg: TrainConfig) -> None:
 
 
 def _check_choices(cfg: TrainConfig) -> None:
-    if not str(cfg.data).strip():  # a path "" would be the current directory, read as a corpus
-        raise ConfigError(
-            f"data must be a corpus (stdlib, site-packages, english) or a path, got {cfg.data!r}"
-        )
+    from minifloat.data.corpora import DataError, check_corpus_name  # the data layer's rule
+
+    try:
+        check_corpus_name(cfg.data)  # before the run directory is made
+    except DataError as exc:
+        raise ConfigError(str(exc)) from None
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(

@@ -180,7 +180,7 @@ def no_progress(skipped: int, steps: int, planned: int, fraction: float) -> str 
     `fraction` of the planned steps are skipped, the end's check cannot pass, so a run that went
     NaN stops then instead of running its remaining steps for nothing.
     """
-    if not steps or skipped <= fraction * (steps if steps == planned else planned):
+    if not steps or skipped <= fraction * planned:
         return None
     stopped = "" if steps == planned else f"; stopped after step {steps} of {planned}"
     return (

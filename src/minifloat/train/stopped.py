@@ -52,17 +52,13 @@ def explain_stop(
         exc, Exception | KeyboardInterrupt
     ):
         return exc
-    newest = checkpointer.newest() if saves else None
-    if not saves:
-        where = "this run saves no checkpoints"
-    elif newest is None:
-        where = "this run has no checkpoint yet"
+    if saves:
+        where, newest = checkpointer.describe_newest()
     else:
-        where = f"newest checkpoint {newest[0]} (step {newest[1]})"
-    if isinstance(exc, KeyboardInterrupt):
+        where, newest = "this run saves no checkpoints", None
+    if isinstance(exc, KeyboardInterrupt):  # the CLI adds how to continue, as for the first
         message = f"interrupted by a second SIGINT after step {step}; {where}"
-        saved = None if newest is None else newest[0]
-        return TrainingInterrupted(signal.SIGINT, step, saved, message=message)
-    resume = "; continue with --resume once the cause is fixed" if newest is not None else ""
-    exc.add_note(f"minifloat: the run stopped after step {step}; {where}{resume}")
+        return TrainingInterrupted(signal.SIGINT, step, newest, message=message)
+    hint = f"{checkpointer.resume_hint()} once the cause is fixed" if saves else where
+    exc.add_note(f"minifloat: the run stopped after step {step}; {hint}")
     return exc
