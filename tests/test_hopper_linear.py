@@ -183,3 +183,20 @@ def test_occ_thresholds_and_fold_equal_the_cpu_emulation(threshold):
     want = fold_remainder(x.cpu(), *clip_cpu, x_q.data.cpu(), x_q.scale.cpu(), 6.0)
     for a, b in zip(got, want, strict=True):
         assert bits_equal(a.cpu(), b)
+
+
+@pytest.mark.parametrize("name", QUANT_RECIPES)
+def test_evaluation_without_grad_equals_training_forward(name):
+    """Under no_grad and inference_mode the layer skips backward's operands (session 44); the
+    output must be the training forward's, bit for bit, on the Hopper path too."""
+    torch.manual_seed(0)
+    layer = QuantLinear(256, 384, recipe=name, backend="hopper").cuda()
+    x, _, _ = _inputs(96, 256, 384)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(x)
+        with torch.no_grad():
+            y_no_grad = layer(x)
+        with torch.inference_mode():
+            y_inference = layer(x)
+    assert bits_equal(y_no_grad, y.detach())
+    assert bits_equal(y_inference, y.detach())

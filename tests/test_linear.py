@@ -579,7 +579,7 @@ class _CountOps(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-rowwise", "fp4", "nvfp4"])
+@pytest.mark.parametrize("name", QUANT_RECIPES)
 def test_no_grad_prepares_no_backward_operands(name):
     # Weights require grad in evaluation too; under no_grad the layer must not quantize or
     # transpose what only backward reads (wgrad's x, dgrad's w_q transposed, OCC's remainder)
