@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,16 +22,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(fn: Callable[..., None], *args: object, world: int = WORLD) -> None:
-    """Call ``fn(rank, *args)`` on `world` ranks; a failure on any rank fails the caller."""
-    mp.spawn(_entry, args=(fn, _free_port(), args, world), nprocs=world, join=True)
+def spawn(
+    fn: Callable[..., None], *args: object, world: int = WORLD, timeout_s: float | None = None
+) -> None:
+    """Call ``fn(rank, *args)`` on `world` ranks; a failure on any rank fails the caller.
+    ``timeout_s``: how long a collective waits for a missing rank before it raises (gloo's
+    default is 30 minutes; a test of a hang sets a short one, to fail rather than hang)."""
+    mp.spawn(_entry, args=(fn, _free_port(), args, world, timeout_s), nprocs=world, join=True)
 
 
-def _entry(rank: int, fn: Callable[..., None], port: int, args: tuple, world: int) -> None:
+def _entry(
+    rank: int, fn: Callable[..., None], port: int, args: tuple, world: int, timeout_s: float | None
+) -> None:
     torch.set_num_threads(1)
     os.environ["WORLD_SIZE"] = str(world)  # what torchrun sets; the trainer joins this group
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout
     )
     try:
         fn(rank, *args)

@@ -223,6 +223,42 @@ def test_bad_sharded_checkpoints_raise(tmp_path: Path) -> None:
         check_manifest(manifest, fields={**fields, "recipe": "fp4"}, world_size=WORLD)
 
 
+def _failed_save_worker(rank: int, root: str) -> None:
+    import torch
+    from torch import nn
+
+    from minifloat.train.sharded_checkpoint import save_sharded
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    path, fields = Path(root) / "checkpoint.dcp", {"recipe": "fp32"}
+
+    def save(step: int, rank_state: dict) -> Path:
+        return save_sharded(path, model=model, optimizer=optimizer, global_state={"step": step},
+                            rank_state=rank_state, fields=fields)  # fmt: skip
+
+    save(1, {"rank": rank})
+    # Rank 1 alone cannot write its own file (an object torch.save cannot pickle, as a full
+    # disk or a quota would fail it): every rank must learn it, none may wait for the others.
+    unpicklable = {"rank": rank, "hook": lambda: None} if rank == 1 else {"rank": rank}
+    message = _expect_error(lambda: save(2, unpicklable), "rank 1: ")
+    assert "rank 0" not in message, message
+    dist.barrier()  # both ranks are past the failed save before the directory is read
+    assert read_manifest(path)["step"] == 1  # the earlier checkpoint, whole
+    verify_files(path, read_manifest(path)["files"], rank, WORLD)
+    assert not list(Path(root).glob(".checkpoint.dcp.*"))  # the incomplete save removed
+
+
+def test_a_save_that_fails_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
+    """A sharded save that failed on one rank used to raise there alone: the other rank waited
+    in the save's next barrier until the process group's timeout (here 60 s, gloo's default
+    30 minutes)."""
+    spawn(_failed_save_worker, str(tmp_path), timeout_s=60)
+
+
 def test_verify_files_reports_missing_unlisted_and_corrupt(tmp_path: Path) -> None:
     (tmp_path / "a.pt").write_bytes(b"a")
     (tmp_path / "b.pt").write_bytes(b"b")

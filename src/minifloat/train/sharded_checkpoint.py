@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minifloat.errors import first_line
 from minifloat.train.errors import CheckpointMismatchError
 from minifloat.train.integrity import (
     CheckpointError,
@@ -94,11 +95,6 @@ def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def _barrier() -> None:
-    if _world()[1] > 1:
-        dist.barrier()
 
 
 def _gather(obj: Any) -> list[Any]:
@@ -246,36 +242,72 @@ def save_sharded(
     path = Path(path)
     rank, world = _world()
     tmp = _tmp_dir(path)
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that crashed
-        tmp.mkdir(parents=True)
-    _barrier()
-    dcp.save(_dcp_state(model, optimizer), checkpoint_id=str(tmp))
-    local = dict(rank_state)
-    if _is_minifloat_adamw(optimizer):
-        local["optimizer"] = _local_optimizer_state(model, optimizer)
-    _save_file(local, tmp / _rank_name(rank))
-    if rank == 0:
-        _save_file(dict(global_state), tmp / GLOBAL_NAME)
-    _barrier()
-    files = _data_files(tmp)
-    mine = {name: _file_sha256(tmp / name) for name in files[rank::world]}
-    hashes = {k: v for part in _gather(mine) for k, v in part.items()}
-    if rank == 0:
-        manifest = {
-            "format": SHARDED_FORMAT,
-            "version": SHARDED_VERSION,
-            "step": int(global_state["step"]),
-            "world_size": world,
-            "fields": json.loads(json.dumps(dict(fields), default=str)),
-            "fingerprint": fingerprint(fields),
-            "files": hashes,
-        }
-        manifest["digest"] = content_digest(manifest)
-        _save_text(json.dumps(manifest, indent=1, sort_keys=True), tmp / MANIFEST_NAME)
-        _swap_in(tmp, path, keep)
-    _barrier()
+
+    def prepare() -> None:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a save that crashed
+            tmp.mkdir(parents=True)
+
+    def write() -> None:
+        dcp.save(_dcp_state(model, optimizer), checkpoint_id=str(tmp))
+        local = dict(rank_state)
+        if _is_minifloat_adamw(optimizer):
+            local["optimizer"] = _local_optimizer_state(model, optimizer)
+        _save_file(local, tmp / _rank_name(rank))
+        if rank == 0:
+            _save_file(dict(global_state), tmp / GLOBAL_NAME)
+
+    def hash_share() -> dict[str, str]:
+        files = _data_files(tmp)
+        return {name: _file_sha256(tmp / name) for name in files[rank::world]}
+
+    def publish(hashes: dict[str, str]) -> None:
+        if rank == 0:
+            manifest = {
+                "format": SHARDED_FORMAT,
+                "version": SHARDED_VERSION,
+                "step": int(global_state["step"]),
+                "world_size": world,
+                "fields": json.loads(json.dumps(dict(fields), default=str)),
+                "fingerprint": fingerprint(fields),
+                "files": hashes,
+            }
+            manifest["digest"] = content_digest(manifest)
+            _save_text(json.dumps(manifest, indent=1, sort_keys=True), tmp / MANIFEST_NAME)
+            _swap_in(tmp, path, keep)
+
+    try:
+        _every_rank(prepare)
+        _every_rank(write)  # every rank's files are complete before any is hashed
+        hashes = {k: v for part in _every_rank(hash_share) for k, v in part.items()}
+        _every_rank(lambda: publish(hashes))
+    except Exception:
+        if rank == 0:  # every rank is past its writes: the incomplete directory can go
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return path
+
+
+def _every_rank(part: Callable[[], Any]) -> list[Any]:
+    """Run this rank's ``part`` of a save, then hear from every rank: what each returned, in
+    rank order, or, when the part failed on any rank, CheckpointError on all of them.
+
+    A rank that raised alone (its disk full, say) left the others waiting in the save's next
+    collective until the process group timed out (30 minutes under gloo); this exchange is
+    that collective, and it carries the failure instead.
+    """
+    result, failure, error = None, None, None
+    try:
+        result = part()
+    except Exception as exc:
+        failure, error = f"rank {_world()[0]}: {first_line(exc)}", exc
+    outcomes = _gather((failure, result))
+    failures = [f for f, _ in outcomes if f is not None]
+    if error is not None and len(outcomes) == 1:
+        raise error  # one process: its own exception, as it was
+    if failures:
+        raise CheckpointError("; ".join(failures)) from error
+    return [r for _, r in outcomes]
 
 
 def _save_text(text: str, path: Path) -> None:
