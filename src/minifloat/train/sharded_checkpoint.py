@@ -293,8 +293,8 @@ def _every_rank(part: Callable[[], Any]) -> list[Any]:
     rank order, or, when the part failed on any rank, CheckpointError on all of them.
 
     A rank that raised alone (its disk full, say) left the others waiting in the save's next
-    collective until the process group timed out (30 minutes under gloo); this exchange is
-    that collective, and it carries the failure instead.
+    collective, silent, until the launcher killed them or the process group timed out (30
+    minutes under gloo); this exchange is that collective, and it carries the failure.
     """
     result, failure, error = None, None, None
     try:
