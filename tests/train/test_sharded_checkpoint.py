@@ -8,10 +8,13 @@ fp4 and fp8-delayed recipes, then corrupt, incomplete, mismatched and half-saved
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
+import resource
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -240,22 +243,37 @@ def _failed_save_worker(rank: int, root: str) -> None:
         return save_sharded(path, model=model, optimizer=optimizer, global_state={"step": step},
                             rank_state=rank_state, fields=fields)  # fmt: skip
 
+    def check_failed(step: int, rank_state: dict, reason: str) -> None:
+        message = _expect_error(lambda: save(step, rank_state), f"rank 1: {reason}")
+        assert "rank 0" not in message, message
+        dist.barrier()  # both ranks are past the failed save before the directory is read
+        assert read_manifest(path)["step"] == 1  # the earlier checkpoint, whole
+        verify_files(path, read_manifest(path)["files"], rank, WORLD)
+        assert not list(Path(root).glob(".checkpoint.dcp.*"))  # the incomplete save removed
+        dist.barrier()
+
     save(1, {"rank": rank})
-    # Rank 1 alone cannot write its own file (an object torch.save cannot pickle, as a full
-    # disk or a quota would fail it): every rank must learn it, none may wait for the others.
+    # Rank 1 alone cannot write its own file (an object torch.save cannot pickle): every rank
+    # must learn it, none may wait for the others.
     unpicklable = {"rank": rank, "hook": lambda: None} if rank == 1 else {"rank": rank}
-    message = _expect_error(lambda: save(2, unpicklable), "rank 1: ")
-    assert "rank 0" not in message, message
-    dist.barrier()  # both ranks are past the failed save before the directory is read
-    assert read_manifest(path)["step"] == 1  # the earlier checkpoint, whole
-    verify_files(path, read_manifest(path)["files"], rank, WORLD)
-    assert not list(Path(root).glob(".checkpoint.dcp.*"))  # the incomplete save removed
+    check_failed(2, unpicklable, "Can't pickle")
+    # Rank 1's shard write fails inside DCP (a file-size limit, as a full disk): DCP raises a
+    # BaseException on every rank whose first line names no reason; the reason must come out.
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if rank == 1:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write with EFBIG, not a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, limit[1]))
+    try:
+        check_failed(3, {"rank": rank}, f"[Errno {errno.EFBIG}]")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
 
 
 def test_a_save_that_fails_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
     """A sharded save that failed on one rank used to raise there alone: the other rank waited
     in the save's next barrier until the process group's timeout (here 60 s, gloo's default
-    30 minutes)."""
+    30 minutes). A failed shard write raised DCP's CheckpointException, a BaseException the
+    trainer's one-line stop did not catch, whose message names no reason."""
     spawn(_failed_save_worker, str(tmp_path), timeout_s=60)
 
 

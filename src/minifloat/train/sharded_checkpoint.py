@@ -281,7 +281,7 @@ def save_sharded(
         _every_rank(write)  # every rank's files are complete before any is hashed
         hashes = {k: v for part in _every_rank(hash_share) for k, v in part.items()}
         _every_rank(lambda: publish(hashes))
-    except Exception:
+    except CheckpointError:
         if rank == 0:  # every rank is past its writes: the incomplete directory can go
             shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -290,24 +290,39 @@ def save_sharded(
 
 def _every_rank(part: Callable[[], Any]) -> list[Any]:
     """Run this rank's ``part`` of a save, then hear from every rank: what each returned, in
-    rank order, or, when the part failed on any rank, CheckpointError on all of them.
+    rank order, or, when the part failed on any rank, CheckpointError on all of them, naming
+    each failed rank and its reason.
 
     A rank that raised alone (its disk full, say) left the others waiting in the save's next
     collective, silent, until the launcher killed them or the process group timed out (30
     minutes under gloo); this exchange is that collective, and it carries the failure.
     """
-    result, failure, error = None, None, None
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    result, failed, error = None, {}, None
     try:
         result = part()
-    except Exception as exc:
-        failure, error = f"rank {_world()[0]}: {first_line(exc)}", exc
-    outcomes = _gather((failure, result))
-    failures = [f for f, _ in outcomes if f is not None]
-    if error is not None and len(outcomes) == 1:
-        raise error  # one process: its own exception, as it was
-    if failures:
-        raise CheckpointError("; ".join(failures)) from error
+    except (Exception, CheckpointException) as exc:  # DCP's exception is a BaseException
+        failed, error = _failed_ranks(exc), exc
+    outcomes = _gather((failed, result))
+    failed = {rank: why for f, _ in outcomes for rank, why in f.items()}
+    if failed:
+        if len(outcomes) == 1:
+            raise CheckpointError(failed[0]) from error
+        reasons = "; ".join(f"rank {rank}: {why}" for rank, why in sorted(failed.items()))
+        raise CheckpointError(reasons) from error
     return [r for _, r in outcomes]
+
+
+def _failed_ranks(exc: BaseException) -> dict[int, str]:
+    """{rank: the first line of its error} for an exception of this rank's part of a save.
+    DCP raises one CheckpointException on every rank that lists the ranks whose writes failed
+    (its own first line, "CheckpointException ranks:dict_keys([1])", names no reason)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return {int(rank): first_line(pair[0] if isinstance(pair, tuple) else pair)
+                for rank, pair in failures.items()}  # fmt: skip
+    return {_world()[0]: first_line(exc)}
 
 
 def _save_text(text: str, path: Path) -> None:
