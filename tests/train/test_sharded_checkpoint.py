@@ -268,12 +268,36 @@ def _failed_save_worker(rank: int, root: str) -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limit)
 
+    # A shard that goes bad after verification (before_model runs between the two): DCP's
+    # reads of rank 1's file fail; every rank stops with the reason rather than a traceback, and no
+    # rank falls back to an older checkpoint (which would delete this one).
+    def truncate_rank1_shard(step: int) -> None:
+        if rank == 1:
+            shard = path / "__1_0.distcp"
+            shard.write_bytes(shard.read_bytes()[:16])
+        dist.barrier()
 
-def test_a_save_that_fails_on_one_rank_raises_on_every_rank(tmp_path: Path) -> None:
+    from minifloat.train.errors import RunFailed
+    from minifloat.train.sharded_checkpoint import load_sharded
+
+    try:
+        load_sharded(path, model=model, optimizer=optimizer, fields=fields,
+                     before_model=truncate_rank1_shard)  # fmt: skip
+    except RunFailed as exc:
+        assert "could not read the shards of checkpoint" in str(exc), str(exc)
+        assert "rank 1: EOFError" in str(exc), str(exc)  # (rank 0 reads from it too)
+    else:
+        raise AssertionError("no RunFailed")
+
+
+def test_a_save_or_read_that_fails_on_one_rank_stops_every_rank_with_its_reason(
+    tmp_path: Path,
+) -> None:
     """A sharded save that failed on one rank used to raise there alone: the other rank waited
     in the save's next barrier until the process group's timeout (here 60 s, gloo's default
     30 minutes). A failed shard write raised DCP's CheckpointException, a BaseException the
-    trainer's one-line stop did not catch, whose message names no reason."""
+    trainer's one-line stop did not catch, whose message names no reason; so did a failed read
+    of verified shards."""
     spawn(_failed_save_worker, str(tmp_path), timeout_s=60)
 
 

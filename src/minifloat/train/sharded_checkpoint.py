@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from minifloat.errors import first_line
-from minifloat.train.errors import CheckpointMismatchError
+from minifloat.train.errors import CheckpointMismatchError, RunFailed
 from minifloat.train.integrity import (
     CheckpointError,
     check_header,
@@ -436,6 +436,7 @@ def load_sharded(
     ``optimizer``, and return (global state, this rank's state); every rank must call it.
     ``before_model(step)`` runs before the model state is loaded (see Checkpointer.load)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     rank, world = _world()
     # Rank 0 picks the directory: all ranks must read the same one.
@@ -449,7 +450,13 @@ def load_sharded(
     if before_model is not None:
         before_model(int(manifest["step"]))
     state = _dcp_state(model, optimizer)
-    dcp.load(state, checkpoint_id=str(directory))
+    try:
+        dcp.load(state, checkpoint_id=str(directory))
+    except CheckpointException as exc:  # a BaseException, raised on every rank
+        # The files were verified: what failed is the reading (I/O, memory), not the
+        # checkpoint, so this stops the run rather than falling back (which deletes it).
+        reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(_failed_ranks(exc).items()))
+        raise RunFailed(f"could not read the shards of checkpoint {directory} ({reasons})") from exc
     _set_dcp_state(model, optimizer, state)
     local = _load_file(directory / _rank_name(rank))
     if "optimizer" in local:
