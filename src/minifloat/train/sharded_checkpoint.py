@@ -307,10 +307,7 @@ def _every_rank(part: Callable[[], Any]) -> list[Any]:
     outcomes = _gather((failed, result))
     failed = {rank: why for f, _ in outcomes for rank, why in f.items()}
     if failed:
-        if len(outcomes) == 1:
-            raise CheckpointError(failed[0]) from error
-        reasons = "; ".join(f"rank {rank}: {why}" for rank, why in sorted(failed.items()))
-        raise CheckpointError(reasons) from error
+        raise CheckpointError(_reasons(failed)) from error
     return [r for _, r in outcomes]
 
 
@@ -323,6 +320,13 @@ def _failed_ranks(exc: BaseException) -> dict[int, str]:
         return {int(rank): first_line(pair[0] if isinstance(pair, tuple) else pair)
                 for rank, pair in failures.items()}  # fmt: skip
     return {_world()[0]: first_line(exc)}
+
+
+def _reasons(failed: dict[int, str]) -> str:
+    """ "rank 1: reason; rank 3: reason" ({rank: reason}), the reason alone on one process."""
+    if _world()[1] == 1:
+        return "; ".join(failed.values())
+    return "; ".join(f"rank {rank}: {why}" for rank, why in sorted(failed.items()))
 
 
 def _save_text(text: str, path: Path) -> None:
@@ -455,7 +459,7 @@ def load_sharded(
     except CheckpointException as exc:  # a BaseException, raised on every rank
         # The files were verified: what failed is the reading (I/O, memory), not the
         # checkpoint, so this stops the run rather than falling back (which deletes it).
-        reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(_failed_ranks(exc).items()))
+        reasons = _reasons(_failed_ranks(exc))
         raise RunFailed(f"could not read the shards of checkpoint {directory} ({reasons})") from exc
     _set_dcp_state(model, optimizer, state)
     local = _load_file(directory / _rank_name(rank))
