@@ -323,7 +323,7 @@ def _failed_ranks(exc: BaseException) -> dict[int, str]:
 
 
 def _reasons(failed: dict[int, str]) -> str:
-    """ "rank 1: reason; rank 3: reason" ({rank: reason}), the reason alone on one process."""
+    """{rank: reason} as "rank 1: reason; rank 3: reason"; the reason alone on one process."""
     if _world()[1] == 1:
         return "; ".join(failed.values())
     return "; ".join(f"rank {rank}: {why}" for rank, why in sorted(failed.items()))
