@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from minifloat import recipes
+from minifloat import formats, recipes
 from minifloat.linear import QuantLinear
 from minifloat.quantize import quantize
 from minifloat.sqnr import sqnr_db
@@ -40,10 +40,41 @@ def test_delayed_scaling_history():
     assert float(q.abs().max()) == 448.0
     wq = quantize(layer.weight.detach(), "e4m3")
     expected = quantize(q, "e4m3").dequantize() * ref_scale @ wq.dequantize().t()
-    assert sqnr_db(expected, y - layer.bias) > 25
+    assert sqnr_db(expected, y - layer.bias) > 100  # fp32 sums of the same grid values: ~136 dB
     assert layer.amax_history[0, :2].tolist() == [float(amax1), 0.0]  # no backward: no record
     y.sum().backward()
     assert layer.amax_history[0, :2].tolist() == [float(10 * amax1), float(amax1)]
+
+
+def _cast_with_scale(t: torch.Tensor, scale: torch.Tensor, fmt: str) -> torch.Tensor:
+    """t quantized with a given tensor scale, as float64 (saturating at the format's max)."""
+    f = formats.get(fmt)
+    return f.round((t / scale).clamp(-f.max, f.max)).double() * scale.double()
+
+
+@pytest.mark.parametrize("margin", [0, 1])
+def test_delayed_step_uses_the_past_amaxes_in_all_three_gemms(margin):
+    """Step 2's y, dx and dw use step 1's amaxes (x 2^margin) of input, weight and grad_output,
+    not the current ones: against float64 GEMMs of operands cast with those scales."""
+    layer = _delayed_layer(margin=margin)
+    gen = torch.Generator().manual_seed(0)
+    x1, dy1 = torch.randn(16, 64, generator=gen), torch.randn(16, 32, generator=gen)
+    layer(x1).backward(dy1)
+    layer.weight.grad = None
+    # step 2's operands 4x and 10x smaller: their current scales would differ from the past ones
+    x2 = (0.25 * torch.randn(16, 64, generator=gen)).requires_grad_()
+    dy2 = 0.1 * torch.randn(16, 32, generator=gen)
+    y = layer(x2)
+    y.backward(dy2)
+    w = layer.weight.detach()
+    past = [t.abs().amax() * 2.0**margin for t in (x1, w, dy1)]
+    xq = _cast_with_scale(x2.detach(), past[0] / 448.0, "e4m3")
+    wq = _cast_with_scale(w, past[1] / 448.0, "e4m3")
+    gq = _cast_with_scale(dy2, past[2] / 57344.0, "e5m2")
+    expected = {"y": xq @ wq.t(), "dx": gq @ wq, "dw": gq.t() @ xq}
+    got = {"y": y.detach() - layer.bias.detach(), "dx": x2.grad, "dw": layer.weight.grad}
+    for name, value in expected.items():  # fp32 sums of the same grid values: > 120 dB
+        assert sqnr_db(value, got[name]) > 100, name
 
 
 def test_delayed_scales_keep_non_finite_input_non_finite():

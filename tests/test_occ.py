@@ -240,3 +240,6 @@ def test_e4m3_compensation_within_half_a_db_of_fp32(k):
         )
     assert sqnr["e4m3"][0] >= sqnr["fp32"][0] - 0.5, sqnr
     assert sqnr["e4m3"][1] >= sqnr["off"][1] + 10, sqnr
+    # dw through the E4M3 fold (one rounding of z = x_q + Δx/s_x) against the exact fp32
+    # correction GEMM: 2.5 dB (k = 512) and 1.3 dB (k = 2048) behind, measured
+    assert sqnr["e4m3"][1] >= sqnr["fp32"][1] - 3.5, sqnr

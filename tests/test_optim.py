@@ -17,22 +17,29 @@ from minifloat.optim import (
 from minifloat.optim.codecs import stochastic_round_bf16, stochastic_round_e4m3
 from minifloat.sqnr import sqnr_db
 
-# Minimum SQNR (dB) of one encode/decode round trip, per state format, on the test's data.
+# Minimum SQNR (dB) of one encode/decode round trip, per state format, on the test's data
+# (heavy-tailed, squared for the sqrt-domain formats): measured minus ~3 dB, so that a format
+# one notch coarser fails.
 CODEC_SQNR_DB = {
     "fp32": 200.0,  # stored as is
-    "bf16": 45.0,  # 8-bit significand: ~2^-9 relative rounding error
-    "fp16": 60.0,  # 11-bit significand, block scale keeps values normal
-    "fp8": 27.0,  # e4m3 with a scale per 128 elements: ~2^-5 relative error
-    "fp8-sr": 22.0,  # stochastic rounding doubles the error variance, unbiased
-    "fp8-sqrt": 24.0,  # squaring doubles the relative error of the stored sqrt
-    "fp8-sqrt-sr": 19.0,  # both of the above
+    "bf16": 53.0,  # 8-bit significand: measured 55.9
+    "fp16": 72.0,  # 11-bit significand, block scale keeps values normal: measured 75.8
+    "fp8": 31.0,  # e4m3 with a scale per 128 elements: measured 34.0
+    "fp8-sr": 28.0,  # stochastic rounding: more error variance, unbiased; measured 31.0-31.2
+    # the stored sqrt halves the dynamic range a block scale must cover, which outweighs the
+    # doubled relative error of squaring it back on this data: measured 39.7 and 35.8-37.1
+    "fp8-sqrt": 36.5,
+    "fp8-sqrt-sr": 32.5,
 }
-# Minimum SQNR (dB) of parameters after 20 AdamW steps, low-precision states vs fp32 states.
+# Minimum SQNR (dB) of parameters after 20 AdamW steps with (exp_avg, exp_avg_sq) formats
+# against fp32 states: measured minus ~3 dB.
 TRAJECTORY_SQNR_DB = {
-    "bf16": 40.0,  # state rounding ~2^-9 per step
-    "fp16": 45.0,
-    "fp8": 25.0,  # m in e4m3: its error enters every update directly
-    "fp8-sqrt": 25.0,
+    ("bf16", "bf16"): 50.0,  # state rounding ~2^-9 per step; measured 53.0
+    ("fp16", "fp16"): 68.0,  # measured 71.1
+    ("fp8", "fp16"): 26.5,  # the fp8-fp16 preset; m in e4m3 enters every update: 29.6
+    ("fp8", "fp8"): 26.0,  # measured 29.0
+    ("fp8", "fp8-sqrt"): 25.0,  # measured 27.9
+    ("fp8-sr", "fp8-sqrt-sr"): 21.5,  # measured 24.7
 }
 
 
@@ -177,16 +184,15 @@ def test_a_step_with_a_bad_group_changes_no_state():
 # ---- low-precision states stay close to fp32 states ------------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted(TRAJECTORY_SQNR_DB))
-def test_low_precision_states_track_fp32(name):
+@pytest.mark.parametrize("formats", sorted(TRAJECTORY_SQNR_DB), ids="/".join)
+def test_low_precision_states_track_fp32(formats):
     ref_params, params = _params(0), _params(0)
     ref = AdamW(ref_params, lr=1e-2)
-    sq = "fp8-sqrt" if name == "fp8" else name
-    opt = AdamW(params, lr=1e-2, exp_avg_dtype=name.replace("-sqrt", ""), exp_avg_sq_dtype=sq)
+    opt = AdamW(params, lr=1e-2, exp_avg_dtype=formats[0], exp_avg_sq_dtype=formats[1])
     _run(ref, ref_params, range(20))
     _run(opt, params, range(20))
     for p0, a, b in zip(_params(0), ref_params, params, strict=True):
-        assert sqnr_db(a - p0, b - p0) >= TRAJECTORY_SQNR_DB[name], name
+        assert sqnr_db(a - p0, b - p0) >= TRAJECTORY_SQNR_DB[formats], formats
 
 
 def test_fp32_master_for_bf16_params():
