@@ -138,9 +138,11 @@ def split_row(row: str) -> tuple[str, str | None]:
 
 def prepare(net: nn.Module, row: str, *, fsdp_float8_all_gather: bool = False) -> nn.Module:
     """Apply the row's precision recipe to `net` in place; returns it. A row RECIPE@RULE
-    converts with a size rule: RULE is `torchao` (torchao's tensorwise bounds) or IN:OUT[,...]
-    (minifloat.SizeRule.parse), e.g. fp8-tensorwise@torchao. `fsdp_float8_all_gather`: torchao
-    rows all-gather their float8 weights under FSDP2 (its `enable_fsdp_float8_all_gather`)."""
+    converts with a size rule: RULE is `torchao` (torchao's tensorwise bounds, 4096:1024; rows
+    named @torchao before session 46 applied 1024:4096, the bounds transposed) or IN:OUT[,...]
+    (minifloat.SizeRule.parse), e.g. fp8-tensorwise@torchao, fp4@1024:4096.
+    `fsdp_float8_all_gather`: torchao rows all-gather their float8 weights under FSDP2 (its
+    `enable_fsdp_float8_all_gather`)."""
     row, _, rule = row.partition("@")
     if rule:
         size_rule = TORCHAO_TENSORWISE if rule == "torchao" else SizeRule.parse(rule)

@@ -13,29 +13,42 @@ from minifloat.linear import QuantLinear
 
 
 def _torchao_tensorwise_keeps(in_features: int, out_features: int) -> bool:
-    # torchao float8's `_auto_filter_for_tensorwise`, written with its own names:
-    # K, N = weight.shape = (out_features, in_features); "if K <= 4096 and N <= 1024: skip".
-    k, n = out_features, in_features
+    # torchao float8's `_auto_filter_for_tensorwise` (0.17, 0.18), written with its own names:
+    # `N, K = mod.weight.shape` = (out_features, in_features); "if K <= 4096 and N <= 1024:
+    # return False" (not converted)
+    n, k = out_features, in_features
     return k <= 4096 and n <= 1024
 
 
 def _torchao_rowwise_keeps(in_features: int, out_features: int) -> bool:
-    k, n = out_features, in_features  # `_auto_filter_for_rowwise`, same names
+    n, k = out_features, in_features  # `_auto_filter_for_rowwise`, same names
     return n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
 
 
 DIMS = [768, 1024, 1536, 2048, 3072, 4096, 5504, 8192]
+RULES = [(TORCHAO_TENSORWISE, _torchao_tensorwise_keeps), (TORCHAO_ROWWISE, _torchao_rowwise_keeps)]
 
 
-@pytest.mark.parametrize(
-    ("rule", "reference"),
-    [(TORCHAO_TENSORWISE, _torchao_tensorwise_keeps), (TORCHAO_ROWWISE, _torchao_rowwise_keeps)],
-    ids=["tensorwise", "rowwise"],
-)
+@pytest.mark.parametrize(("rule", "reference"), RULES, ids=["tensorwise", "rowwise"])
 def test_torchao_rules_match_torchao(rule: SizeRule, reference) -> None:
     for k in DIMS:
         for n in DIMS:
             assert (rule.reason(k, n) is not None) == reference(k, n), (k, n)
+    # not symmetric in (in, out): a rule read with the dims swapped (as these constants were
+    # until session 46) fails here
+    assert any(reference(k, n) != reference(n, k) for k in DIMS for n in DIMS)
+
+
+@pytest.mark.parametrize(("rule", "name"), [(TORCHAO_TENSORWISE, "tensorwise"),
+                                            (TORCHAO_ROWWISE, "rowwise")])  # fmt: skip
+def test_torchao_rules_match_torchaos_own_filter(rule: SizeRule, name: str) -> None:
+    """Against torchao's filter itself, where torchao is installed (a dev dependency)."""
+    utils = pytest.importorskip("torchao.float8.float8_linear_utils")
+    converts = utils._auto_filter_for_recipe(name, [])
+    for k in DIMS:
+        for n in DIMS:
+            linear = nn.Linear(k, n, device="meta")
+            assert (rule.reason(k, n) is None) == converts(linear, "layer"), (k, n)
 
 
 def test_bounds_are_inclusive_and_the_reason_names_them() -> None:

@@ -4,12 +4,12 @@ A quantized layer pays for its quantization passes (reading the input, weight an
 writing their low-precision copies) with faster GEMMs. The passes scale with M·(K + N) and the
 GEMM saving with M·K·N, so below some K and N the layer is slower quantized than in bf16: at
 125M (every projection 768 x 768 to 768 x 2048) with every projection quantized, fp8-rowwise and
-the fp4 recipes train at 0.67-0.88x bf16 on an H200, and at 0.90-1.00x with torchao's rule;
-fp8-tensorwise's casts are cheap enough that it runs at 1.01x without a rule and 0.99x with it
-(session 46, docs/hopper_sessions.md). torchao float8 keeps such layers in bf16 by fixed rules
-measured on an H100; `SizeRule` has the same form, a union of boxes in (in_features, out_features),
-with the bounds as data, so a bound measured here (`benchmarks/linear.py --shapes grid`) can
-replace them.
+the fp4 recipes train at 0.67-0.88x bf16 on an H200, and at 0.90-1.00x with the rule 1024:4096
+(only the FFN down-projections quantized); fp8-tensorwise's casts are cheap enough that it runs
+at 1.01x without a rule and 0.99x with that one (session 46, docs/hopper_sessions.md).
+torchao float8 keeps such layers in bf16 by fixed rules measured on an H100; `SizeRule` has the
+same form, a union of boxes in (in_features, out_features), with the bounds as data, so bounds
+measured end to end (`benchmarks/train_e2e.py` rows RECIPE@IN:OUT) can replace them.
 
 `convert(model, recipe, size_rule=...)` applies a rule and reports each kept layer with the
 reason; the trainer takes `--size-rule IN:OUT[,IN:OUT...]`.
@@ -60,14 +60,14 @@ class SizeRule:
 
     @classmethod
     def parse(cls, text: str) -> SizeRule:
-        """'IN:OUT[,IN:OUT...]', '*' for no bound (e.g. '1024:4096' or '2048:*,*:1024')."""
+        """'IN:OUT[,IN:OUT...]', '*' for no bound (e.g. '4096:1024' or '2048:*,*:1024')."""
         boxes = []
         for part in text.split(","):
             bounds = part.strip().split(":")
             if len(bounds) != 2 or not all(b == "*" or b.isdigit() for b in bounds):
                 raise ValueError(
                     f"size rule must be IN:OUT[,IN:OUT...] with integers or '*', e.g. "
-                    f"1024:4096, got {text!r}"
+                    f"4096:1024, got {text!r}"
                 )
             boxes.append(tuple(math.inf if b == "*" else int(b) for b in bounds))
         return cls(boxes=tuple(boxes), source=f"--size-rule {text}")
@@ -83,12 +83,17 @@ def _fmt(bound: float) -> str:
     return "inf" if bound == math.inf else str(bound)
 
 
-# torchao float8's rules (torchao/float8, `_auto_filter_for_recipe`, benchmarked on an H100):
-# they read (K, N) = weight.shape = (out_features, in_features).
-# tensorwise: keep when out <= 4096 and in <= 1024.
-TORCHAO_TENSORWISE = SizeRule(boxes=((1024, 4096),), source="torchao float8 tensorwise (H100)")
-# rowwise: keep when in <= 2048, or out <= 1024, or (in <= 4096 and out <= 2048).
+# torchao float8's rules (torchao/float8/float8_linear_utils.py, `_auto_filter_for_recipe`,
+# benchmarked on an H100; the same in torchao 0.17 and 0.18). They read `N, K = weight.shape`,
+# i.e. N = out_features and K = in_features, the GEMM's (M, K) x (K, N) names.
+# tensorwise: keep when in <= 4096 and out <= 1024 ("K <= 4096 and N <= 1024").
+TORCHAO_TENSORWISE = SizeRule(boxes=((4096, 1024),), source="torchao float8 tensorwise (H100)")
+# rowwise: keep when out <= 2048, or in <= 1024, or (in <= 2048 and out <= 4096)
+# ("N <= 2048", "K <= 1024", "N <= 4096 and K <= 2048").
 TORCHAO_ROWWISE = SizeRule(
-    boxes=((2048, math.inf), (math.inf, 1024), (4096, 2048)),
+    boxes=((math.inf, 2048), (1024, math.inf), (2048, 4096)),
     source="torchao float8 rowwise (H100)",
 )
+# Until session 46 both constants held these rules transposed (in and out swapped): every
+# `RECIPE@torchao` benchmark row before then measured `1024:4096` (at 125M: only the FFN
+# down-projections quantized), not torchao's rule (docs/hopper_sessions.md, session 46).

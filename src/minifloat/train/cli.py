@@ -110,7 +110,7 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
         "size_rule",
         {
             "help": "IN:OUT[,IN:OUT...]: keep linear layers with in <= IN and out <= OUT in bf16 "
-            "('*': no bound), e.g. 1024:4096 (torchao's tensorwise rule)"
+            "('*': no bound), e.g. 4096:1024 (torchao's tensorwise rule)"
         },
     ),
     (
