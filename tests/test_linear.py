@@ -45,7 +45,7 @@ QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + OCC_V
 QUANT_RECIPES += MICROBLOCK_RNE + POW2 + FP32_SCALES
 U = 2.0**-24  # fp32 unit roundoff
 
-# SQNR floors (dB) of y / dx / dw against the unquantized fp32 layer, on Gaussian data
+# SQNR floors (dB) of y / dx / dw against the unquantized layer in float64, on Gaussian data
 # (x ~ N(0,1) [256,256], w ~ N(0,1/256) [128,256], dy ~ N(0,1)); measured values sit 2-4 dB higher.
 # Under DGE, dw is compared with the exact dw times the same f'(w) (DGE rescales dw on purpose:
 # against the plain dw it keeps ~2.5 dB, which an all-zero dw, 0 dB, would nearly match).
@@ -330,13 +330,14 @@ def test_fp4_fprop_is_exact_up_to_the_scale_product():
 
 def test_sqnr_floors_and_fp8_beats_fp4():
     x, w, b, dy = _data(256, 256, 128, seed=1)
-    layer = nn.Linear(256, 128)
+    layer = nn.Linear(256, 128, dtype=torch.float64)  # the exact layer, in float64
     with torch.no_grad():
         layer.weight.copy_(w)
         layer.bias.copy_(b)
-    xr = x.clone().requires_grad_()
-    layer(xr).backward(dy)
-    exact = {"y": torch.nn.functional.linear(x, w, b), "dx": xr.grad, "dw": layer.weight.grad}
+    xr = x.double().requires_grad_()
+    y = layer(xr)
+    y.backward(dy.double())
+    exact = {"y": y.detach(), "dx": xr.grad, "dw": layer.weight.grad}
     y_sqnr = {}
     for name in QUANT_RECIPES:
         got = run_layer(name, x, w, b, dy, backend="emulated")
