@@ -19,6 +19,7 @@ from minifloat.conv1d import QuantConv1D
 from minifloat.convert import REPORT_ATTR, convert
 from minifloat.linear import QuantLinear
 from minifloat.sqnr import sqnr_db
+from tolerances import HF_LOGITS_SQNR_MAX_DB, HF_LOGITS_SQNR_MIN_DB
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,6 +32,7 @@ COMMON = dict(
     num_attention_heads=4,
     max_position_embeddings=64,
 )
+
 DECODER = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
 DENSE_MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 SHARED_EXPERT = tuple(f"mlp.shared_expert.{p}" for p in ("gate_proj", "up_proj", "down_proj"))
@@ -128,15 +130,6 @@ MODELS = {
     ),
 }
 
-# Lowest SQNR (dB) of the converted model's logits against the original's, per recipe. Measured
-# on these tiny random models over three seeds: fp8 27.3-30.9 dB, fp4 14.4-18.3 dB.
-SQNR_MIN_DB = {
-    "fp8-tensorwise": 22.0,  # E4M3, 3 mantissa bits: ~28 dB per layer, a few dB lost over depth
-    "fp4": 11.0,  # E2M1, 1 mantissa bit: ~17 dB per layer with row scales and OCC
-}
-# Above this the model was not quantized at all (bf16 rounding alone gives ~50 dB; fp32 is exact).
-SQNR_MAX_DB = 45.0
-
 
 def _build(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
@@ -147,7 +140,7 @@ def _tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("recipe", list(SQNR_MIN_DB))
+@pytest.mark.parametrize("recipe", list(HF_LOGITS_SQNR_MIN_DB))
 @pytest.mark.parametrize("name", list(MODELS))
 def test_convert_real_model(name: str, recipe: str) -> None:
     original = _build(name)
@@ -178,7 +171,7 @@ def test_convert_real_model(name: str, recipe: str) -> None:
 
     out = model(tokens).logits
     assert out.shape == ref.shape
-    assert SQNR_MIN_DB[recipe] < sqnr_db(ref, out.detach()) < SQNR_MAX_DB
+    assert HF_LOGITS_SQNR_MIN_DB[recipe] < sqnr_db(ref, out.detach()) < HF_LOGITS_SQNR_MAX_DB
     out.float().square().mean().backward()
     for fqn in report.converted:
         grad = model.get_submodule(fqn).weight.grad

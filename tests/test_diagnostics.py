@@ -19,12 +19,9 @@ from minifloat.quantize import fake_quantize, quantize
 from minifloat.sqnr import sqnr_db
 from minifloat.train.config import TrainConfig
 from minifloat.train.trainer import train
+from tolerances import DIAGNOSTICS_SQNR_ABS_TOL_DB
 
 VOCAB = 64
-# The diagnostic rounds to 0.001 dB; the independent computation below is float-for-float the
-# same arithmetic, so only that rounding (<= 5e-4 dB) separates them (unrounded: < 1e-14 dB
-# apart with AVX2 and with scalar kernels).
-SQNR_ABS_TOL_DB = 2e-3
 
 
 class TinyLM(nn.Module):
@@ -128,7 +125,7 @@ def test_sqnr_matches_an_independent_computation(name: str) -> None:
         assert set(measured[layer]) == set(OPERANDS)
         for operand in OPERANDS:
             assert measured[layer][operand] == pytest.approx(
-                expected[operand], abs=SQNR_ABS_TOL_DB
+                expected[operand], abs=DIAGNOSTICS_SQNR_ABS_TOL_DB
             ), (layer, operand)
     # FP4 loses far more than FP8 on every operand it quantizes to 4 bits.
     if name == "fp8-tensorwise":

@@ -25,29 +25,7 @@ from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, get_config
 from minifloat.optim import OPTIM_STATE_PRESETS, AdamW
 from minifloat.sqnr import sqnr_db
-
-# Minimum SQNR (dB) of a reduction against the fp32 all-reduce, per (kind, fp8 format).
-SQNR_DB = {
-    ("fp32", "e4m3"): 140.0,  # same collective as the reference: exact
-    ("bf16", "e4m3"): 40.0,  # 8-bit mantissa, one rounding per rank plus bf16 sums
-    ("fp8", "e4m3"): 24.0,  # 3-bit mantissa, two roundings (send, then reduced chunk)
-    ("fp8", "e5m2"): 18.0,  # 2-bit mantissa, two roundings
-}
-# Minimum SQNR (dB) of DDP-averaged gradients against single-process full-batch gradients.
-DDP_GRAD_SQNR_DB = {
-    # At the same point only the summation order differs (fp32 rounding is ~140 dB): measured
-    # >= 134 dB over 112 model/batch seeds, with AVX2 and with scalar kernels.
-    "fp32": 100.0,
-    "bf16": 35.0,  # bf16 payloads
-    "fp8": 18.0,  # fp8 payloads with a shared scale per bucket (small grads lose bits)
-}
-# Minimum SQNR (dB) of each parameter's change (p - p0) after a few AdamW steps, between two
-# runs whose gradients differ only in summation order. No elementwise bound holds: AdamW scales
-# each element's step to ~lr whatever the gradient's size, so where a gradient is as small as
-# its rounding error the step can change by up to ~lr (measured up to 1.9e-2 * lr over 112
-# seeds, 1.7e-4 * lr on the test's data). Over a whole tensor that noise is >= 69 dB (same
-# seeds, AVX2 and scalar kernels); unsynchronized gradients give ~0 dB.
-ADAM_UPDATE_SQNR_DB = 40.0
+from tolerances import ADAM_UPDATE_SQNR_DB, ALLREDUCE_SQNR_DB, DDP_GRAD_SQNR_DB
 
 
 def _tiny_model(seed: int = 0) -> Llama:
@@ -80,7 +58,7 @@ def _hooks_worker(rank: int) -> None:
     gen = torch.Generator().manual_seed(rank)
     # Heavy-tailed values over many binades, like real gradients.
     grad = torch.randn(10_001, generator=gen) * torch.exp(2 * torch.randn(10_001, generator=gen))
-    for (kind, fmt), min_db in SQNR_DB.items():
+    for (kind, fmt), min_db in ALLREDUCE_SQNR_DB.items():
         report = measure_grad_comm(grad, kind, fp8_format=fmt)
         assert report.sqnr_db >= min_db, (kind, fmt, report)
         out = reduce_mean(grad, kind, fp8_format=fmt)[0].wait()

@@ -31,10 +31,8 @@ from minifloat.fsdp_quantized import (
 from minifloat.fsdp_weight import GatheredWeight, ShardedWeight, _quantized_key
 from minifloat.kernels import EmulatedBackend
 from minifloat.linear import QuantLinear
+from tolerances import DGE_GRAD_REL_TOL
 
-# DGE recipes: max |g - g_ref| / max |g_ref| per tensor. The factor f'(w/s) is applied after the
-# reduce-scatter, (a + b)·f, against a·f + b·f unsharded: fp32 rounding only (measured <= 7e-7).
-DGE_GRAD_REL_TOL = 1e-5
 # QuantLinear weights (of the 4) whose scales need a global amax, by recipe: tensor scales
 # (fp8-tensorwise), fp8-delayed's weight amax, fp8-rowwise's column-scaled dgrad operand.
 AMAX_WEIGHTS = {"fp8-tensorwise": 4, "fp8-delayed": 4, "fp8-rowwise": 4}

@@ -2,7 +2,8 @@
 
 Both backends run the same autograd Function (the emulation on CPU copies of the inputs: its
 CPU arithmetic is plain IEEE float32); a recording subclass of each logs every quantized operand,
-and the logs must agree bit for bit (values and scales). GEMM outputs agree within the RTOL table.
+and the logs must agree bit for bit (values and scales). GEMM outputs agree within
+HOPPER_VS_EMULATED_RTOL (tests/tolerances.py).
 """
 
 import copy
@@ -14,6 +15,7 @@ import torch
 from bits import bits_equal
 from minifloat import recipes
 from minifloat.linear import QuantLinear, QuantLinearFunction
+from tolerances import HOPPER_VS_EMULATED_RTOL
 
 CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 pytestmark = [
@@ -35,14 +37,6 @@ QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + [
     "fp8-blockwise:scale_format=fp32",
     "fp4:scale_format=fp32",
 ]
-# Relative error bound (Frobenius) of hopper outputs against emulated ones, one reason each.
-RTOL = {
-    "y": 1e-2,  # bf16 output: a different fp32 summation order can flip one bf16 rounding
-    "dx": 1e-2,  # bf16 output, same reason
-    # fp32 output, but Hopper's FP8 MMAs accumulate with ~14 mantissa bits before promoting to
-    # fp32, where the emulation sums in fp32 (measured ~1e-4 relative on an H200).
-    "dw": 5e-4,
-}
 
 
 def _recording(base):
@@ -103,9 +97,9 @@ def test_hopper_equals_emulated(name, m):
         assert qh.granularity == qe.granularity and qh.fmt == qe.fmt, i
         assert bits_equal(qh.values().cpu(), qe.values()), f"operand {i} values"
         assert bits_equal(qh.scale.cpu(), qe.scale), f"operand {i} scale"
-    assert _rel(y_h, y_e) < RTOL["y"]
-    assert _rel(dx_h, dx_e) < RTOL["dx"]
-    assert _rel(dw_h, dw_e) < RTOL["dw"]
+    assert _rel(y_h, y_e) < HOPPER_VS_EMULATED_RTOL["y"]
+    assert _rel(dx_h, dx_e) < HOPPER_VS_EMULATED_RTOL["dx"]
+    assert _rel(dw_h, dw_e) < HOPPER_VS_EMULATED_RTOL["dw"]
 
 
 def test_ragged_dims_fall_back_with_warning():

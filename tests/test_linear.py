@@ -15,6 +15,7 @@ from minifloat.occ import clamp
 from minifloat.quantize import quantize, tensor_quantiles
 from minifloat.recipes import OperandSpec, QuantRecipe
 from minifloat.sqnr import sqnr_db
+from tolerances import HOPPER_VS_EMULATED_MIN_DB, RECIPE_SQNR_FLOORS
 
 # The registered quantized recipes, plus OCC variants: the fp32 reference compensation, a tensor
 # scaled input (the remainder folds into a scaled, not unit-scaled, wgrad operand) and tiles
@@ -44,48 +45,6 @@ FP32_SCALES = [
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + OCC_VARIANTS
 QUANT_RECIPES += MICROBLOCK_RNE + POW2 + FP32_SCALES
 U = 2.0**-24  # fp32 unit roundoff
-
-# SQNR floors (dB) of y / dx / dw against the unquantized layer in float64, on Gaussian data
-# (x ~ N(0,1) [256,256], w ~ N(0,1/256) [128,256], dy ~ N(0,1)); measured values sit 2-4 dB higher.
-# Under DGE, dw is compared with the exact dw times the same f'(w) (DGE rescales dw on purpose:
-# against the plain dw it keeps ~2.5 dB, which an all-zero dw, 0 dB, would nearly match).
-SQNR_FLOORS = {
-    # e4m3 operands ~31 dB; the e5m2 gradient (2 mantissa bits) limits dgrad/wgrad to ~25 dB.
-    "fp8-tensorwise": (29.0, 22.0, 22.0),
-    # e4m3 everywhere with per-row scales: backward ~29 dB.
-    "fp8-rowwise": (29.0, 26.0, 26.0),
-    # 1x128 / 128x128 tiles behave like rowwise at these sizes.
-    "fp8-blockwise": (29.0, 26.0, 26.0),
-    # first step of delayed scaling = tensorwise (empty history -> current amax).
-    "fp8-delayed": (29.0, 22.0, 22.0),
-    # E2M1 x E2M1 ~20 dB; dw against exact dw * f'(w): ~18.6 dB.
-    "fp4": (17.0, 16.0, 16.0),
-    # W4A4 direct cast: ~19.5 / 18 / 18 dB.
-    "fp4-direct": (17.0, 16.0, 16.0),
-    "fp4-dge": (17.0, 16.0, 16.0),  # DGE on wgrad as in fp4: dw ~18.0 dB
-    "fp4-occ": (17.0, 16.0, 16.0),  # clamping Gaussian tails at 0.99 costs nothing visible
-    # one 8-bit operand: fprop ~22 dB; the 8-bit operand's backward GEMM ~24.7 dB.
-    "fp4-w4a8": (19.5, 16.0, 22.0),
-    "fp4-w8a4": (19.5, 22.0, 16.0),
-    FP32_COMPENSATION: (17.0, 16.0, 16.0),  # as fp4
-    OCC_TENSOR: (17.0, 16.0, 16.0),  # as fp4-occ
-    OCC_TILES: (29.0, 26.0, 26.0),  # as fp8-blockwise
-    # E2M1 in 1x16 blocks (E4M3 x fp32 scales) and 16x16 weight blocks: y ~19.9, dx / dw ~16.7
-    # / 17.5 dB; stochastic rounding of dy costs ~1.7 dB of dx and dw (a larger error, unbiased).
-    "nvfp4": (18.0, 13.0, 13.5),
-    "nvfp4:rht=off:sr=off": (18.0, 14.5, 15.5),
-    # 1x32 blocks with power-of-two scales: y ~19.0, dx / dw ~15.9 dB, with SR ~14.0 dB.
-    "mxfp4": (17.0, 12.0, 12.0),
-    "mxfp4:sr=off": (17.0, 14.0, 14.0),
-    # power-of-two scales: FP8 within 0.2 dB of fp32 scales on Gaussian data; E2M1 loses ~1 dB
-    # of y and ~1.3 dB of dx (the row's largest entry no longer lands on 6 exactly).
-    "fp8-tensorwise:scale_format=pow2": (29.0, 22.0, 22.0),
-    "fp8-rowwise:scale_format=pow2": (29.0, 26.0, 26.0),
-    "fp4:scale_format=pow2": (16.0, 15.0, 16.0),  # dw ~18.6 dB
-}
-# fp32 scales quantize as "inv" scales do but where x / scale lies within an ulp of a rounding
-# boundary: the base recipes' floors.
-SQNR_FLOORS.update({name: SQNR_FLOORS[name.split(":")[0]] for name in FP32_SCALES})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,7 +308,9 @@ def test_sqnr_floors_and_fp8_beats_fp4():
             exact["dw"] = layer.weight.grad
         measured = [sqnr_db(exact[k], got[k]) for k in ("y", "dx", "dw")]
         y_sqnr[name] = measured[0]
-        for key, m, floor in zip(("y", "dx", "dw"), measured, SQNR_FLOORS[name], strict=True):
+        for key, m, floor in zip(
+            ("y", "dx", "dw"), measured, RECIPE_SQNR_FLOORS[name], strict=True
+        ):
             assert m >= floor, f"{name} {key}: SQNR {m:.2f} dB below floor {floor}"
     fp8 = [v for k, v in y_sqnr.items() if k.startswith("fp8")]
     fp4 = [v for k, v in y_sqnr.items() if k.startswith("fp4")]
@@ -520,7 +481,7 @@ def test_hopper_backend_matches_emulation(name):
     if r.fprop.lhs.fmt == r.fprop.rhs.fmt == "e2m1" and r.occ is None and exact_fprop:
         assert torch.equal(fast["y"], emu["y"])  # micro-block fprop: bf16 GEMM, other fp32 order
     for key in emu:
-        assert sqnr_db(emu[key], fast[key]) >= 60, key
+        assert sqnr_db(emu[key], fast[key]) >= HOPPER_VS_EMULATED_MIN_DB, key
 
 
 class _AccumRecording(EmulatedBackend):

@@ -16,31 +16,7 @@ from minifloat.optim import (
 )
 from minifloat.optim.codecs import stochastic_round_bf16, stochastic_round_e4m3
 from minifloat.sqnr import sqnr_db
-
-# Minimum SQNR (dB) of one encode/decode round trip, per state format, on the test's data
-# (heavy-tailed, squared for the sqrt-domain formats): measured minus ~3 dB, so that a format
-# one notch coarser fails.
-CODEC_SQNR_DB = {
-    "fp32": 200.0,  # stored as is
-    "bf16": 53.0,  # 8-bit significand: measured 55.9
-    "fp16": 72.0,  # 11-bit significand, block scale keeps values normal: measured 75.8
-    "fp8": 31.0,  # e4m3 with a scale per 128 elements: measured 34.0
-    "fp8-sr": 28.0,  # stochastic rounding: more error variance, unbiased; measured 31.0-31.2
-    # the stored sqrt halves the dynamic range a block scale must cover, which outweighs the
-    # doubled relative error of squaring it back on this data: measured 39.7 and 35.8-37.1
-    "fp8-sqrt": 36.5,
-    "fp8-sqrt-sr": 32.5,
-}
-# Minimum SQNR (dB) of parameters after 20 AdamW steps with (exp_avg, exp_avg_sq) formats
-# against fp32 states: measured minus ~3 dB.
-TRAJECTORY_SQNR_DB = {
-    ("bf16", "bf16"): 50.0,  # state rounding ~2^-9 per step; measured 53.0
-    ("fp16", "fp16"): 68.0,  # measured 71.1
-    ("fp8", "fp16"): 26.5,  # the fp8-fp16 preset; m in e4m3 enters every update: 29.6
-    ("fp8", "fp8"): 26.0,  # measured 29.0
-    ("fp8", "fp8-sqrt"): 25.0,  # measured 27.9
-    ("fp8-sr", "fp8-sqrt-sr"): 21.5,  # measured 24.7
-}
+from tolerances import STATE_CODEC_SQNR_DB, STATE_TRAJECTORY_SQNR_DB
 
 
 def _params(seed: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
@@ -106,7 +82,7 @@ def test_state_format_round_trip(name):
     assert payload.dtype == fmt.storage_dtype
     out = fmt.decode(payload, scale, x.shape)
     assert out.shape == x.shape and out.dtype == torch.float32
-    assert sqnr_db(x, out) >= CODEC_SQNR_DB[name]
+    assert sqnr_db(x, out) >= STATE_CODEC_SQNR_DB[name]
     bad = x.clone()
     bad[1, 5] = float("nan")
     assert torch.isnan(fmt.decode(*fmt.encode(bad), x.shape)).any()
@@ -184,7 +160,7 @@ def test_a_step_with_a_bad_group_changes_no_state():
 # ---- low-precision states stay close to fp32 states ------------------------------------------
 
 
-@pytest.mark.parametrize("formats", sorted(TRAJECTORY_SQNR_DB), ids="/".join)
+@pytest.mark.parametrize("formats", sorted(STATE_TRAJECTORY_SQNR_DB), ids="/".join)
 def test_low_precision_states_track_fp32(formats):
     ref_params, params = _params(0), _params(0)
     ref = AdamW(ref_params, lr=1e-2)
@@ -192,7 +168,7 @@ def test_low_precision_states_track_fp32(formats):
     _run(ref, ref_params, range(20))
     _run(opt, params, range(20))
     for p0, a, b in zip(_params(0), ref_params, params, strict=True):
-        assert sqnr_db(a - p0, b - p0) >= TRAJECTORY_SQNR_DB[formats], formats
+        assert sqnr_db(a - p0, b - p0) >= STATE_TRAJECTORY_SQNR_DB[formats], formats
 
 
 def test_fp32_master_for_bf16_params():

@@ -6,19 +6,13 @@ import torch
 from bits import bits_equal
 from minifloat.kernels import scaled_mm as smm
 from minifloat.quantize import quantize
+from tolerances import SCALED_MM_RTOL
 
 CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores"),
 ]
-
-# Error bounds of float GEMMs (relative Frobenius error against float64), one reason each.
-GEMM_RTOL = {
-    # FP8 products are exact, but Hopper's tensor cores add them with ~14 mantissa bits inside
-    # each MMA before promoting to fp32 (measured ~1e-4 relative at K=272 on an H200).
-    "rowish": 5e-4,
-}
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -35,7 +29,7 @@ def test_scaled_mm_rowish_against_float64(m, scales):
     sb = torch.rand(n, 1, device="cuda") + 0.5 if scales == "row" else torch.ones(1, 1).cuda()
     out = smm.scaled_mm_rowish(a, sa, b, sb, out_dtype=torch.float32)
     ref = (a.double() * sa.double()) @ (b.double() * sb.double()).t()
-    assert _rel_err(out, ref) < GEMM_RTOL["rowish"]
+    assert _rel_err(out, ref) < SCALED_MM_RTOL["rowish"]
 
 
 def test_rowwise_epilogue_order_on_e2m1():

@@ -19,13 +19,7 @@ from minifloat.sqnr import (
     synthetic_activation,
     synthetic_weight,
 )
-
-# Margins (dB) for the demo's orderings on 256 x 512 tensors (measured gaps in brackets).
-MARGIN_DB = {
-    "row_over_tensor": 3.0,  # E2M1 scales adapt to row norms / token magnitudes [6.2-6.9]
-    "fp8_over_fp4": 6.0,  # E4M3 has 2 more mantissa bits than E2M1, ~12 dB [12.6-19.1]
-    "block_over_row": 0.5,  # E2M1 1x32 blocks confine outliers better than rows [0.95-8.9]
-}
+from tolerances import SQNR_TABLE_MARGIN_DB
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +53,10 @@ def test_table_covers_every_format_and_granularity(table):
 def test_demo_orderings_hold(table, kind):
     # On heavy-tailed data, per-row FP4 scaling beats per-tensor, and FP8 beats FP4.
     e2m1 = {g: table[(kind, "e2m1", g)] for g in ("tensor", "row", "1x32")}
-    assert e2m1["row"] > e2m1["tensor"] + MARGIN_DB["row_over_tensor"]
+    assert e2m1["row"] > e2m1["tensor"] + SQNR_TABLE_MARGIN_DB["row_over_tensor"]
     for gran in ("tensor", "row", "1x32"):
-        assert table[(kind, "e4m3", gran)] > e2m1[gran] + MARGIN_DB["fp8_over_fp4"]
-    assert e2m1["1x32"] > e2m1["row"] + MARGIN_DB["block_over_row"]
+        assert table[(kind, "e4m3", gran)] > e2m1[gran] + SQNR_TABLE_MARGIN_DB["fp8_over_fp4"]
+    assert e2m1["1x32"] > e2m1["row"] + SQNR_TABLE_MARGIN_DB["block_over_row"]
 
 
 def test_format_table_has_one_table_per_kind_with_formats_as_rows(table):
