@@ -201,7 +201,18 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     timing.add_argument("--tag", default="", help="suffix of the results files")
     args = parser.parse_args(argv)
+    # a fixed thread count for the timings, restored after: a caller's process (a test calling
+    # main) must not keep it
+    previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        _run_mode(args)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run_mode(args: argparse.Namespace) -> None:
+    """The mode `args` names: --step-time, or fidelity and the training runs."""
     if args.step_time:
         chosen = {"fused": args.fused, "fused-inductor": args.fused_inductor,
                   "unfused": args.unfused}  # fmt: skip

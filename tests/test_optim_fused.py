@@ -373,11 +373,15 @@ def test_step_time_benchmark_runs_on_cpu(tmp_path):
     from scripts import load_benchmark
 
     module = load_benchmark("optim_states")
+    threads = torch.get_num_threads()
     module.main(["--step-time", "--device", "cpu", "--model", "tiny", "--layers", "1",
                  "--dim", "64", "--presets", "fp32,fp8-fp16", "--fused", "--unfused",
                  "--fused-inductor",
                  "--warmup", "1", "--repeats", "2", "--out", str(tmp_path),
                  "--inductor", "realize_reads_threshold=8", "--tag", "reads8"])  # fmt: skip
+    # it times on one thread and gives the process its thread count back: later tests in this
+    # process (the trainer's in-process reference runs) must not inherit it
+    assert torch.get_num_threads() == threads
     (js,) = tmp_path.glob("optim_step_reads8_*.json")
     records = json.loads(js.read_text())
     assert [(r["preset"], r["path"]) for r in records] == [

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.train import TrainConfig, train
 from minifloat.train.checkpoint import load_checkpoint
 from minifloat.train.run_dir import LOCK_NAME
 
@@ -88,15 +87,16 @@ def _args(out: Path, cache: Path, *extra: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list[float]]:
-    """(child script, data cache, the losses of an uninterrupted run)."""
+    """(child script, data cache, the losses of an uninterrupted run).
+
+    The uninterrupted run is a process of its own, as the runs it is compared with are: in this
+    process, state that earlier tests left behind (a thread count, say) could change its bits."""
     root = tmp_path_factory.mktemp("faults")
     child = root / "child.py"
     child.write_text(CHILD)
-    config = TrainConfig(model="tiny", model_overrides=SMALL, tokenizer="byte",
-                         data_max_bytes=60_000, batch_size=2, seq_len=32, eval_batches=0,
-                         log_every=1, device="cpu", cache_dir=str(root / "cache"), steps=STEPS,
-                         out_dir=str(root / "reference"))  # fmt: skip
-    return child, root / "cache", list(train(config, progress=False).losses)
+    done = _cli(*_args(root / "reference", root / "cache"), cwd=root)
+    assert done.returncode == 0, done.stderr
+    return child, root / "cache", _losses(root / "reference")
 
 
 def _start(child: Path, mode: str, marker: Path, args: list[str]) -> subprocess.Popen:
