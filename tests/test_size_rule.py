@@ -26,11 +26,15 @@ def _torchao_rowwise_keeps(in_features: int, out_features: int) -> bool:
 
 
 DIMS = [768, 1024, 1536, 2048, 3072, 4096, 5504, 8192]
-RULES = [(TORCHAO_TENSORWISE, _torchao_tensorwise_keeps), (TORCHAO_ROWWISE, _torchao_rowwise_keeps)]
+# (ours, torchao's rule restated, torchao's recipe name)
+RULES = [
+    (TORCHAO_TENSORWISE, _torchao_tensorwise_keeps, "tensorwise"),
+    (TORCHAO_ROWWISE, _torchao_rowwise_keeps, "rowwise"),
+]
 
 
-@pytest.mark.parametrize(("rule", "reference"), RULES, ids=["tensorwise", "rowwise"])
-def test_torchao_rules_match_torchao(rule: SizeRule, reference) -> None:
+@pytest.mark.parametrize(("rule", "reference", "name"), RULES, ids=["tensorwise", "rowwise"])
+def test_torchao_rules_match_torchao(rule: SizeRule, reference, name: str) -> None:
     for k in DIMS:
         for n in DIMS:
             assert (rule.reason(k, n) is not None) == reference(k, n), (k, n)
@@ -39,9 +43,8 @@ def test_torchao_rules_match_torchao(rule: SizeRule, reference) -> None:
     assert any(reference(k, n) != reference(n, k) for k in DIMS for n in DIMS)
 
 
-@pytest.mark.parametrize(("rule", "name"), [(TORCHAO_TENSORWISE, "tensorwise"),
-                                            (TORCHAO_ROWWISE, "rowwise")])  # fmt: skip
-def test_torchao_rules_match_torchaos_own_filter(rule: SizeRule, name: str) -> None:
+@pytest.mark.parametrize(("rule", "reference", "name"), RULES, ids=["tensorwise", "rowwise"])
+def test_torchao_rules_match_torchaos_own_filter(rule: SizeRule, reference, name: str) -> None:
     """Against torchao's filter itself, where torchao is installed (a dev dependency)."""
     utils = pytest.importorskip("torchao.float8.float8_linear_utils")
     converts = utils._auto_filter_for_recipe(name, [])
