@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from minifloat import recipes
 from minifloat.convert import (
     REPORT_ATTR,
     AlreadyConvertedError,
@@ -21,8 +20,8 @@ from minifloat.convert import (
 )
 from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, LlamaConfig
-from minifloat.occ import occ_activation
 from minifloat.sqnr import sqnr_db
+from tolerances import TINY_OCC_LAYERS_IMPROVED, TINY_OCC_MEAN_GAIN_DB
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, ffn_dim=128, vocab_size=64, max_seq_len=32)
 TRAIN = LlamaConfig(dim=128, n_layers=2, n_heads=4, ffn_dim=256, vocab_size=64, max_seq_len=32)
@@ -376,7 +375,7 @@ def _batches(n: int, batch: int = 8, seq: int = 32, vocab: int = 64):
         yield t[:, :-1], t[:, 1:]
 
 
-def _train(recipe: str, steps: int = 40) -> tuple[list[float], float]:
+def _train(recipe: str, steps: int = 40) -> tuple[nn.Module, list[float]]:
     model = tiny_llama(TRAIN)
     convert(model, recipe, backend="emulated")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
@@ -388,34 +387,44 @@ def _train(recipe: str, steps: int = 40) -> tuple[list[float], float]:
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    # activation fidelity of every converted layer's input under the recipe's own treatment
-    r = recipes.get(recipe)
+    return model, losses
+
+
+def _layer_output_sqnrs(model: nn.Module, recipe: str) -> torch.Tensor:
+    """SQNR (dB) of what every converted layer computes under `recipe` against its float64
+    product x·wᵀ, on one batch: the same weights and inputs for every recipe asked."""
+    set_recipe(model, recipe)
     sqnrs: list[float] = []
 
     def hook(module, args, output):
-        x = args[0].detach().reshape(-1, args[0].shape[-1])
-        x_hat = occ_activation(x, r.fprop.lhs.fmt, r.fprop.lhs.granularity, r.occ)
-        sqnrs.append(sqnr_db(x, x_hat))
+        y_ref = nn.functional.linear(args[0].detach().double(), module.weight.detach().double())
+        sqnrs.append(sqnr_db(y_ref, output.detach().double()))
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, QuantLinear)]
     with torch.no_grad():
         model(next(_batches(1))[0])
     for h in handles:
         h.remove()
-    return losses, torch.tensor(sqnrs)
+    return torch.tensor(sqnrs)
 
 
 @pytest.mark.slow
-def test_tiny_model_trains_under_fp4_and_occ_improves_activation_sqnr():
-    losses, sqnr_fp4 = _train("fp4")
+def test_tiny_model_trains_under_fp4_and_occ_improves_layer_output_sqnr():
+    model, losses = _train("fp4")
     assert all(torch.isfinite(torch.tensor(losses)))
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first - 0.3, (first, last)  # measured a 1.9 drop; kernels move it by < 0.01
-    _, sqnr_direct = _train("fp4-direct")
-    # Per layer input, OCC (clamp at 0.99 + compensation) beats the direct cast; the activations
-    # of this tiny model are near-Gaussian, so the mean gain (~1.4 dB) is far below Table 1's.
-    assert (sqnr_fp4 > sqnr_direct).float().mean() >= 0.8, (sqnr_fp4, sqnr_direct)
-    assert sqnr_fp4.mean() > sqnr_direct.mean() + 0.5, (sqnr_fp4, sqnr_direct)
+    sqnr_occ = _layer_output_sqnrs(model, "fp4")
+    sqnr_direct = _layer_output_sqnrs(model, "fp4-direct")
+    # The trained model's layers compute y closer to x·wᵀ with OCC (clamp at 0.99 + E4M3
+    # compensation) than with the direct cast, on the same weights and inputs. The weights'
+    # E2M1 error is the same in both and bounds y's SQNR near 20 dB; this tiny model's
+    # activations are near-Gaussian but for a few layers, so the mean gain is small.
+    assert (sqnr_occ > sqnr_direct).float().mean() >= TINY_OCC_LAYERS_IMPROVED, (
+        sqnr_occ,
+        sqnr_direct,
+    )
+    assert sqnr_occ.mean() > sqnr_direct.mean() + TINY_OCC_MEAN_GAIN_DB, (sqnr_occ, sqnr_direct)
 
 
 def test_set_recipe_switches_the_converted_layers_in_place():
