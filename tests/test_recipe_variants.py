@@ -108,3 +108,18 @@ def test_variant_names_work_as_directory_names(tmp_path) -> None:
         run.mkdir()
         (run / "metrics.jsonl").write_text("{}\n")
         assert [p.name for p in tmp_path.glob("*/metrics.jsonl") if p.parent.name == name]
+
+
+@pytest.mark.parametrize("gemm", ["dgrad", "wgrad"])
+def test_fast_accum_help_names_the_recipes_whose_default_is_on(gemm: str) -> None:
+    """`minifloat recipes` prints this help: it must list exactly the registered recipes that
+    run the GEMM with fast accumulation by default (it once left out fp4 and fp4-occ)."""
+    from minifloat.recipe_variants import VARIANT_KEYS
+
+    listed = VARIANT_KEYS[f"{gemm}_fast_accum"].split("(on: ")[1].rstrip(")").split(", ")
+    on = [
+        n
+        for n in recipes.names()
+        if isinstance(recipes.get(n), QuantRecipe) and getattr(recipes.get(n), f"{gemm}_fast_accum")
+    ]
+    assert sorted(listed) == sorted(on)

@@ -176,9 +176,21 @@ def test_validation():
 
 def test_unsuitable_dims():
     assert recipes.get("fp4").unsuitable(64, 32) is None
-    assert "multiples of 16" in recipes.get("fp4").unsuitable(60, 32)
+    # the reason names only the dims that do not fit
+    assert recipes.get("fp4").unsuitable(60, 32) == (
+        "in_features=60 is not a multiple of 16 (needed by recipe fp4)"
+    )
     assert recipes.get("fp8-blockwise").unsuitable(256, 128) is None
-    assert "multiples of 128" in recipes.get("fp8-blockwise").unsuitable(256, 64)
+    assert (
+        recipes.get("fp8-blockwise")
+        .unsuitable(256, 64)
+        .startswith("out_features=64 is not a multiple of 128")
+    )
+    assert (
+        recipes.get("fp8-blockwise")
+        .unsuitable(100, 64)
+        .startswith("in_features=100 and out_features=64 are not multiples of 128")
+    )
 
 
 def test_occ_defaults_and_sample_size():

@@ -55,8 +55,8 @@ VARIANT_KEYS: dict[str, str] = {
     "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
     "bwd_fast_accum": "on|off: dgrad and wgrad GEMMs with fast accumulation",
     "dgrad_fast_accum": (
-        "on|off: dgrad's GEMM with fast accumulation (on: fp8-tensorwise, fp8-rowwise, "
-        "fp4-direct, fp4-dge)"
+        "on|off: dgrad's GEMM with fast accumulation (on: fp8-tensorwise, fp8-rowwise, fp4, "
+        "fp4-direct, fp4-dge, fp4-occ)"
     ),
     "wgrad_fast_accum": "on|off: wgrad's GEMM with fast accumulation (on: fp4-direct, fp4-dge)",
     "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",

@@ -173,11 +173,11 @@ class QuantRecipe(Recipe):
     def unsuitable(self, in_features: int, out_features: int) -> str | None:
         """Why a linear layer of these dims cannot use this recipe (None if it can)."""
         m = self.min_multiple
-        if in_features % m or out_features % m:
-            return (
-                f"in_features={in_features}, out_features={out_features} are not multiples of "
-                f"{m} (needed by recipe {self.name})"
-            )
+        off = [f"{name}={n}" for name, n in (("in_features", in_features),
+               ("out_features", out_features)) if n % m]  # fmt: skip
+        if off:
+            verb = "is not a multiple" if len(off) == 1 else "are not multiples"
+            return f"{' and '.join(off)} {verb} of {m} (needed by recipe {self.name})"
         return None
 
 

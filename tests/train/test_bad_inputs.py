@@ -28,7 +28,8 @@ TINY = [
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """A directory with a finished run (``existing``), one held by another run (``locked``), a
-    file where a directory belongs, a truncated .xz corpus and a TOML file with ``lr = nan``."""
+    file where a directory belongs, a truncated .xz corpus and TOML files with ``lr = nan`` and
+    a misspelled key."""
     root = tmp_path_factory.mktemp("bad_inputs")
     import os
 
@@ -42,6 +43,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     packed = lzma.compress(b"def f():\n    return 1\n" * 20_000)
     (root / "truncated.xz").write_bytes(packed[: len(packed) // 2])
     (root / "nan.toml").write_text("lr = nan\n")
+    (root / "typo.toml").write_text("batchsize = 4\n")
     (root / "locked").mkdir()
     holder = RunDirectory(root / "locked", resume=False, overwrite=False, resumable=True)
     holder.open()
@@ -79,6 +81,12 @@ CASES = [
     (["train", "--max-skip-fraction", "1.5"], 2, "max-skip-fraction must be in [0, 1]"),
     (["train", "--keep-checkpoints", "0"], 2, "keep-checkpoints must be at least 1, got 0"),
     (["train", "--config", "nan.toml"], 2, "lr must be positive and finite, got nan"),
+    # A key the file misspelled is named with the file and the setting it was probably meant as.
+    (
+        ["train", "--config", "typo.toml"],
+        2,
+        "typo.toml: unknown setting 'batchsize' (did you mean 'batch_size'?)",
+    ),
     (["train", "--resume", "--overwrite"], 2, "give either resume or overwrite, not both"),
     # Model overrides that used to end in a traceback.
     (["train", *TINY, "--model-override", "n_heads=0"], 2, "does not accept these overrides"),
@@ -138,3 +146,16 @@ def test_integral_float_overrides_are_accepted() -> None:
     config = _train_config(build_parser().parse_args(argv))
     assert config.model_overrides == {"dim": 1000, "n_layers": 2}
     assert all(type(v) is int for v in config.model_overrides.values())
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["train"], False),
+        (["--traceback", "train"], True),
+        (["train", "--traceback"], True),  # after the command too; it used to be refused there
+        (["data", "info", "english", "--traceback"], True),
+    ],
+)
+def test_traceback_flag_before_or_after_the_command(argv: list[str], shown: bool) -> None:
+    assert build_parser().parse_args(argv).traceback is shown

@@ -24,11 +24,25 @@ from minifloat.train.stability import StepGuardConfig
         ({"cache_dir": 1}, "cache-dir must be a string, got 1"),
     ],
 )
-def test_wrong_types_name_the_setting_and_type(values: dict, message: str) -> None:
+@pytest.mark.parametrize("source", ["toml", "python"])
+def test_wrong_types_name_the_setting_and_type(values: dict, message: str, source: str) -> None:
+    """The same one-line error from a TOML table and from TrainConfig(...) in Python (where
+    steps=2.5 used to run without its checkpoint and steps="3" to fail with a TypeError)."""
     with pytest.raises(ConfigError) as info:
-        TrainConfig.from_dict(values)
+        if source == "toml":
+            TrainConfig.from_dict(values)
+        else:
+            TrainConfig(**{k.replace("-", "_"): v for k, v in values.items()})
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_python_values_are_converted_to_the_field_types(tmp_path) -> None:
+    config = TrainConfig(steps=3.0, lr=1, betas=[0.9, 0.99], out_dir=tmp_path, ckpt_at=[1, 0.5])
+    assert config.steps == 3 and type(config.steps) is int
+    assert config.lr == 1.0 and type(config.lr) is float
+    assert config.betas == (0.9, 0.99) and config.ckpt_at == (1.0, 0.5)
+    assert config.out_dir == str(tmp_path)  # a pathlib.Path is taken as its string
 
 
 def test_values_are_converted_to_the_field_types() -> None:

@@ -482,3 +482,17 @@ def test_block_compiled_training_resumes_bit_exactly(tmp_path: Path, dataset) ->
     records = [json.loads(x) for x in full.metrics_path.read_text().splitlines()]
     assert [r["step"] for r in records if r.get("layer_sqnr")] == [2, 4]
     assert all(math.isfinite(x) for x in full.losses)
+
+
+def test_resume_without_a_checkpoint_stops_before_reading_data(tmp_path: Path) -> None:
+    """From Python as from the command line: the missing checkpoint is named at once. The data
+    path does not exist, so reading data first would have raised another error (it used to
+    tokenize the whole corpus, then fail with a bare "no checkpoint at ...")."""
+    config = TrainConfig(steps=2, out_dir=str(tmp_path / "run"), resume=True, device="cpu",
+                         data=str(tmp_path / "no-such-corpus.txt"))  # fmt: skip
+    with pytest.raises(CheckpointError) as info:
+        train(config, progress=False)
+    assert str(info.value) == (
+        f"resume: no checkpoint in {tmp_path / 'run'} (looked for checkpoint.pt); "
+        "set resume=False to start a new run"
+    )

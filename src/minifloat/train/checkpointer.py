@@ -106,6 +106,18 @@ def checkpoint_candidates(out_dir: Path, fmt: str) -> list[Path]:
     return found
 
 
+def require_checkpoint(out_dir: Path, formats: tuple[str, ...], setting: str, advice: str) -> None:
+    """Raise :class:`CheckpointError` "SETTING: no checkpoint in DIR (looked for ...); ADVICE"
+    unless ``out_dir`` holds a checkpoint of one of ``formats``: a resume without one stops
+    before any data is read or model built."""
+    if not any(checkpoint_candidates(out_dir, f) for f in formats):
+        names = {"full": CHECKPOINT_NAME, "sharded": SHARDED_CHECKPOINT_NAME}
+        looked = " and ".join(names[f] for f in formats)
+        raise CheckpointError(
+            f"{setting}: no checkpoint in {out_dir} (looked for {looked}); {advice}"
+        )
+
+
 def read_run_config(out_dir: Path, formats: tuple[str, ...]) -> tuple[Path, dict[str, Any]]:
     """(checkpoint, its stored settings) of the newest readable checkpoint in ``out_dir`` among
     ``formats``; raises the newest one's :class:`CheckpointError` when none is readable, and

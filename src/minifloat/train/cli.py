@@ -301,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.add_argument("name")
     p_info.add_argument("--cache-dir", default=None, help="cache directory of built corpora")
     p_info.set_defaults(func=_cmd_data_info)
+    # --traceback after the command too (`minifloat train --traceback ...`); SUPPRESS leaves
+    # the top-level default in place when it is not given there
+    for p in [*sub.choices.values(), *data_sub.choices.values()]:
+        p.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks on errors")  # fmt: skip
     return parser
 
 
@@ -318,7 +323,7 @@ def _train_config(args: argparse.Namespace) -> Any:
 
 def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the user gave: the TOML file's, then the flags' on top."""
-    from minifloat.train.config import ConfigError
+    from minifloat.train.config import ConfigError, TrainConfig
 
     values: dict[str, Any] = {}
     if args.config is not None:
@@ -327,6 +332,10 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
                 values.update(tomllib.load(f))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"cannot parse {args.config}: {exc}") from None
+        try:  # a key or type the file got wrong is named with the file
+            TrainConfig.typed_values(values)
+        except ConfigError as exc:
+            raise ConfigError(f"{args.config}: {exc}") from None
     values = {k.replace("-", "_"): v for k, v in values.items()}
     # steps/tokens from the command line replace the file's choice instead of clashing with it.
     if args.steps is not None or args.tokens is not None:
@@ -365,14 +374,8 @@ def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
 
     A setting given now that changes the trajectory still fails the fingerprint check on load.
     """
-    from minifloat.train.checkpointer import (
-        CHECKPOINT_NAME,
-        SHARDED_CHECKPOINT_NAME,
-        checkpoint_candidates,
-        read_run_config,
-    )
+    from minifloat.train.checkpointer import read_run_config, require_checkpoint
     from minifloat.train.config import TrainConfig
-    from minifloat.train.errors import CheckpointError
 
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     out_dir, fmt = values.get("out_dir", fields["out_dir"].default), values.get("checkpoint_format")
@@ -380,12 +383,7 @@ def _with_stored_settings(values: dict[str, Any]) -> dict[str, Any]:
         return values  # from_dict reports the wrong type
     out = Path(out_dir)
     formats = (fmt,) if fmt in ("full", "sharded") else ("full", "sharded")
-    if not any(checkpoint_candidates(out, f) for f in formats):
-        names = {"full": CHECKPOINT_NAME, "sharded": SHARDED_CHECKPOINT_NAME}
-        raise CheckpointError(
-            f"--resume: no checkpoint in {out} (looked for "
-            f"{' and '.join(names[f] for f in formats)}); leave out --resume to start a new run"
-        )
+    require_checkpoint(out, formats, "--resume", "leave out --resume to start a new run")
     # The newest readable one: a damaged newest checkpoint is the trainer's to fall back from.
     _, stored = read_run_config(out, formats)
     base = {k: v for k, v in stored.items() if k in fields and k not in _NOT_RESUMED}

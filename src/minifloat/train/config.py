@@ -8,7 +8,10 @@ preset follows the FP4 paper's setup: peak LR 3e-4). :meth:`TrainConfig.resolved
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
+import os
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,6 +54,16 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
         "data_max_bytes": 0,
     },
 }
+
+
+# Settings that name files or directories: a pathlib.Path is taken as its string.
+_PATH_FIELDS = frozenset({"data", "cache_dir", "out_dir", "branch_from"})
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    """Each TrainConfig field's type annotation (resolved once)."""
+    return typing.get_type_hints(TrainConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,6 +151,16 @@ class TrainConfig:
     weight_guard: bool = True
 
     def __post_init__(self) -> None:
+        # Every value is checked against its field's type first, as from_dict does for TOML:
+        # from Python, steps=2.5 used to run (and skip its logging and checkpoint) and
+        # steps="3" to fail inside a comparison with a bare TypeError.
+        for name, annotation in _field_types().items():
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike) and name in _PATH_FIELDS:
+                value = os.fspath(value)
+            object.__setattr__(
+                self, name, check_setting_type(name.replace("_", "-"), value, annotation)
+            )
         object.__setattr__(self, "betas", tuple(self.betas))
         if isinstance(self.ckpt_at, list | tuple):  # else check_config names the setting
             points = (float(v) if isinstance(v, int) and not isinstance(v, bool) else v
@@ -177,21 +200,28 @@ class TrainConfig:
         return out
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
-        """Build from a mapping (e.g. a TOML table); keys may use '-' or '_'.
+    def typed_values(cls, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` keyed by field name ('-' becomes '_'), each converted to its field's type
+        (integral floats such as TOML's ``2e9`` count as integers, integers as floats).
 
-        Each value is checked against its field's type (integral floats such as TOML's ``2e9``
-        count as integers, integers as floats); a wrong type raises :class:`ConfigError` naming
-        the setting and the expected type.
+        Raises :class:`ConfigError` for an unknown key (with the closest setting's name) or a
+        value of the wrong type, naming the setting and the expected type.
         """
-        hints = typing.get_type_hints(cls)
-        known = {f.name for f in dataclasses.fields(cls)}
+        hints = _field_types()
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             name = key.replace("-", "_")
-            if name not in known:
-                raise ConfigError(f"unknown setting {key!r}")
+            if name not in hints:
+                close = difflib.get_close_matches(name, sorted(hints), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown setting {key!r}{hint}")
             kwargs[name] = check_setting_type(name.replace("_", "-"), value, hints[name])
+        return kwargs
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """Build from a mapping (e.g. a TOML table); keys may use '-' or '_' (`typed_values`)."""
+        kwargs = cls.typed_values(values)
         if "model_overrides" in kwargs:
             overrides = kwargs["model_overrides"]
             kwargs["model_overrides"] = {k.replace("-", "_"): v for k, v in overrides.items()}

@@ -48,7 +48,7 @@ from minifloat.fsdp_quantized import precompute_quantized_weights
 from minifloat.train.branch import BranchPoint, checkpoint_steps, load_branch, plan_branch
 from minifloat.train.build import build_iterator, build_optimizer, check_names, load_dataset
 from minifloat.train.checkpoint import capture_rng_state, restore_rng_state
-from minifloat.train.checkpointer import Checkpointer
+from minifloat.train.checkpointer import Checkpointer, require_checkpoint
 from minifloat.train.config import TrainConfig
 from minifloat.train.errors import (
     CheckpointError,
@@ -137,6 +137,9 @@ class Trainer:
         try:
             # Before the run directory is touched: a branch that cannot be refuses at once.
             self.branch: BranchPoint | None = plan_branch(self.config, self.runtime)
+            if self.config.resume:  # and a resume without a checkpoint, before the data
+                require_checkpoint(Path(self.config.out_dir), (self.config.checkpoint_format,),
+                                   "resume", "set resume=False to start a new run")  # fmt: skip
             self._open_run_dir()
             self._setup(dataset, progress, model_transform)
         except BaseException:
