@@ -161,13 +161,8 @@ class TrainConfig:
             object.__setattr__(
                 self, name, check_setting_type(name.replace("_", "-"), value, annotation)
             )
-        object.__setattr__(self, "betas", tuple(self.betas))
-        if isinstance(self.ckpt_at, list | tuple):  # else check_config names the setting
-            points = (float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-                      for v in self.ckpt_at)  # fmt: skip
-            object.__setattr__(self, "ckpt_at", tuple(points))
-        if isinstance(self.switch_at, int) and not isinstance(self.switch_at, bool):
-            object.__setattr__(self, "switch_at", float(self.switch_at))  # one fingerprint
+        # (The type check made betas and ckpt_at tuples of floats and switch_at a float: one
+        # fingerprint whether a step was written 900 or 900.0.)
         overrides = normalize_model_overrides(self.model_overrides)
         object.__setattr__(self, "model_overrides", overrides)
         self.validate()
