@@ -10,7 +10,8 @@ presets and runs a bf16-autocast forward and backward on train_e2e.py's batch fo
 results, and with gradients as close to the unquantized block's as the same block's eager
 gradients are: compiled and eager may round a few entries differently (inductor fuses the norm
 and the quantizers into other kernels), but a fused kernel that computes something else, a lost
-scale or a wrong transpose, costs many dB.
+scale or a wrong transpose, costs many dB. That comparison runs at 1.3B width only: the eager
+blocks took the GPU suite from 295 to 493 s (session 48).
 """
 
 import pytest
@@ -51,7 +52,7 @@ def _step(net: torch.nn.Module, tokens: torch.Tensor) -> tuple[torch.Tensor, dic
 
 @pytest.mark.parametrize("preset", sorted(SHAPES))
 @pytest.mark.parametrize("name", RECIPES)
-def test_compiled_block_at_model_width_trains(name, preset):
+def test_compiled_block_at_model_width_trains(name, preset, record_property):
     torch._dynamo.reset()
     batch, positions = SHAPES[preset]
     tokens = torch.randint(0, VOCAB, (batch, positions + 1), device="cuda")
@@ -61,6 +62,8 @@ def test_compiled_block_at_model_width_trains(name, preset):
     for pname, g in grads.items():
         assert g is not None and torch.isfinite(g).all(), pname
         assert g.abs().amax() > 0, pname
+    if preset != "1.3B":  # the eager blocks doubled the suite's time; one width checks fusions
+        return
     _, eager = _step(
         build(name, preset, positions, preset=preset, device="cuda", compile_block=False), tokens
     )
@@ -69,6 +72,8 @@ def test_compiled_block_at_model_width_trains(name, preset):
     )
     for pname, g in grads.items():
         compiled_db, eager_db = sqnr_db(plain[pname], g), sqnr_db(plain[pname], eager[pname])
+        # in --junitxml reports: the margin's calibration (tests/tolerances.py)
+        record_property(f"sqnr_gap_db:{pname}", round(eager_db - compiled_db, 4))
         assert compiled_db >= eager_db - COMPILED_BLOCK_SQNR_MARGIN_DB, (
             pname,
             compiled_db,

@@ -42,6 +42,7 @@ from minifloat.exact import div_rn
 from minifloat.formats import get as get_format
 from minifloat.kernels import Backend, QOperand
 from minifloat.kernels import operand as op
+from minifloat.kernels.backend import fp32_scaled
 from minifloat.quantize import Granularity
 from minifloat.recipes import DelayedScaling, DGEConfig, OperandSpec, QuantRecipe
 
@@ -355,7 +356,7 @@ def gathered_operand(
     scale = replicated if replicated is not None else payload[1]
     if g.transpose:
         values, scale = values.t(), scale.t().contiguous()
-    return QOperand(values, scale, fmt, g.spec.granularity, transposed=g.transpose)
+    return fp32_scaled(values, scale, fmt, g.spec.granularity, g.transpose)
 
 
 # Where each packed tensor starts, in bytes: FP8 GEMM operands and fp32 scales need 16-byte

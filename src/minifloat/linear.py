@@ -31,6 +31,7 @@ from minifloat import counter_rng, delayed, occ, occ_gemm, partition_hints, reci
 from minifloat.exact import to_dtype, written_once
 from minifloat.fsdp_weight import GatheredWeight, gathered_amax, gathered_operand
 from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
+from minifloat.kernels.backend import fp32_scaled
 from minifloat.kernels.operand import pack_e2m1
 from minifloat.kernels.transpose import unpack_e2m1_t
 from minifloat.recipes import QuantRecipe, Recipe
@@ -224,7 +225,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 # gradient shard instead (fsdp_weight.sharded_dge_hook).
                 if recipe.dge is not None and not isinstance(weight, GatheredWeight):
                     # (data unused by apply_dge)
-                    w_q = QOperand(weight, w_scale, *ctx.w_q_meta, multiplier=w_mult)
+                    w_q = fp32_scaled(weight, w_scale, *ctx.w_q_meta, False, w_mult)
                     dw = backend.apply_dge(dw, weight, w_q, recipe.dge)
                 dw = dw.to(weight.dtype)
             if need_db and ctx.bias_dtype is not None:
@@ -244,7 +245,7 @@ def _weight_operand(
     (fsdp_weight.GatheredWeight, the same values and scales), else quantized here."""
     if isinstance(weight, GatheredWeight):  # an op, so that compiled graphs keep w's gradient
         values, w_scale = gathered_operand(weight, transpose)
-        return QOperand(values, w_scale, spec.fmt, spec.granularity, transposed=transpose)
+        return fp32_scaled(values, w_scale, spec.fmt, spec.granularity, transpose)
     return backend.quantize(weight, spec, transpose=transpose, scale=scale)
 
 
@@ -318,7 +319,7 @@ def _unstash(
     if packed_cols is not None:  # transposed (`_stash` packs only those)
         # One opaque pass from the packed codes to the GEMM's layout (kernels/transpose.py).
         data = unpack_e2m1_t(data, packed_cols)
-        return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format)
+        return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format, False, None)
     if transposed and torch.compiler.is_compiling():
         # Under torch.compile the transposed copy of a saved operand stays plain PyTorch: the
         # partitioner may then recompute the operand in backward from tensors it saves anyway
@@ -331,9 +332,10 @@ def _unstash(
             # a layer at 1.3B: 268.2 -> 262.0 ms a step, same memory. Row and tensor scales gain
             # nothing from it (docs/hopper_sessions.md, session 27).
             data = written_once(data)
-        return QOperand(data.t().contiguous(), scale, fmt, granularity, tensor_scale, scale_format)
+        data = data.t().contiguous()
+        return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format, False, None)
     data = data.t() if transposed else data
-    return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format, transposed)
+    return QOperand(data, scale, fmt, granularity, tensor_scale, scale_format, transposed, None)
 
 
 def _tensor_scales(*qs: QOperand | None) -> list[torch.Tensor | None]:

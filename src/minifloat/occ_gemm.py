@@ -17,6 +17,7 @@ import torch
 
 from minifloat import formats, occ
 from minifloat.kernels import Backend, QOperand
+from minifloat.kernels.backend import fp32_scaled
 from minifloat.recipes import OperandSpec, QuantRecipe
 
 __all__ = [
@@ -51,7 +52,7 @@ def folds_remainder(recipe: QuantRecipe) -> bool:
 
 def _fp32_operand(t: torch.Tensor, transposed: bool = False) -> QOperand:
     ones = torch.ones(1, 1, dtype=torch.float32, device=t.device)
-    return QOperand(t.float(), ones, "fp32", "tensor", transposed=transposed)
+    return fp32_scaled(t.float(), ones, "fp32", "tensor", transposed)
 
 
 def partial_dtype(fmt: str | None, out_dtype: torch.dtype) -> torch.dtype:
@@ -94,7 +95,7 @@ def folded_wgrad_operand(
         x.detach(), *clip, x_q.data, x_q.scale, values_max
     )
     scale = t if unit_scale else x_q.scale * t
-    return QOperand(values.t(), scale, "e4m3", "tensor", transposed=True)
+    return fp32_scaled(values.t(), scale, "e4m3", "tensor", True)
 
 
 def remainder_wgrad_operand(backend: Backend, fmt: str, x: torch.Tensor, clip: Clip) -> QOperand:

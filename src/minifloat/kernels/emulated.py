@@ -20,7 +20,7 @@ from minifloat.dge import dge_scale
 from minifloat.exact import div_rn, to_dtype
 from minifloat.kernels import clip as occ_clip
 from minifloat.kernels import microscale, operand
-from minifloat.kernels.backend import QOperand
+from minifloat.kernels.backend import QOperand, fp32_scaled
 from minifloat.quantize import quantize
 from minifloat.recipes import DGEConfig, OperandSpec
 
@@ -69,9 +69,7 @@ class EmulatedBackend:
                 prescale=prescale, transpose=transpose, scale=scale,
                 scale_format=spec.scale_format, with_multiplier=True,
             )  # fmt: skip
-            return QOperand(
-                values, s, spec.fmt, spec.granularity, transposed=transpose, multiplier=m
-            )
+            return fp32_scaled(values, s, spec.fmt, spec.granularity, transpose, m)
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)
 
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
@@ -79,9 +77,9 @@ class EmulatedBackend:
         flipped = not q.transposed
         if unit_scale:
             ones = torch.ones(1, 1, dtype=torch.float32, device=q.scale.device)
-            return QOperand(data, ones, q.fmt, "tensor", transposed=flipped)
+            return fp32_scaled(data, ones, q.fmt, "tensor", flipped)
         if q.granularity == "tensor":
-            return QOperand(data, q.scale, q.fmt, "tensor", transposed=flipped)
+            return fp32_scaled(data, q.scale, q.fmt, "tensor", flipped)
         if isinstance(q.granularity, tuple):
             br, bc = q.granularity
             return dataclasses.replace(
@@ -145,11 +143,11 @@ def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:
     if scale is not None:
         scale = scale.float().reshape(1, 1)
         values = formats.get(spec.fmt).round(div_rn(xf, scale), rounding=spec.rounding)
-        return QOperand(values, scale, spec.fmt, "tensor")
+        return fp32_scaled(values, scale, spec.fmt, "tensor", False)
     q = quantize(
         xf, spec.fmt, spec.granularity, scale_format=spec.scale_format, rounding=spec.rounding
     )
     s = q.scale if q.scale.dim() == 2 else q.scale.reshape(1, 1)
     m = q.multiplier if spec.granularity in _ROWISH else None  # DGE's (QOperand.multiplier)
     m = m if m is None or m.dim() == 2 else m.reshape(1, 1)
-    return QOperand(q.values, s, spec.fmt, spec.granularity, multiplier=m)
+    return fp32_scaled(q.values, s, spec.fmt, spec.granularity, False, m)

@@ -218,7 +218,7 @@ def quantize(
     )  # fmt: skip
     tensor_scale = ts if spec.scale_format == "e4m3" else None
     return QOperand(
-        values, b, spec.fmt, spec.granularity, tensor_scale, spec.scale_format, transpose
+        values, b, spec.fmt, spec.granularity, tensor_scale, spec.scale_format, transpose, None
     )
 
 
