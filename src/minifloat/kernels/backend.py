@@ -10,17 +10,19 @@ E2M1 x E2M1 GEMMs, whose fp32 accumulation is exact. kernels/select.py picks one
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 
+from minifloat.exact import written_once
 from minifloat.quantize import Granularity, expand_scale
 
 if TYPE_CHECKING:
     from minifloat.recipes import DGEConfig, OperandSpec
 
-__all__ = ["Backend", "QOperand", "fp32_scaled"]
+__all__ = ["Backend", "QOperand", "block_scaled", "fp32_scaled"]
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,54 @@ class QOperand:
         return full if self.tensor_scale is None else full * self.tensor_scale
 
     def dequantize(self) -> torch.Tensor:
-        """values * scale in float32."""
+        """values * scale in float32.
+
+        A transposed block-scaled operand is dequantized in its storage layout and returned as
+        that product's transposed view: the same values in the same strides as eager's product
+        of the view. Computed on the view, its loop ran [cols, rows], and under torch.compile
+        inductor's CPU code generator fused it with the untransposed operand's dequantization
+        of the same tensor ([rows, cols], scales indexed by col // 128: fp8-blockwise's dy, for
+        dgrad and wgrad), whose loop split then failed an assertion when rows != cols
+        (`try_loop_split`, torch 2.13; found in session 48).
+        """
+        if self.transposed and isinstance(self.granularity, tuple):
+            stored = replace(
+                self, data=self.data.t(), scale=self.scale.t(),
+                granularity=self.granularity[::-1], transposed=False,
+            )  # fmt: skip
+            return stored.dequantize().t()
+        if isinstance(self.granularity, tuple):
+            return block_scaled(
+                self.values(), self.scale.float(), self.granularity, self.tensor_scale
+            )
         return self.values() * self.expanded_scale()
+
+
+def block_scaled(
+    values: torch.Tensor,
+    scale: torch.Tensor,
+    granularity: tuple[int, int],
+    tensor_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`values * (expand_scale(scale) [* tensor_scale])` of 2-D block-scaled float32 values.
+
+    Compiled for the CPU, values whose last dim ends in a partial block (a wgrad operand of a
+    token count that is not a multiple of the block) are multiplied padded to whole blocks and
+    cut back in a copy of their own: the same values. Inductor's C++ loop split (torch 2.13)
+    splits a loop that indexes scales by col // bc into (cols // bc, bc) and never computes the
+    last cols % bc columns, so the GEMM read uninitialized memory (pytorch/pytorch#195582;
+    found in session 48). Triton kernels (CUDA) have no such split and keep the plain product.
+    """
+
+    def product(v: torch.Tensor) -> torch.Tensor:
+        full = expand_scale(scale, v.shape, granularity)
+        return v * (full if tensor_scale is None else full * tensor_scale)
+
+    cols, bc = values.shape[-1], granularity[1]
+    if cols % bc and values.device.type == "cpu" and torch.compiler.is_compiling():
+        whole = written_once(product(F.pad(values, (0, -cols % bc))))
+        return whole[..., :cols].contiguous()
+    return product(values)
 
 
 def fp32_scaled(

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from minifloat import counter_rng, formats, hadamard
 from minifloat.exact import div_rn, div_rn_by_scale, to_dtype
 from minifloat.kernels import clip as occ_clip
-from minifloat.kernels.backend import QOperand
+from minifloat.kernels.backend import QOperand, block_scaled
 from minifloat.kernels.operand import FP8_STORAGE, round_to_storage
 from minifloat.quantize import expand_scale
 
@@ -244,6 +244,8 @@ def check_hadamard_size(n: int, block: int, length: int) -> None:
 
 def exact_bf16_values(q: QOperand) -> torch.Tensor:
     """values * block scale, float32 (exactly representable in bf16), the operand's shape."""
+    if isinstance(q.granularity, tuple):
+        return block_scaled(q.values(), q.scale.float(), q.granularity)
     return q.values() * expand_scale(q.scale.float(), q.shape, q.granularity)
 
 
