@@ -87,30 +87,36 @@ def host_phases(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, device: str) 
     return {"host_fwd_ms": med(fwd), "host_bwd_ms": med(bwd), "host_step_ms": med(step)}
 
 
-def guard_us(inner: nn.Module, x: torch.Tensor, device: str) -> tuple[float | None, int | None]:
-    """(µs per check of dynamo's guards on the compiled forward, the guard tree's lines), or
-    (None, None) where the cache entry cannot be read (a private API: best effort)."""
+def _guard_manager(inner: nn.Module):
+    """Dynamo's guard manager of the compiled `forward` of `inner`, or None where it cannot be
+    read (a private API: best effort; nn.Linear's compiled frame is not its forward's)."""
     try:
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
         entries = _debug_get_cache_entry_list(type(inner).forward.__code__)
-        if not entries:  # nn.Linear's compiled frame is not its forward's
-            return None, None
-        manager = entries[0].guard_manager
-        names = list(inspect.signature(type(inner).forward).parameters)
-        f_locals = {names[0]: inner, names[1]: x}
-        with torch.autocast(device, dtype=torch.bfloat16):
-            if not manager.check(f_locals):
-                return None, None
-            reps = 2000
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                manager.check(f_locals)
-            us = (time.perf_counter() - t0) / reps * 1e6
-        return us, len(str(manager).splitlines())
     except Exception as exc:  # a private API's change must not stop the probe
         print(f"guards unavailable: {type(exc).__name__}: {exc}", flush=True)
+        return None
+    return entries[0].guard_manager if entries else None
+
+
+def guard_us(inner: nn.Module, x: torch.Tensor, device: str) -> tuple[float | None, int | None]:
+    """(µs per check of dynamo's guards on the compiled forward, the guard tree's lines), or
+    (None, None) where the guards cannot be read or do not pass on these inputs."""
+    manager = _guard_manager(inner)
+    if manager is None:
         return None, None
+    names = list(inspect.signature(type(inner).forward).parameters)
+    f_locals = {names[0]: inner, names[1]: x}
+    with torch.autocast(device, dtype=torch.bfloat16):
+        if not manager.check(f_locals):
+            return None, None
+        reps = 2000
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            manager.check(f_locals)
+        us = (time.perf_counter() - t0) / reps * 1e6
+    return us, len(str(manager).splitlines())
 
 
 def _where(key: tuple) -> str:
@@ -139,16 +145,6 @@ def _generated_calls(stats: pstats.Stats) -> dict[str, dict]:
             callees.sort(key=lambda r: r["cum_us"], reverse=True)
             calls[_where(key)] = {"source": file, "callees": callees}
     return calls
-
-
-def guard_tree(inner: nn.Module) -> str:
-    """The guard tree of the compiled forward as text ('' where unavailable)."""
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-        return str(_debug_get_cache_entry_list(type(inner).forward.__code__)[0].guard_manager)
-    except Exception:  # a private API: best effort
-        return ""
 
 
 def profiled(step, device: str, dump: Path | None) -> tuple[float, list[dict], dict]:
@@ -202,7 +198,8 @@ def measure(name: str, args, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor)
     if dump is not None:  # the compiled graphs' wrapper code and the guard tree, to read
         for g in graphs.values():
             shutil.copy(g["source"], dump / Path(g["source"]).name)
-        (dump / "guards.txt").write_text(guard_tree(inner))
+        manager = _guard_manager(inner)
+        (dump / "guards.txt").write_text("" if manager is None else str(manager))
     if args.device == "cuda":
         from common import stream_ms
 
