@@ -137,6 +137,26 @@ def test_triton_transpose_equals_aten(shape, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + [(1000, 3000)], ids=str)
+def test_compiled_transpose_launches_the_triton_kernel_from_generated_code(shape, dtype):
+    """Under torch.compile on CUDA the transpose is the `triton_op`: the same bytes, the tiled
+    kernel launched from inductor's code (not the Library op through Python), and the producer
+    of its input not fused into it."""
+    from torch._inductor.utils import run_and_get_code
+
+    x = _data(shape, dtype, "cuda")
+    torch._dynamo.reset()
+    if dtype in (torch.bfloat16, torch.float32):
+        torch.library.opcheck(torch.ops.minifloat.transpose_copy_traced.default, (x,))
+    out, code = run_and_get_code(torch.compile(transpose_copy, fullgraph=True), x)
+    assert torch.equal(_bits(out), _bits(x.t().contiguous()))
+    code = "\n".join(code)
+    assert "_transpose_kernel" in code and "minifloat.transpose_copy.default" not in code
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("shape", [(1, 1), (5, 7), (130, 257), (2048, 4096), (16384, 97)], ids=str)
 def test_triton_unpack_e2m1_t_equals_aten(shape):
     from minifloat.kernels.transpose_triton import unpack_e2m1_t_2d

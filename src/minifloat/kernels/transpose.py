@@ -8,8 +8,9 @@ single bytes a whole column apart: a 1.3B profile showed those kernels at 2-3x t
 bytes. `transpose_copy` is a custom op, so the compiler cannot fuse into it: the producer
 writes its values row-major (coalesced) and this kernel transposes them in tiles.
 
-On CUDA with Triton (the GPU machine) it runs a tiled Triton kernel (kernels/transpose_triton.py);
-elsewhere ATen's copy. Only bytes move: the result equals `x.t().contiguous()` bit for bit.
+On CUDA with Triton (the GPU machine) it runs a tiled Triton kernel (kernels/transpose_triton.py),
+under torch.compile as a `triton_op` that inductor launches from its own code; elsewhere ATen's
+copy. Only bytes move: the result equals `x.t().contiguous()` bit for bit.
 """
 
 from __future__ import annotations
@@ -47,11 +48,26 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[1], x.shape[0]))
 
 
+# Under torch.compile on CUDA the same kernel is a `triton_op`: inductor traces into it and
+# launches the Triton kernel from its generated code, as it launches its own, instead of calling
+# the op above through Python and Triton's JIT launcher (~200 us of a compiled 7B-shaped layer's
+# profiled host time in session 48, `host_profile_s48_*`). A user-defined Triton kernel is never
+# fused with its neighbours, so it stays the opaque pass the module docstring asks for. Eager
+# calls keep the Library op, whose wrapper is cheaper than a custom op's (above).
+if _triton_transpose is not None:
+
+    @torch.library.triton_op("minifloat::transpose_copy_traced", mutates_args=())
+    def _transpose_copy_traced(x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - GPU
+        return _triton_transpose(x.contiguous(), traced=True)
+
+
 def transpose_copy(x: torch.Tensor) -> torch.Tensor:
     """`x.t()` as a new contiguous tensor, for 2-D `x` of any dtype (an opaque kernel: see the
     module docstring). Carries no gradient (GEMM operands are quantized values)."""
     if x.dim() != 2:
         raise ValueError(f"transpose_copy takes a 2-D tensor, got shape {tuple(x.shape)}")
+    if _triton_transpose is not None and x.is_cuda and x.numel() and torch.compiler.is_compiling():
+        return torch.ops.minifloat.transpose_copy_traced.default(x)  # pragma: no cover - GPU
     return torch.ops.minifloat.transpose_copy.default(x)
 
 

@@ -34,17 +34,22 @@ def _transpose_kernel(
 
 
 def transpose_2d(
-    x: torch.Tensor, tile: tuple[int, int, int] | None = None
+    x: torch.Tensor, tile: tuple[int, int, int] | None = None, *, traced: bool = False
 ) -> torch.Tensor:  # pragma: no cover - runs on the GPU
-    """x.t() contiguous, for a contiguous 2-D CUDA tensor; `tile` overrides `TILES`."""
+    """x.t() contiguous, for a contiguous 2-D CUDA tensor; `tile` overrides `TILES`.
+
+    `traced`: launched through `torch.library.wrap_triton`, the body of a `triton_op` that
+    torch.compile traces (kernels/transpose.py). The kernel then reads and writes x's own dtype:
+    a dtype view would be one more graph node for inductor to lower. Loads and stores move
+    bits (no arithmetic touches the tile), so both forms give the same bytes."""
     rows, cols = x.shape
     size = x.element_size()
     block_r, block_c, warps = tile or TILES.get(size, TILES[4])
-    src = x.view(_BITS[size])
+    src = x if traced else x.view(_BITS[size])
     out = torch.empty((cols, rows), dtype=src.dtype, device=x.device)
     grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
-    _transpose_kernel[grid](src, out, rows, cols, BLOCK_R=block_r, BLOCK_C=block_c,
-                            num_warps=warps)  # fmt: skip
+    kernel = torch.library.wrap_triton(_transpose_kernel) if traced else _transpose_kernel
+    kernel[grid](src, out, rows, cols, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=warps)
     return out.view(x.dtype)
 
 
