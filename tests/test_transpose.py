@@ -140,9 +140,8 @@ def test_triton_transpose_equals_aten(shape, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES + [(1000, 3000)], ids=str)
 def test_compiled_transpose_launches_the_triton_kernel_from_generated_code(shape, dtype):
-    """Under torch.compile on CUDA the transpose is the `triton_op`: the same bytes, the tiled
-    kernel launched from inductor's code (not the Library op through Python), and the producer
-    of its input not fused into it."""
+    """Under torch.compile on CUDA the transpose is the `triton_op`: the same bytes, and the
+    tiled kernel launched from inductor's code, not the Library op through Python."""
     from torch._inductor.utils import run_and_get_code
 
     x = _data(shape, dtype, "cuda")
