@@ -5,7 +5,10 @@
 #
 #   bash benchmarks/gpu_all.sh tests kernels linear e2e-1.3B e2e-125M e2e-hf
 #
-# Stages: tests (pytest -m gpu, six xdist workers if installed), kernels (benchmarks/kernels.py),
+# Stages: tests (pytest -m gpu, six xdist workers if installed; tests-blocks and tests-rest split
+# it in two: the model-width block tests, then the rest, for device calls with a 600 s limit:
+# the whole suite took 390 s in session 49 and ~585 s on a fresh machine in session 50),
+# kernels (benchmarks/kernels.py),
 # linear (one layer, compiled, 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py),
 # optim (optimizer step time, benchmarks/optim_states.py --step-time), gradcomm (the fp8 gradient
 # all-reduce's passes per bucket, eager vs compiled, benchmarks/grad_comm_codec.py; one GPU).
@@ -25,13 +28,17 @@ status=0
 run_stage() {
   local stage=$1; shift
   case "$stage" in
-    tests) # workers share the GPU where pytest-xdist is installed: the 190 tests took 302 s
+    tests|tests-blocks|tests-rest)
+           # workers share the GPU where pytest-xdist is installed: the 190 tests took 302 s
            # with four on an H200 (session 28), 256 took 441 s (session 41) and ~260 more than
            # 480 s (session 42), so six now (16 cores; each test mostly compiles on the CPU)
            local workers=(); python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+           local blocks=tests/test_hopper_block.py targets=(tests)
+           [ "$stage" = tests-blocks ] && targets=("$blocks")
+           [ "$stage" = tests-rest ] && targets=(tests "--ignore=$blocks")
            python3 -m pytest -m gpu -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} \
-             --durations=10 tests "$@" \
-             2>&1 | tee "$OUT/pytest_gpu.log" | tail -40 ;;
+             --durations=10 "${targets[@]}" "$@" \
+             2>&1 | tee "$OUT/pytest_gpu${stage#tests}.log" | tail -40 ;;
     kernels) python3 benchmarks/kernels.py --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
     linear) python3 benchmarks/linear.py --out-dir "$OUT" --compile --shapes 7b "$@" \
               2>&1 | tail -60 ;;
@@ -51,7 +58,7 @@ while [ $# -gt 0 ]; do
   stage=$1; shift; args=()
   if [ "${1:-}" = "--" ]; then
     shift
-    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|kernels|linear|optim|gradcomm|e2e-.*)$ ]]; do args+=("$1"); shift; done
+    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|tests-blocks|tests-rest|kernels|linear|optim|gradcomm|e2e-.*)$ ]]; do args+=("$1"); shift; done
   fi
   echo "=== $stage ${args[*]:-}"
   run_stage "$stage" "${args[@]}"
