@@ -58,7 +58,7 @@ while [ $# -gt 0 ]; do
   stage=$1; shift; args=()
   if [ "${1:-}" = "--" ]; then
     shift
-    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests|tests-blocks|tests-rest|kernels|linear|optim|gradcomm|e2e-.*)$ ]]; do args+=("$1"); shift; done
+    while [ $# -gt 0 ] && ! [[ "$1" =~ ^(tests(-blocks|-rest)?|kernels|linear|optim|gradcomm|e2e-.*)$ ]]; do args+=("$1"); shift; done
   fi
   echo "=== $stage ${args[*]:-}"
   run_stage "$stage" "${args[@]}"
