@@ -45,6 +45,11 @@ def main() -> None:
     dy = torch.randn(args.m, args.n, device="cuda").bfloat16()
 
     def step():
+        # fresh gradients, as a training step has (and linear.py times): accumulating into
+        # x.grad and the weight's .grad would add two eager adds to every step's kernels
+        x.grad = None
+        for p in layer.parameters():
+            p.grad = None
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = step_mod(x)
         y.backward(dy)
