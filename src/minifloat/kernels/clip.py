@@ -9,12 +9,11 @@ entries
 
 exactly, for any bounds lo <= hi: two reductions of x give both. The quantizers of x_c and Δx
 take their row scales from these (`clamped_row_amax`, `remainder_row_amax`) rather than from a
-pass over x_c and Δx. Compiled,
-the difference is in what inductor writes: x_c and Δx read x's own inputs (a norm's: the block
-input, its rstd and weight) plus lo and hi, five buffers, and inductor stores a value read by
-two kernels (its row maxima, then its cast) once it reads more than four. With the maxima taken
-from x, the casts are x_c's and Δx's only readers and the two float32 tensors are not written
-(docs/hopper_sessions.md, session 34).
+pass over x_c and Δx. Compiled, the difference is in what inductor writes: x_c and Δx read x's
+own inputs (a norm's: the block input, its rstd and weight) plus lo and hi, five buffers, and
+inductor stores a value read by two kernels (its row maxima, then its cast) once it reads more
+than four. With the maxima taken from x, the casts are x_c's and Δx's only readers and the two
+float32 tensors are not written (docs/hopper_sessions.md, session 34).
 
 Non-finite entries: the clamp passes them through, so a NaN or ±inf in a row gives that row's
 max |x_c| as NaN or inf, as a pass over x_c does, and the remainder is 0 there. Such a row's
