@@ -243,6 +243,41 @@ def test_own_scale_formats_compiled_on_gpu_equal_cpu_reference(
     assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
 
 
+def float32_sweep(stride: int) -> torch.Tensor:
+    """Every `stride`-th float32 bit pattern from 0 to just past 6.0, every float32 within 4 ulps
+    of an E2M1 grid point or midpoint, and specials; both signs."""
+    top = int(torch.tensor(6.0).view(torch.int32)) + 8
+    swept = torch.arange(0, top, stride, dtype=torch.int64).to(torch.int32)
+    grid = formats.get("e2m1").grid.float()
+    marks = torch.cat([grid, (grid[1:] + grid[:-1]) / 2]).view(torch.int32)
+    near = (marks[:, None] + torch.arange(-4, 5, dtype=torch.int32)).flatten().clamp(min=0)
+    specials = torch.tensor([float("inf"), float("nan"), 7.0, 3.0e38, 1e-45, 2.0**-126])
+    v = torch.cat([swept, near]).view(torch.float32)
+    return torch.cat([v, specials, -v, -specials])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_e2m1_rounding_by_two_additions_equals_the_reference(compiled):
+    """round_to_storage's E2M1 rounding ((|q| + C) - C, C = 2^23 x the spacing) against the
+    reference's round(|q| / spacing) * spacing, ~10^6 float32 values of [0, 6] and past it
+    (every float32 there, checked once: docs/hopper_sessions.md, session 52)."""
+    q = float32_sweep(1009)
+    fn = torch.compile(operand.round_to_storage) if compiled else operand.round_to_storage
+    got = fn(q, "e2m1")
+    torch._dynamo.reset()
+    assert got.dtype == torch.float8_e4m3fn
+    assert bits_equal(got.float(), formats.get("e2m1").round(q))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 (sm_89+)")
+def test_e2m1_rounding_compiled_on_gpu_equals_the_reference():
+    q = float32_sweep(1009)
+    got = torch.compile(operand.round_to_storage)(q.cuda(), "e2m1")
+    torch._dynamo.reset()
+    assert bits_equal(got.float(), formats.get("e2m1").round(q))
+
+
 @pytest.mark.parametrize("cols", [256, 255])
 def test_pack_e2m1_round_trip(cols):
     values, _ = operand.quantize_operand(

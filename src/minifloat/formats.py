@@ -206,7 +206,7 @@ class FloatFormat(ElementFormat):
         integer instructions where a GPU compiles those to libdevice calls (DGE runs this on
         every weight each step: 115.7 -> 77.9 us for a 5632 x 2048 weight's backward, H200,
         `results/dge_probe_h200_2026-11-28.md`), and no `torch.where` constants (see
-        `kernels.operand.round_to_storage`, which rounds E2M1 with them).
+        `kernels.operand._e2m1_magnitude`, which reads E2M1's spacing from the bits too).
 
         Zero and float subnormals (exponent field 0) fall below emin and are floored there;
         inf and NaN (all-ones field) are capped at the largest finite binade, so both powers

@@ -18,7 +18,7 @@ Pinned forms, so that compiled code equals eager code bit for bit:
   Power-of-two scales divide as float32 products by powers of two (`div_by_pow2`): exact, and
   no float64 per element. "inv" scales quantize by one float32 product, `x * m`, which is the
   definition (`formats.inv_scales`): the same bits in every compiled form.
-- Grid rounding by multiplications with powers of two and `torch.round` (E2M1), or the
+- Grid rounding by adding and subtracting a power of two (E2M1, `_e2m1_magnitude`), or the
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
   Hopper's `cvt.rn.satfinite`).
 
@@ -63,7 +63,6 @@ FP8_STORAGE: dict[str, torch.dtype] = {
     "e5m2": torch.float8_e5m2,
 }
 _FP32_TINIEST = 2.0**-149  # the reference's floor of a positive group's scale
-_E2M1 = formats.get("e2m1")
 
 
 def supports(fmt: str, granularity: Granularity, scale_format: str, rounding: str) -> bool:
@@ -134,19 +133,31 @@ def times_multiplier(
     return v * m, m, scale
 
 
+def _e2m1_magnitude(mag: torch.Tensor) -> torch.Tensor:
+    """float32 `mag` in [0, 6] (or NaN) rounded to the nearest E2M1 magnitude, ties to even.
+
+    The grid spacing is 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]. With C = 2^23 x the spacing
+    at `mag` (2^22, 2^23 or 2^24, built from the exponent bits), the float32 sum mag + C has
+    exactly that spacing as its unit in the last place, so the addition rounds mag to a
+    multiple of it, ties to even, and subtracting C again is exact: `round(mag / spacing) *
+    spacing` in two additions. Every E2M1 quantizer runs this per element: against the
+    product by 1/spacing, `round` and the product back it is the same bits (every float32 in
+    [0, 6] checked, docs/hopper_sessions.md, session 52) and 1-2 % faster in a compiled cast
+    (`benchmarks/fold_probe.py`). No compiler here reassociates (mag + C) - C: inductor's C++
+    is built without unsafe math, and Triton does not reassociate. Few graph nodes (module
+    docstring), and no `torch.where` constants, which every quantizer of a compiled graph
+    shares: the partitioner's "used above/below fusible" rule then banned recomputing the
+    later quantizers in backward, so it saved their E2M1 operands."""
+    exponent = (mag.view(torch.int32) >> 23).clamp(127, 129)  # 2^0 .. 2^2 binades (NaN: 2^2)
+    c = ((exponent + 22) << 23).view(torch.float32)
+    return (mag + c) - c
+
+
 def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
     """Round float32 `q` (already divided by its scale) onto `fmt`'s grid, saturating at ±max,
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
     if fmt == "e2m1":
-        # Grid spacing 0.5 below 2, 1 in [2, 4), 2 in [4, 6]: round(|q| / spacing) * spacing,
-        # written with multiplications by powers of two (exact in every compiled form), both
-        # read from the bits (`FloatFormat.spacings`): few graph nodes (module docstring), and
-        # no `torch.where` constants, which every quantizer of a compiled graph shares; the
-        # partitioner's "used above/below fusible" rule then banned recomputing the later
-        # quantizers in backward, so it saved their E2M1 operands.
-        mag = q.abs().clamp(max=6.0)
-        step, inv_step = _E2M1.spacings(mag)
-        return torch.copysign(torch.round(mag * inv_step) * step, q).to(FP8_STORAGE[fmt])
+        return torch.copysign(_e2m1_magnitude(q.abs().clamp(max=6.0)), q).to(FP8_STORAGE[fmt])
     fmt_max = formats.get(fmt).max
     return q.clamp(-fmt_max, fmt_max).to(FP8_STORAGE[fmt])
 

@@ -1,0 +1,217 @@
+"""What does fp4's forward pass over x cost beyond its bytes? (issue 13, the fp4 layer at 7B shapes)
+
+    PYTHONPATH=src python benchmarks/fold_probe.py [--out-dir DIR] [--date D] [--tag T]
+        [--shapes M:K,...] [--device cuda|cpu]
+
+Under fp4 (OCC, E4M3 compensation) one compiled kernel reads the layer input x (bf16 [M, K])
+and writes three FP8 operands: x_q = Q_E2M1(clamp(x)) (fprop), Δx_q = Q_E4M3(Δx) (the
+compensation GEMM's) and z = Q_E4M3((x_q + Δx / s_x) / t) (wgrad's, occ.fold_remainder,
+transposed). Profiled at 7B shapes (sessions 51 and 52) it moved its 5 bytes an element at
+~1.9 TB/s, under half the copy bandwidth. This probe times that kernel alone, its row scalars
+given, in forms that drop one piece at a time (rows marked "inexact" are timing bounds whose
+bits differ from the library's definition):
+- `library`: the library's arithmetic (z row-major; `library, z transposed`: as fp4 writes it);
+  `..., E2M1 by products`: with the E2M1 rounding used before session 52 (same bits);
+- `Δx inv`: Δx_q as round(Δx · m_Δ), a float32 product by an "inv" multiplier, rather than
+  the float64 quotient by its fp32 scale (a definition change of the compensation operand);
+- `Δx inv, z by m (inexact)`: also z = x_q + Δx · m_x in float32 (FMA contraction may make
+  the compiled bits differ from eager; the count of differing bytes is reported);
+- `z without Δx`, `x_q only`, `x_q only, E4M3 cast`, `three casts`: floors (no remainder in z;
+  one output; a plain FP8 cast of one output; three scaled casts of x, none of OCC's
+  arithmetic).
+Session 52 (`fold_probe_s52{,_magic}_h200_2026-11-29.md`, where "library" is the products form
+and "E2M1 by magic" today's): the float64 work and the transposed store cost little (`library`
+0.164 ms at 16384 x 4096, `Δx inv` 0.164, `z by m` 0.158, z transposed +0.011); one output,
+even a plain E4M3 cast, runs at 56-59 % of copy bandwidth and three at 71-75 %: these one-byte
+outputs of inductor's kernels fall short of their bytes however little arithmetic they carry.
+E2M1 by two additions was 1-2 % faster than by products in every shape.
+Bits: every exact row is checked compiled against eager, and `library`'s z against
+occ.fold_remainder. Bandwidth = (2 bytes read + 1 per output) / kernel time, as a share of the
+measured copy bandwidth. Writes `fold_probe[_<tag>]_<gpu>_<date>.{md,json}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from common import copy_bandwidth, kernel_profile, probe_parser, same_bytes, write_probe  # noqa: E402
+from minifloat import formats, occ  # noqa: E402
+from minifloat.formats import inv_scales  # noqa: E402
+from minifloat.kernels.clip import clamp, remainder  # noqa: E402
+from minifloat.kernels.operand import round_to_storage  # noqa: E402
+
+E2M1_MAX, E4M3_MAX = 6.0, 448.0
+
+
+def make_inputs(m: int, k: int, device: str) -> dict[str, torch.Tensor]:
+    """x (bf16, Student-t-like with outlier channels) and every row scalar the kernel reads,
+    computed as the library computes them (eagerly: the probe times the elementwise pass)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(m, k, generator=g) / torch.rand(m, k, generator=g).clamp(min=0.05).sqrt()
+    x[:, torch.randperm(k, generator=g)[: k // 64]] *= 8.0  # outlier channels
+    x = x.bfloat16().to(device)
+    sample = x.float().flatten()[::97]
+    lo, hi = (torch.quantile(sample, q).reshape(1, 1) for q in (0.01, 0.99))
+    # bf16-representable bounds, as the sampled quantile gives (an element of x)
+    lo, hi = lo.bfloat16().float(), hi.bfloat16().float()
+    xc, delta = clamp(x, lo, hi), remainder(x, lo, hi)
+    m_x, s_x = inv_scales(xc.abs().amax(dim=1, keepdim=True), E2M1_MAX)
+    d_amax = delta.abs().amax(dim=1, keepdim=True)
+    m_d, s_d = inv_scales(d_amax, E4M3_MAX)
+    bound = (E2M1_MAX + (d_amax.double() / s_x.double()).float()).amax()
+    t = 2.0 ** torch.ceil(torch.log2((bound / E4M3_MAX).clamp(min=1.0)))
+    return {
+        "x": x, "lo": lo, "hi": hi, "m_x": m_x, "s_x": s_x, "m_d": m_d,
+        "r_x": s_x.double().reciprocal(), "r_d": s_d.double().reciprocal(),
+        "inv_t": (1.0 / t).reshape(1, 1), "t": t.reshape(1, 1),
+    }  # fmt: skip
+
+
+def e2m1_by_products(q: torch.Tensor) -> torch.Tensor:
+    """The E2M1 rounding of `round_to_storage` before session 52, the same bits: |q| times
+    1/spacing, rounded to an integer (`torch.round`), times the spacing (both powers of two
+    from the exponent bits). Session 52 replaced it by two additions (`_e2m1_magnitude`)."""
+    mag = q.abs().clamp(max=E2M1_MAX)
+    step, inv_step = formats.get("e2m1").spacings(mag)
+    return torch.copysign(torch.round(mag * inv_step) * step, q).to(torch.float8_e4m3fn)
+
+
+def _xq(xf, lo, hi, m_x, rounding=round_to_storage):
+    xc = torch.where(xf.abs() < float("inf"), torch.clamp(xf, lo, hi), xf)
+    if rounding is round_to_storage:
+        return round_to_storage(xc * m_x, "e2m1")
+    if rounding == "e4m3":
+        return round_to_storage(xc * m_x, "e4m3")
+    return rounding(xc * m_x)
+
+
+def _delta(xf, lo, hi):
+    return torch.where(xf.abs() < float("inf"), xf - torch.clamp(xf, lo, hi), lo - lo)
+
+
+def library(
+    x, lo, hi, m_x, r_x, m_d, r_d, inv_t, transposed=False, delta_inv=False,
+    rounding=round_to_storage,
+):  # fmt: skip
+    xf = x.float()
+    xv = _xq(xf, lo, hi, m_x, rounding)
+    d = _delta(xf, lo, hi)
+    d64 = d.double()
+    dq = (d * m_d) if delta_inv else (d64 * r_d).float()
+    z = xv.float() + (d64 * r_x).float()
+    zq = round_to_storage(z * inv_t, "e4m3")
+    return xv, round_to_storage(dq, "e4m3"), zq.t().contiguous() if transposed else zq
+
+
+def z_by_m(x, lo, hi, m_x, r_x, m_d, r_d, inv_t):
+    xf = x.float()
+    xv = _xq(xf, lo, hi, m_x)
+    d = _delta(xf, lo, hi)
+    zq = round_to_storage((xv.float() + d * m_x) * inv_t, "e4m3")
+    return xv, round_to_storage(d * m_d, "e4m3"), zq
+
+
+def z_without_delta(x, lo, hi, m_x, r_x, m_d, r_d, inv_t):
+    xf = x.float()
+    xv = _xq(xf, lo, hi, m_x)
+    d = _delta(xf, lo, hi)
+    return xv, round_to_storage(d * m_d, "e4m3"), round_to_storage(xv.float() * inv_t, "e4m3")
+
+
+def xq_only(x, lo, hi, m_x, r_x, m_d, r_d, inv_t, rounding=round_to_storage):
+    return (_xq(x.float(), lo, hi, m_x, rounding),)
+
+
+def three_casts(x, lo, hi, m_x, r_x, m_d, r_d, inv_t):
+    xf = x.float()
+    return tuple(round_to_storage(xf * s, "e4m3") for s in (m_x, m_d, inv_t))
+
+
+VARIANTS: list[tuple[str, Callable, bool]] = [  # (name, function, exact: compiled == eager)
+    ("library", library, True),
+    ("library, z transposed", lambda *a: library(*a, transposed=True), True),
+    ("Δx inv", lambda *a: library(*a, delta_inv=True), True),
+    ("Δx inv, z transposed", lambda *a: library(*a, transposed=True, delta_inv=True), True),
+    ("Δx inv, z by m (inexact)", z_by_m, False),
+    ("z without Δx (floor)", z_without_delta, True),
+    ("x_q only (floor)", xq_only, True),
+    ("x_q only, E2M1 by products", lambda *a: xq_only(*a, rounding=e2m1_by_products), True),
+    ("x_q only, E4M3 cast (floor)", lambda *a: xq_only(*a, rounding="e4m3"), True),
+    ("library, E2M1 by products", lambda *a: library(*a, rounding=e2m1_by_products), True),
+    (
+        "library, E2M1 by products, z transposed",
+        lambda *a: library(*a, transposed=True, rounding=e2m1_by_products),
+        True,
+    ),
+    ("three casts (floor)", three_casts, True),
+]
+
+
+def _differing_bytes(a: tuple, b: tuple) -> int:
+    return sum(
+        int((x.view(torch.uint8) != y.view(torch.uint8)).sum()) for x, y in zip(a, b, strict=True)
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = probe_parser(__doc__)
+    ap.add_argument("--shapes", default="16384:4096,16384:11008,16384:2048")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("fold_probe.py needs a CUDA GPU (or --device cpu for a check)")
+    copy_gbs = copy_bandwidth() if cuda else float("nan")
+    records, lines = [], []
+    for shape in args.shapes.split(","):
+        m, k = (int(v) for v in shape.split(":"))
+        inp = make_inputs(m, k, args.device)
+        keys = ("x", "lo", "hi", "m_x", "r_x", "m_d", "r_d", "inv_t")
+        call_args = [inp[key] for key in keys]
+        eager_lib = library(*call_args)
+        folded, _ = occ.fold_remainder(
+            inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], E2M1_MAX
+        )
+        library_is_fold = same_bytes(folded, eager_lib[2])
+        products_is_library = same_bytes(library(*call_args, rounding=e2m1_by_products), eager_lib)
+        for name, fn, exact in VARIANTS:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn)
+            out = compiled(*call_args)
+            diff = _differing_bytes(out, fn(*call_args))
+            rec = {"m": m, "k": k, "variant": name, "exact": exact, "compiled_vs_eager_bytes": diff,
+                   "library_z_is_fold_remainder": library_is_fold,
+                   "products_is_library": products_is_library}  # fmt: skip
+            if cuda:
+                prof = kernel_profile(functools.partial(compiled, *call_args), reps=10, top=3)
+                nbytes = m * k * (2 + len(out))
+                gbs = nbytes / prof["kernel_ms"] / 1e6
+                rec.update(kernel_ms=prof["kernel_ms"], kernels=prof["kernels"], gbs=gbs,
+                           copy_share=gbs / copy_gbs, top=prof["top_kernels"])  # fmt: skip
+            records.append(rec)
+            ms = rec.get("kernel_ms", float("nan"))
+            lines.append(
+                f"| {m} x {k} | {name} | {ms:.3f} | {rec.get('gbs', float('nan')):.0f} "
+                f"({rec.get('copy_share', float('nan')):.0%}) | {diff} |"
+            )
+            print(lines[-1], flush=True)
+    body = (
+        f"copy bandwidth {copy_gbs:.0f} GB/s; `library`'s z equals occ.fold_remainder: "
+        f"{all(r['library_z_is_fold_remainder'] for r in records)}; E2M1 by products gives "
+        f"`library`'s bytes: {all(r['products_is_library'] for r in records)}\n\n"
+        "| M x K | variant | kernel ms | GB/s (share of copy) "
+        "| compiled vs eager: differing bytes |\n"
+        "|---|---|---|---|---|\n" + "\n".join(lines) + "\n"
+    )
+    write_probe("fold_probe", args, records, body)
+
+
+if __name__ == "__main__":
+    main()
