@@ -84,7 +84,8 @@ def test_variant_keys_apply_in_one_order(name, size):
     [
         ("fp4:sr=on", "micro-block recipes (nvfp4, mxfp4) only"),
         ("fp8-rowwise:rht=on", "micro-block recipes (nvfp4, mxfp4) only"),
-        ("nvfp4:block=24", "block must be a power of two >= 2"),
+        ("nvfp4:block=24", "block must be a power of two >= 2 and at most 65536"),
+        ("nvfp4:block=1099511627776", "block must be a power of two >= 2 and at most 65536"),
         ("nvfp4:rht.size=1", "rht.size must be a power of two >= 2"),
         ("nvfp4:keep_last=1.5", "keep_last must be a non-negative integer"),
         ("nvfp4:rht=off:rht.size=16", "rht=off contradicts rht.size"),

@@ -9,9 +9,9 @@ which builds the variant with `dataclasses.replace`:
   (16 for nvfp4, 32 for mxfp4), on or off; `rht.size` (a power of two) sets its size: a size
   above the block that exceeds a step's tokens rounded up to a power of two is refused at the
   layer's first training call (`microscale.check_hadamard_size`: it would only rotate zeros);
-- `block` (a power of two): the micro-block length along each GEMM's contraction dim: 1 x N for
-  activations and gradients, N x N for a square-blocked weight (nvfp4's 16x16); the layer dims
-  must then be multiples of max(16, N);
+- `block` (a power of two, at most 65536): the micro-block length along each GEMM's
+  contraction dim: 1 x N for activations and gradients, N x N for a square-blocked weight
+  (nvfp4's 16x16); the layer dims must then be multiples of max(16, N);
 - `keep_last` (int): how many of the model's last blocks `convert` keeps in bf16.
 
 The name's keys apply in one order whatever their order in it (recipe_variants.build): `block`,

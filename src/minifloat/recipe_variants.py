@@ -33,6 +33,7 @@ _NAME_CHARS = re.compile(r"[A-Za-z0-9._+=:-]+")
 _ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 _SCALINGS = ("row", "tensor")
 _OWN_SCALE_FORMATS = ("fp32", "pow2", "inv")  # scales from the operand's own maxima
+_MAX_BLOCK = 2**16  # the longest micro-block (`block`), past any layer's width
 
 VARIANT_KEYS: dict[str, str] = {
     "dge": "on|off: the DGE weight-gradient correction (on: k=5, cap=3)",
@@ -65,7 +66,10 @@ VARIANT_KEYS: dict[str, str] = {
         "power of two: size of the wgrad random Hadamard transform (turns it on); above the "
         "block, at most a step's tokens rounded up to a power of two"
     ),
-    "block": "power of two >= 2: micro-block length along the contraction dim (square weights NxN)",
+    "block": (
+        "power of two in [2, 65536]: micro-block length along the contraction dim (square "
+        "weights NxN)"
+    ),
     "keep_last": "integer >= 0: the model's last N blocks' linear layers stay in bf16 (convert)",
 }
 
@@ -80,11 +84,13 @@ def _number(key: str, value: str) -> float:
     return number
 
 
-def _integer(key: str, value: str, *, power_of_two: bool = False) -> int:
-    """`value` as a decimal integer >= 0 (`power_of_two`: a power of two >= 2)."""
+def _integer(key: str, value: str, *, power_of_two: bool = False, most: int | None = None) -> int:
+    """`value` as a decimal integer >= 0 (`power_of_two`: a power of two >= 2), at most `most`."""
     n = int(value) if value.isdigit() else -1
-    if n < 0 or (power_of_two and (n < 2 or n & (n - 1))):
+    if n < 0 or (power_of_two and (n < 2 or n & (n - 1))) or (most is not None and n > most):
         kind = "a power of two >= 2" if power_of_two else "a non-negative integer"
+        if most is not None:
+            kind += f" and at most {most}"
         raise ValueError(f"{key} must be {kind}, got {value!r}")
     return n
 
@@ -168,7 +174,10 @@ def _apply(r: QuantRecipe, key: str, value: str) -> QuantRecipe:
         return microblock_variants.apply(r, key, _switch(key, value))
     if key in ("rht.size", "block", "keep_last"):
         pow2 = key != "keep_last"
-        return microblock_variants.apply(r, key, _integer(key, value, power_of_two=pow2))
+        # a block pads every operand's contraction dim to its multiple: bounded here rather than
+        # by the allocator (block=2**40 asked a 64-wide layer for 32 TiB)
+        most = _MAX_BLOCK if key == "block" else None
+        return microblock_variants.apply(r, key, _integer(key, value, power_of_two=pow2, most=most))
     group, _, field = key.partition(".")
     if group == "dge":
         return rep(r, dge=rep(r.dge or DGEConfig(), **{field: _number(key, value)}))
