@@ -67,8 +67,8 @@ VARIANT_KEYS: dict[str, str] = {
         "block, at most a step's tokens rounded up to a power of two"
     ),
     "block": (
-        "power of two in [2, 65536]: micro-block length along the contraction dim (square "
-        "weights NxN)"
+        f"power of two in [2, {_MAX_BLOCK}]: micro-block length along the contraction dim "
+        "(square weights NxN)"
     ),
     "keep_last": "integer >= 0: the model's last N blocks' linear layers stay in bf16 (convert)",
 }
