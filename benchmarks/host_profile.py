@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/host_profile.py [--k 4096 --n 4096 --m 16384]
         [--recipes fp8-tensorwise,fp4-dge,fp4] [--no-torchao] [--tag NAME]
+        [--compile-options cpp_wrapper=True,triton.store_cubin=True]
 
 A 7B-shaped 4096 x 4096 layer is host-bound on the H200's hosts: session 47 measured 2.3 ms of
 host a step for fp8-tensorwise's 1.5 ms of kernels, against 0.97 ms of host for bf16's
@@ -33,6 +34,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import probe_parser, write_probe  # noqa: E402
+from e2e_setup import parse_compile_options  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
 
@@ -45,8 +47,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def build(name: str, k: int, n: int, w: torch.Tensor, device: str) -> tuple[nn.Module, nn.Module]:
-    """(the compiled module, the module whose `forward` dynamo compiled) for a variant name."""
+def build(
+    name: str, k: int, n: int, w: torch.Tensor, device: str, options: dict | None = None
+) -> tuple[nn.Module, nn.Module]:
+    """(the compiled module, the module whose `forward` dynamo compiled) for a variant name;
+    `options`: inductor's, for every variant alike."""
     if name == "bf16":
         inner = nn.Linear(k, n, bias=False, device=device)
     elif name == "torchao-tensorwise":
@@ -60,7 +65,7 @@ def build(name: str, k: int, n: int, w: torch.Tensor, device: str) -> tuple[nn.M
                             device=device)  # fmt: skip
     first = inner[0] if isinstance(inner, nn.Sequential) else inner
     first.weight.data.copy_(w)
-    return torch.compile(inner), inner
+    return torch.compile(inner, options=options), inner
 
 
 def host_phases(mod: nn.Module, x: torch.Tensor, dy: torch.Tensor, device: str) -> dict:
@@ -174,7 +179,7 @@ def profiled(step, device: str, dump: Path | None) -> tuple[float, list[dict], d
 
 
 def measure(name: str, args, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
-    mod, inner = build(name, args.k, args.n, w, args.device)
+    mod, inner = build(name, args.k, args.n, w, args.device, args.compile_options)
 
     def step():
         x.grad = None
@@ -187,7 +192,8 @@ def measure(name: str, args, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor)
     for _ in range(3):
         step()
     _sync(args.device)
-    rec = {"variant": name, "K": args.k, "N": args.n, "M": args.m}
+    rec = {"variant": name, "K": args.k, "N": args.n, "M": args.m,
+           "compile_options": args.compile_options or {}}  # fmt: skip
     rec |= host_phases(mod, x, dy, args.device)
     rec["guard_us"], rec["guard_lines"] = guard_us(inner, x, args.device)
     dump = Path(args.dump_dir) / name if args.dump_dir else None
@@ -259,7 +265,13 @@ def main() -> None:
     ap.add_argument("--no-torchao", action="store_true")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--dump-dir", default=None, help="copy each variant's graph code and guards")
+    ap.add_argument(
+        "--compile-options", default="",
+        help="inductor options of every variant, KEY=VALUE[,...], e.g. "
+        "cpp_wrapper=True,triton.store_cubin=True (the graphs' wrapper in C++)",
+    )  # fmt: skip
     args = ap.parse_args()
+    args.compile_options = parse_compile_options(args.compile_options)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("host_profile.py needs a CUDA GPU (or --device cpu)")
     gen = torch.Generator().manual_seed(0)

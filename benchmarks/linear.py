@@ -22,7 +22,9 @@ the measure of how much of eager mode's quantization time is host overhead (many
 rather than GPU work. Its results go to linear_compiled_<gpu>_<date>. `--compile-mode
 reduce-overhead` replays every layer's compiled forward and backward as CUDA graphs (one launch
 each); for a single layer that did not pay on an H200, since the cudagraph trees' own replay
-took ~1 ms of host a step (docs/hopper_sessions.md, session 17).
+took ~1 ms of host a step (docs/hopper_sessions.md, session 17). `--compile-options` passes
+inductor options to every compiled layer alike, e.g. `cpp_wrapper=True,triton.store_cubin=True`
+(each graph's wrapper in C++; on torch 2.11 it needs store_cubin: session 53).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from common import (  # noqa: E402
     time_ms,
     write_results,
 )
+from e2e_setup import parse_compile_options  # noqa: E402
 from minifloat import delayed, occ_gemm, recipes  # noqa: E402
 from minifloat import occ as occ_math  # noqa: E402
 from minifloat.kernels.hopper import HopperBackend  # noqa: E402
@@ -120,14 +123,15 @@ def step_fn(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, mode: str | No
 
 
 def torchao_module(
-    k: int, n: int, w: torch.Tensor, recipe_name: str, compile_it: bool, mode: str | None
-):
+    k: int, n: int, w: torch.Tensor, recipe_name: str, compile_it: bool, mode: str | None,
+    options: dict | None = None,
+):  # fmt: skip
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     lin = nn.Sequential(nn.Linear(k, n, bias=False, device="cuda"))
     lin[0].weight.data.copy_(w)
     convert_to_float8_training(lin, config=Float8LinearConfig.from_recipe_name(recipe_name))
-    return torch.compile(lin, mode=mode) if compile_it else lin
+    return maybe_compile(lin, compile_it, mode, options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,8 +228,10 @@ def _streamed(step, bf16_stream: float) -> dict:
     return {"stream_ms": ms, "stream_speedup_vs_bf16": bf16_stream / ms}
 
 
-def maybe_compile(module: nn.Module, compile_it: bool, mode: str | None) -> nn.Module:
-    return torch.compile(module, mode=mode) if compile_it else module
+def maybe_compile(
+    module: nn.Module, compile_it: bool, mode: str | None, options: dict | None = None
+) -> nn.Module:
+    return torch.compile(module, mode=mode, options=options) if compile_it else module
 
 
 def bench_shape(
@@ -233,12 +239,12 @@ def bench_shape(
 ) -> list[dict]:  # fmt: skip
     """Records of one (K, N): bf16, torchao (unless --no-torchao) and every recipe of `names`."""
     compile_all, torchao_compile, m = args.compile, args.torchao_compile, args.tokens
-    mode = args.compile_mode
+    mode, options = args.compile_mode, args.compile_options
     x, w, dy = make_inputs(k, n, m)
     records = []
     base = nn.Linear(k, n, bias=False, device="cuda")
     base.weight.data.copy_(w)
-    base_step = step_fn(maybe_compile(base, compile_all, mode), x, dy, mode)
+    base_step = step_fn(maybe_compile(base, compile_all, mode, options), x, dy, mode)
     bf16_ms = time_ms(base_step)
     bf16_stream = stream_ms(base_step)
     bf16_saved = saved_bytes(base, x)
@@ -250,7 +256,7 @@ def bench_shape(
     for ao in () if args.no_torchao else ("tensorwise", "rowwise"):
         name = f"torchao-{ao}" + ("-compiled" if torchao_compile else "")
         try:
-            mod = torchao_module(k, n, w, ao, torchao_compile or compile_all, mode)
+            mod = torchao_module(k, n, w, ao, torchao_compile or compile_all, mode, options)
             step = step_fn(mod, x, dy, mode)
             ms = time_ms(step)
             rec = dict(recipe=name, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
@@ -264,7 +270,7 @@ def bench_shape(
         recipe = recipes.get(rname)
         layer = QuantLinear(k, n, bias=False, recipe=recipe, backend="hopper", device="cuda")
         layer.weight.data.copy_(w)
-        step = step_fn(maybe_compile(layer, compile_all, mode), x, dy, mode)
+        step = step_fn(maybe_compile(layer, compile_all, mode, options), x, dy, mode)
         ms = time_ms(step)
         rec = dict(recipe=rname, K=k, N=n, M=m, ms=ms, speedup_vs_bf16=bf16_ms / ms,
                    peak_saved_bytes=saved_bytes(layer, x), host_ms=host_ms(step))  # fmt: skip
@@ -276,12 +282,19 @@ def bench_shape(
         records.append(rec)
         print(f"K={k} N={n} {rname:18s} {ms:7.3f} ms  x{bf16_ms / ms:.2f}", flush=True)
     print(f"K={k} N={n} {'bf16':18s} {bf16_ms:7.3f} ms", flush=True)
-    return [r | {"compiled": compile_all, "compile_mode": mode} for r in records]
+    extra = {"compiled": compile_all, "compile_mode": mode, "compile_options": options or {}}
+    return [r | extra for r in records]
 
 
 def markdown(records: list[dict], compiled: bool = False) -> str:
     modes = sorted({str(r.get("compile_mode")) for r in records})
-    mode = f"every layer under torch.compile (mode {', '.join(modes)})" if compiled else "eager"
+    options = sorted({str(r["compile_options"]) for r in records if r.get("compile_options")})
+    with_options = f", inductor options {'; '.join(options)}" if options else ""
+    mode = (
+        f"every layer under torch.compile (mode {', '.join(modes)}{with_options})"
+        if compiled
+        else "eager"
+    )
     tokens = sorted({r["M"] for r in records})
     lines = [
         f"`{' '.join(['benchmarks/linear.py', *sys.argv[1:]])}`",
@@ -385,9 +398,15 @@ def main() -> None:
         "--compile-mode", default=None,
         help="torch.compile mode of every compiled layer, e.g. reduce-overhead (CUDA graphs)",
     )  # fmt: skip
+    ap.add_argument(
+        "--compile-options", default="",
+        help="inductor options of every compiled layer, KEY=VALUE[,KEY=VALUE...], e.g. "
+        "cpp_wrapper=True",
+    )  # fmt: skip
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--date", default=None)
     args = ap.parse_args()
+    args.compile_options = parse_compile_options(args.compile_options, args.compile_mode)
     if args.shapes == "all":
         shapes = SHAPES
     elif args.shapes == "7b":

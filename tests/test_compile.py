@@ -74,6 +74,22 @@ def test_compiled_equals_eager_without_breaks_or_recompiles(name, autocast):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+@pytest.mark.slow
+def test_cpp_wrapper_compiled_equals_eager():
+    # inductor's C++ wrapper (the graphs' launcher code in C++, not Python) around fp4's graphs,
+    # which hold the Library ops (the opaque float64 reciprocal) and OCC's sort
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    eager = QuantLinear(128, 96, bias=False, recipe="fp4", backend="emulated")
+    compiled_layer = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_layer, fullgraph=True, options={"cpp_wrapper": True})
+    x, dy = torch.randn(64, 128, generator=gen), torch.randn(64, 96, generator=gen)
+    x[3, :4] *= 50.0
+    want, got = _step(eager, x, dy, True), _step(compiled, x, dy, True)
+    for key, a, b in zip(("y", "dx", "dw"), want, got, strict=True):
+        assert a.dtype == b.dtype and bits_equal(a, b), f"compiled {key} differs from eager"
+
+
 # Block-scaled layers at shapes inductor's C++ code generator (torch 2.13) got wrong: a 256-wide
 # layer whose token count differs from its width failed an assertion in its loop split, and a
 # token count that ends in a partial block lost that block's columns of the wgrad operand (a

@@ -119,11 +119,13 @@ def test_ragged_dims_fall_back_with_warning():
     assert sum(issubclass(c.category, FallbackWarning) for c in caught) <= 1
 
 
-def _compiled_and_eager(name: str, autocast: bool, bias: bool = False) -> list[tuple]:
-    """(y, dx, dw) of one step of a layer and of its compiled copy."""
+def _compiled_and_eager(
+    name: str, autocast: bool, bias: bool = False, options: dict | None = None
+) -> list[tuple]:
+    """(y, dx, dw) of one step of a layer and of its compiled copy (`options`: inductor's)."""
     torch._dynamo.reset()
     layer = QuantLinear(256, 384, bias=bias, recipe=name, backend="auto").cuda()
-    compiled = torch.compile(copy.deepcopy(layer), fullgraph=True)
+    compiled = torch.compile(copy.deepcopy(layer), fullgraph=True, options=options)
     x, _, dy = _inputs(96, 256, 384)
     x = x if autocast else x.float()
     outs = []
@@ -143,6 +145,18 @@ def test_torch_compile_matches_eager(name):
     # CUDA calls run the quantizers' compiled twins, the compiled layer inlines the same PyTorch
     # functions, and the GEMMs are the same cuBLAS calls: the results must be identical.
     outs = _compiled_and_eager(name, autocast=True)
+    for key, a, b in zip(("y", "dx", "dw"), outs[0], outs[1], strict=True):
+        assert bits_equal(b, a), f"{name}: compiled {key} differs from eager"
+
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-rowwise", "fp4-dge", "fp4"])
+def test_cpp_wrapper_matches_eager(name):
+    """Inductor's C++ wrapper launches the compiled graphs' kernels from C++ (less host time a
+    launch); torch 2.11 compiles it only with `triton.store_cubin` (docs/hopper_sessions.md,
+    session 53). The kernels are the same, so are the bits; the Library and Triton ops (the
+    opaque reciprocal and transpose, OCC's sort) must run from it too."""
+    options = {"cpp_wrapper": True, "triton.store_cubin": True}
+    outs = _compiled_and_eager(name, autocast=True, options=options)
     for key, a, b in zip(("y", "dx", "dw"), outs[0], outs[1], strict=True):
         assert bits_equal(b, a), f"{name}: compiled {key} differs from eager"
 

@@ -14,13 +14,16 @@ def test_cpu_run_reports_guards_profile_and_graph_code(tmp_path, monkeypatch):
     out, dump = tmp_path / "out", tmp_path / "dump"
     argv = ["host_profile.py", "--device", "cpu", "--k", "64", "--n", "64", "--m", "32",
             "--recipes", "fp8-tensorwise", "--out-dir", str(out),
-            "--dump-dir", str(dump)]  # fmt: skip
+            "--dump-dir", str(dump),
+            "--compile-options", "triton.store_cubin=True"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
     (md,) = out.glob("host_profile_*.md")
     (js,) = out.glob("host_profile_*.json")
     records = {r["variant"]: r for r in json.loads(js.read_text())}
     assert set(records) == {"bf16", "fp8-tensorwise"}
+    # the inductor options reach every variant (a no-op on the CPU; for the C++ wrapper on CUDA)
+    assert all(r["compile_options"] == {"triton.store_cubin": True} for r in records.values())
     ours = records["fp8-tensorwise"]
     for key in ("host_fwd_ms", "host_bwd_ms", "host_step_ms", "host_stream_ms"):
         assert ours[key] > 0, key

@@ -58,6 +58,19 @@ def test_targets_table_rounds_down_and_gives_kernel_time(bench):
     assert line == "| fp8-tensorwise | 1.499x | 1.5x | no | 1.499x | no | 1.520x |"
 
 
+def test_markdown_names_the_inductor_options(bench):
+    records = [_record("bf16", 4096, 4096, 2.0, 2.0) | {"compile_options": {"cpp_wrapper": True}}]
+    assert "inductor options {'cpp_wrapper': True}" in bench.markdown(records, compiled=True)
+    assert "inductor options" not in bench.markdown([_record("bf16", 4096, 4096, 2.0, 2.0)], True)
+
+
+def test_options_and_a_mode_cannot_be_combined(bench, monkeypatch):
+    argv = ["linear.py", "--compile-mode", "max-autotune", "--compile-options", "cpp_wrapper=True"]
+    monkeypatch.setattr(bench.sys, "argv", argv)
+    with pytest.raises(SystemExit, match="cannot be combined"):
+        bench.main()
+
+
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_step_runs_forward_and_backward(bench, mode):
     """One step sets the input's and the weight's gradients (fresh each call), in either mode."""
