@@ -74,20 +74,30 @@ def test_compiled_equals_eager_without_breaks_or_recompiles(name, autocast):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
+def _one_step_compiled_equals_eager(
+    name: str, k: int, n: int, m: int, *, options: dict | None = None, outliers: bool = False
+) -> None:
+    """One bf16-autocast step of a [k -> n] layer on m tokens, compiled (inductor `options`) and
+    eager: y, dx and dw bit for bit."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    eager = QuantLinear(k, n, bias=False, recipe=name, backend="emulated")
+    compiled_layer = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_layer, fullgraph=True, options=options)
+    x, dy = torch.randn(m, k, generator=gen), torch.randn(m, n, generator=gen)
+    if outliers:
+        x[3, :4] *= 50.0
+    want, got = _step(eager, x, dy, True), _step(compiled, x, dy, True)
+    for key, a, b in zip(("y", "dx", "dw"), want, got, strict=True):
+        assert a.dtype == b.dtype and bits_equal(a, b), f"compiled {key} differs from eager"
+
+
 @pytest.mark.slow
 def test_cpp_wrapper_compiled_equals_eager():
     # inductor's C++ wrapper (the graphs' launcher code in C++, not Python) around fp4's graphs,
     # which hold the Library ops (the opaque float64 reciprocal) and OCC's sort
-    torch._dynamo.reset()
-    gen = torch.Generator().manual_seed(0)
-    eager = QuantLinear(128, 96, bias=False, recipe="fp4", backend="emulated")
-    compiled_layer = copy.deepcopy(eager)
-    compiled = torch.compile(compiled_layer, fullgraph=True, options={"cpp_wrapper": True})
-    x, dy = torch.randn(64, 128, generator=gen), torch.randn(64, 96, generator=gen)
-    x[3, :4] *= 50.0
-    want, got = _step(eager, x, dy, True), _step(compiled, x, dy, True)
-    for key, a, b in zip(("y", "dx", "dw"), want, got, strict=True):
-        assert a.dtype == b.dtype and bits_equal(a, b), f"compiled {key} differs from eager"
+    options = {"cpp_wrapper": True}
+    _one_step_compiled_equals_eager("fp4", 128, 96, 64, options=options, outliers=True)
 
 
 # Block-scaled layers at shapes inductor's C++ code generator (torch 2.13) got wrong: a 256-wide
@@ -101,15 +111,7 @@ BLOCK_CASES = [("fp8-blockwise", 256, 256, 64), ("fp8-blockwise", 128, 96, 200),
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "k", "n", "m"), BLOCK_CASES)
 def test_block_scaled_compiled_equals_eager_at_awkward_shapes(name, k, n, m):
-    torch._dynamo.reset()
-    gen = torch.Generator().manual_seed(0)
-    eager = QuantLinear(k, n, bias=False, recipe=name, backend="emulated")
-    compiled_layer = copy.deepcopy(eager)
-    compiled = torch.compile(compiled_layer, fullgraph=True)
-    x, dy = torch.randn(m, k, generator=gen), torch.randn(m, n, generator=gen)
-    want, got = _step(eager, x, dy, True), _step(compiled, x, dy, True)
-    for key, a, b in zip(("y", "dx", "dw"), want, got, strict=True):
-        assert a.dtype == b.dtype and bits_equal(a, b), f"compiled {key} differs from eager"
+    _one_step_compiled_equals_eager(name, k, n, m)
 
 
 @pytest.mark.parametrize("name", ["fp8-tensorwise", "fp4"])
