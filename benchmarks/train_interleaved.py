@@ -14,14 +14,16 @@ order rotating each round, so every row runs early and late alike. Each round ti
 one by one (CUDA events, a synchronization after each) and then as many back to back
 ("streamed", as `train_e2e.py`); a row's step time is the median over all its rounds' steps.
 
-Rows, model presets, data, optimizer and compilation are `train_e2e.py`'s (`--compile-scope
-none` skips compilation: a CPU smoke test). Peak memory is a row's own: the most allocated while
+Rows, model presets, data, optimizer, loss and compilation are `train_e2e.py`'s (`--compile-scope
+none` skips compilation: a CPU smoke test); a row `ROW~eager` or `ROW~compiled` runs ROW with
+that cross entropy in place of `--loss`'s (e.g. `bf16,bf16~eager`: the loss's own cost, timed in
+alternation). Peak memory is a row's own: the most allocated while
 it warmed up, less what the rows built before it held. While a row's steps run, a thread samples
 the GPU's power draw, SM clock, temperature and clock-limit reasons (NVML, where available;
 `gpu_sampler.py`), every 20 ms. Writes `train_interleaved_<model>_<impl>[_<tag>]_<gpu>_
 <date>.{md,json}`; records hold `train_e2e.py`'s keys (`model`, `impl`, `recipe`, `tokens_per_s`,
 `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`, `peak_mem_gib`, `mem_vs_bf16`, `gpu`,
-`date`, `step_ms`, `stream_step_ms`) plus `interleaved`, `rounds`, `round_ms` (each round's
+`date`, `step_ms`, `stream_step_ms`, `loss`) plus `interleaved`, `rounds`, `round_ms` (each round's
 median), `sm_clock_mhz` (the samples' median, None without NVML), and `gpu_samples` (medians of
 power, clock and temperature, and the share of samples under each limit reason).
 """
@@ -49,13 +51,14 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     before = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    recipe, _, loss = row.partition("~")
     net = e2e.prepare(
         e2e.build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers),
-        row,
+        recipe,
     )
     if args.compile_scope != "none":
         net = e2e.compile_model(net, args.compile_scope, args.compile_mode, args.compile_options)
-    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"))
+    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"), loss=loss or args.loss)
     for i in range(args.warmup):
         step(batches[i % len(batches)])
         if i == 0:
@@ -63,7 +66,8 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     e2e.sync_device(args.device)
     gib = 2.0**30
     return {
-        "recipe": row, "step": step, "times": [], "streamed": [], "round_ms": [], "samples": [],
+        "recipe": row, "loss": loss or args.loss, "step": step, "times": [], "streamed": [],
+        "round_ms": [], "samples": [],
         "peak_mem_gib": (torch.cuda.max_memory_allocated() - before) / gib if cuda else 0.0,
         "resident_gib": (torch.cuda.memory_allocated() - before) / gib if cuda else 0.0,
     }  # fmt: skip
@@ -125,7 +129,7 @@ def record(args, row: dict) -> dict:
         "interleaved": True, "rounds": args.rounds, "steps_per_round": args.steps,
         "round_ms": row["round_ms"], "sm_clock_mhz": gpu.get("sm_mhz"), "gpu_samples": gpu,
         "compile_scope": args.compile_scope, "compile_mode": args.compile_mode or "default",
-        "compile_options": args.compile_options or {},
+        "compile_options": args.compile_options or {}, "loss": row["loss"],
         "gpu": gpu_tag(), "date": args.date or date.today().isoformat(),
     }  # fmt: skip
 
@@ -144,6 +148,7 @@ def markdown(records: list[dict], args) -> str:
         "",
         f"{e2e.shape_words(args)}, compile scope {args.compile_scope}"
         f"{f', options {args.compile_options}' if args.compile_options else ''}, bf16 autocast, "
+        f"cross entropy {args.loss} (a row ~eager / ~compiled: that one), "
         "torch's fused AdamW; every row "
         f"held at once and timed in {args.rounds} rounds of {args.steps} steps, the order "
         "rotating each round; medians over all rounds (round medians: min-max).",
@@ -181,12 +186,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--compile-options", default="",
         help="inductor options for every row, KEY=VALUE[,KEY=VALUE...] (train_e2e.py's)",
     )  # fmt: skip
+    ap.add_argument("--loss", default=None, choices=e2e.LOSS_MODES,
+                    help="every row's cross entropy (train_e2e.py's; default compiled, eager "
+                    "under --compile-scope none)")  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--tag", default="")
     ap.add_argument("--date", default=None)
     args = ap.parse_args(argv)
     args.batch, args.seq, args.vocab = e2e.PRESETS[args.model]
+    args.loss = args.loss or ("eager" if args.compile_scope == "none" else "compiled")
     args.rows = args.rows.split(",")
     args.compile_options = e2e.parse_compile_options(args.compile_options, args.compile_mode)
     if len(set(args.rows)) != len(args.rows):
@@ -194,6 +203,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.rounds < 1 or args.steps < 1:
         raise SystemExit("--rounds and --steps must be at least 1")
     for row in args.rows:  # a typo fails here, before any GPU time
+        row, tilde, loss = row.partition("~")
+        if tilde and loss not in e2e.LOSS_MODES:
+            raise SystemExit(f"row {row}~{loss}: the loss after ~ is one of {e2e.LOSS_MODES}")
         name, mode = e2e.split_row(row)
         if mode or "@" in name:
             raise SystemExit(f"row {row}: plain recipes and torchao rows only")

@@ -47,7 +47,7 @@ def test_rows_with_two_state_presets_compare_within_the_run(bench):
     assert [r["speedup_vs_bf16"] for r in out] == [1.0, 0.98, 1.2, 1.17]
     assert [r["speedup_vs_first_states"] for r in out] == [1.0, 0.98, 1.0, 0.975]
     assert out[1]["mem_vs_bf16"] == 44.0 / 50.0
-    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
+    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512, loss="eager",
                               compile_scope="model", compile_mode=None, compile_options=None,
                               layers=None, steps=2, warmup=1,
                               optim_states=["fp32", "fp8-fp16"])  # fmt: skip
@@ -66,7 +66,7 @@ def test_streamed_step_times_compare_with_bf16s(bench):
          "compile_s": 1.0, "graphs": 1, "graph_breaks": 0, "stream_step_ms": ms}
         for r, ms in [("bf16", 250.0), ("fp8-tensorwise", 200.0), ("fp4", None)]
     ]  # fmt: skip
-    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
+    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512, loss="eager",
                               compile_scope="model", compile_mode=None, compile_options=None,
                               layers=None, steps=2, warmup=1, optim_states=["fp32"])  # fmt: skip
     records = bench.with_ratios(records)
@@ -105,7 +105,7 @@ def test_profile_table_shows_gpu_idle_time_and_longest_gaps(bench):
          "compile_s": 1.0, "graphs": 1, "graph_breaks": 0, **prof, **extra}
         for r, extra in [("bf16", {}), ("fp8-rowwise", {"timeline": timeline})]
     ]  # fmt: skip
-    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512,
+    args = argparse.Namespace(model="tiny", impl="ours", batch=2, seq=64, vocab=512, loss="eager",
                               compile_scope="model", compile_mode=None, compile_options=None,
                               layers=None, steps=2, warmup=1, optim_states=["fp32"])  # fmt: skip
     table = bench.markdown(bench.with_ratios(records), args)
@@ -125,6 +125,8 @@ def test_rows_run_on_cpu_with_gpu_samples_empty(bench, tmp_path):
     records = json.loads(next(tmp_path.glob("train_e2e_*.json")).read_text())
     assert [r["recipe"] for r in records] == ["bf16"]
     assert records[0]["gpu_samples"] == {} and records[0]["sm_clock_mhz"] is None
+    assert records[0]["loss"] == "compiled"  # the default since session 54
     md = next(tmp_path.glob("train_e2e_*.md")).read_text()
+    assert "cross entropy compiled" in md
     bf16_row = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
     assert "SM clock MHz / power W |" in md and bf16_row.endswith(" / 0 | — |")

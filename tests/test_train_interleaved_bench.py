@@ -41,11 +41,25 @@ def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("rows", "message"),
     [("bf16,bf16", "each row once"), ("fp8-tensorwise+fsdp", "plain recipes"),
-     ("fp9", "unknown recipe")],
+     ("fp9", "unknown recipe"), ("bf16~fused", "the loss after ~ is one of")],
 )  # fmt: skip
 def test_bad_rows_fail_before_any_step(bench, rows, message):
     with pytest.raises((SystemExit, ValueError), match=message):
         bench.main(["--model", "tiny", "--device", "cpu", "--rows", rows])
+
+
+def test_a_row_can_name_its_own_loss(bench, tmp_path):
+    """`ROW~eager` / `ROW~compiled`: the same recipe with the other cross entropy, in the same
+    rounds (the loss's own cost, timed in alternation); each record says which it ran."""
+    bench.main(["--model", "tiny", "--device", "cpu", "--compile-scope", "none",
+                "--rows", "bf16,bf16~compiled", "--rounds", "1", "--steps", "1",
+                "--warmup", "1", "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
+    records = json.loads(next(tmp_path.glob("train_interleaved_tiny_ours_*.json")).read_text())
+    assert [(r["recipe"], r["loss"]) for r in records] == [
+        ("bf16", "eager"),  # --compile-scope none: nothing compiled unless a row asks
+        ("bf16~compiled", "compiled"),
+    ]
+    assert records[1]["speedup_vs_bf16"] == records[1]["tokens_per_s"] / records[0]["tokens_per_s"]
 
 
 def test_a_failing_row_leaves_the_others(bench, tmp_path, monkeypatch):

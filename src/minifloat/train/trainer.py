@@ -57,7 +57,8 @@ from minifloat.train.errors import (
     RunFailed,
     TrainingInterrupted,
 )
-from minifloat.train.evaluate import cross_entropy, eval_batch_size, evaluate
+from minifloat.train.evaluate import eval_batch_size, evaluate
+from minifloat.train.loss import TrainingObjective
 from minifloat.train.loss_scaler import LossScaler
 from minifloat.train.memory import PeakMemory
 from minifloat.train.metrics import LogWindow, MetricsLogger, ProgressDisplay, peak_flops
@@ -75,7 +76,7 @@ from minifloat.train.runtime import (
 from minifloat.train.runtime import setup as setup_runtime
 from minifloat.train.schedule import lr_at
 from minifloat.train.signals import StopSignals
-from minifloat.train.stability import StepGuard, StepGuardConfig, no_progress, z_loss
+from minifloat.train.stability import StepGuard, StepGuardConfig, no_progress
 from minifloat.train.state import extra_buffers, restore_buffers
 from minifloat.train.stopped import stop_handling
 from minifloat.train.switch import RecipeSwitch, recipe_switch, run_name
@@ -189,6 +190,7 @@ class Trainer:
         self.weight_guard = WeightGuard(self.raw_model, self.optimizer, enabled=cfg.weight_guard,
                                         any_rank=lambda flag: any_rank(flag, runtime))  # fmt: skip
         self.scaler = LossScaler(enabled=self.recipe.loss_scaling)
+        self.objective = TrainingObjective(cfg.z_loss, mode="compiled" if cfg.compile else "eager")
         self.guard = StepGuard(
             StepGuardConfig(
                 spike_k=cfg.spike_k,
@@ -309,8 +311,7 @@ class Trainer:
                 with autocast_context(self.recipe, device):
                     logits = self.model(inputs)
                 with full_precision(device):
-                    loss = cross_entropy(logits, targets)
-                    objective = loss + z_loss(logits, cfg.z_loss) if cfg.z_loss > 0 else loss
+                    loss, objective = self.objective(logits, targets)
                 self.scaler.scale(objective / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         return loss_sum / cfg.grad_accum

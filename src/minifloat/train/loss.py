@@ -1,0 +1,68 @@
+"""The training objective: next-token cross entropy in fp32 (plus PaLM's z-loss), eager or compiled.
+
+The head's logits are [tokens, vocab], the largest tensor of a step at small widths and large
+vocabularies (1.3B at 8 x 2048 tokens and a 32000 vocabulary: 1 GiB in bf16). Eagerly,
+`F.cross_entropy(logits.float())` writes an fp32 copy, saves the fp32 log-softmax for backward
+and in backward writes two fp32 gradients before the bf16 one: ~7 GiB live at once, at the
+step's peak (backward starts with every activation still alive). Compiled, inductor fuses the
+upcast, log-softmax and NLL into row reductions that save only the bf16 logits (which autograd
+keeps alive anyway) and two floats a row, and its backward writes the bf16 gradient in one pass.
+Same formula; the compiled sums run in another order, so the loss differs from eager's in the
+last bits (`tests/train/test_loss.py` states the tolerance).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from minifloat.train.evaluate import cross_entropy
+from minifloat.train.stability import z_loss
+
+__all__ = ["LOSS_MODES", "TrainingObjective", "objective"]
+
+LOSS_MODES = ("eager", "compiled")
+
+
+def objective(
+    logits: torch.Tensor, targets: torch.Tensor, z_loss_coef: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, objective): the mean cross entropy, and what backward differentiates, the loss
+    plus `z_loss_coef` times PaLM's z-loss when that is positive (the loss itself otherwise).
+
+    Args:
+        logits: [..., vocab], any float dtype (upcast to fp32 inside).
+        targets: [...] token ids, the shape of logits without its last dimension.
+        z_loss_coef: weight of the z-loss; 0 leaves it out.
+    """
+    loss = cross_entropy(logits, targets)
+    return loss, (loss + z_loss(logits, z_loss_coef) if z_loss_coef > 0 else loss)
+
+
+class TrainingObjective:
+    """`objective` with its z-loss weight bound, run eagerly or compiled as one graph.
+
+    Compiled (`mode="compiled"`) it keeps ~5 GiB less at a 1.3B step's peak (module docstring)
+    and takes one fused pass each way. A training run's batches share one shape, compiled for
+    it alone; dynamo keys its cache on `objective`'s code, shared by every instance in the
+    process, so a process that meets many shapes, dtypes or z-loss weights (a test suite) gets
+    dynamic shapes after the first change and, past torch's recompile limit, the eager objective
+    (same values; the memory of the eager form). Hence no `fullgraph`, which would turn that
+    limit into an error.
+    """
+
+    def __init__(self, z_loss_coef: float = 0.0, *, mode: str = "eager") -> None:
+        if mode not in LOSS_MODES:
+            raise ValueError(f"loss mode must be one of {', '.join(LOSS_MODES)}, got {mode!r}")
+        if not z_loss_coef >= 0.0:
+            raise ValueError(f"z-loss weight must be >= 0, got {z_loss_coef}")
+        self.mode = mode
+        fn: Callable = functools.partial(objective, z_loss_coef=float(z_loss_coef))
+        self._fn = torch.compile(fn) if mode == "compiled" else fn
+
+    def __call__(
+        self, logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._fn(logits, targets)
