@@ -10,7 +10,7 @@ with `minifloat.convert` (or torchao's `convert_to_float8_training`; the output 
 precision in both), compiled with `torch.compile`, trained under bf16 autocast with fp32 master
 weights and torch's fused AdamW (`--optim-states fp32,fp8-fp16`: each row with each preset in this
 process, minifloat's AdamW for the low-precision ones), the cross entropy compiled (`--loss
-eager`: the fp32-upcast eager form every run used before session 54, ~5 GiB more at a 1.3B
+eager`: the fp32-upcast eager form every run used before session 54, 4.6-4.7 GiB more at a 1.3B
 step's peak; `minifloat/train/loss.py`). Each row runs `--warmup` steps (compilation
 included) and `--steps` timed steps; the step time is the median of CUDA-event timings of whole
 steps (forward, loss, backward, optimizer), each followed by a host synchronization; the
@@ -169,7 +169,7 @@ def _logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 def make_step(net: nn.Module, opt: torch.optim.Optimizer, after_step=None, loss="compiled"):
     """One training step on a token batch [B, T + 1]. `loss`: the cross entropy eager or
-    compiled (`minifloat.train.loss`; compiled keeps ~5 GiB less at a 1.3B step's peak)."""
+    compiled (`minifloat.train.loss`; compiled keeps 4.6-4.7 GiB less at a 1.3B step's peak)."""
     objective = TrainingObjective(mode=loss)
 
     def step(tokens: torch.Tensor) -> None:

@@ -134,6 +134,18 @@ def record(args, row: dict) -> dict:
     }  # fmt: skip
 
 
+def ratios_by_loss(records: list[dict]) -> list[dict]:
+    """`train_e2e.with_ratios` within each loss: a `ROW~eager` row against `bf16~eager` (and
+    `torchao-tensorwise~eager`), the others against the plain rows, so that no ratio mixes the
+    two cross entropies (a group without its bf16 row gets none)."""
+    for loss in {r["loss"] for r in records}:
+        group = [r for r in records if r["loss"] == loss]
+        plain = [r | {"recipe": r["recipe"].partition("~")[0]} for r in group]
+        for r, done in zip(group, e2e.with_ratios(plain), strict=True):
+            r |= {k: v for k, v in done.items() if k != "recipe"}
+    return records
+
+
 def _gpu_cells(gpu: dict) -> str:
     """SM clock, power (median / 90th percentile), temperature and the power-cap share."""
     if not gpu:
@@ -148,7 +160,8 @@ def markdown(records: list[dict], args) -> str:
         "",
         f"{e2e.shape_words(args)}, compile scope {args.compile_scope}"
         f"{f', options {args.compile_options}' if args.compile_options else ''}, bf16 autocast, "
-        f"cross entropy {args.loss} (a row ~eager / ~compiled: that one), "
+        f"cross entropy {args.loss} (a row ~eager / ~compiled: that one, its ratios against "
+        "the bf16 row with the same loss), "
         "torch's fused AdamW; every row "
         f"held at once and timed in {args.rounds} rounds of {args.steps} steps, the order "
         "rotating each round; medians over all rounds (round medians: min-max).",
@@ -198,7 +211,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.loss = args.loss or ("eager" if args.compile_scope == "none" else "compiled")
     args.rows = args.rows.split(",")
     args.compile_options = e2e.parse_compile_options(args.compile_options, args.compile_mode)
-    if len(set(args.rows)) != len(args.rows):
+    setups = [f"{r.partition('~')[0]}~{r.partition('~')[2] or args.loss}" for r in args.rows]
+    if len(set(setups)) != len(setups):  # bf16 and bf16~compiled are one setup by default
         raise SystemExit(f"--rows {','.join(args.rows)}: each row once")
     if args.rounds < 1 or args.steps < 1:
         raise SystemExit("--rounds and --steps must be at least 1")
@@ -230,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
             e2e.release_memory()
     sampler = GpuSampler.for_device(args.device)
     errors += time_rounds(args, rows, batches, sampler) if rows else []
-    records = e2e.with_ratios([record(args, row) for row in rows])
+    records = ratios_by_loss([record(args, row) for row in rows])
     body = markdown(records, args)
     body += "".join(f"\n\n{e['recipe']}: error `{e['error'][-300:]}`" for e in errors)
     name = f"train_interleaved_{args.model}_{args.impl}" + (f"_{args.tag}" if args.tag else "")

@@ -41,7 +41,8 @@ def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("rows", "message"),
     [("bf16,bf16", "each row once"), ("fp8-tensorwise+fsdp", "plain recipes"),
-     ("fp9", "unknown recipe"), ("bf16~fused", "the loss after ~ is one of")],
+     ("fp9", "unknown recipe"), ("bf16~fused", "the loss after ~ is one of"),
+     ("bf16,bf16~compiled", "each row once")],  # the compiled loss is the default
 )  # fmt: skip
 def test_bad_rows_fail_before_any_step(bench, rows, message):
     with pytest.raises((SystemExit, ValueError), match=message):
@@ -50,16 +51,24 @@ def test_bad_rows_fail_before_any_step(bench, rows, message):
 
 def test_a_row_can_name_its_own_loss(bench, tmp_path):
     """`ROW~eager` / `ROW~compiled`: the same recipe with the other cross entropy, in the same
-    rounds (the loss's own cost, timed in alternation); each record says which it ran."""
+    rounds (the loss's own cost, timed in alternation); each record says which it ran, and its
+    ratios are against the bf16 row with the same loss."""
+    rows = "bf16,fp8-tensorwise,bf16~compiled,fp8-tensorwise~compiled"
     bench.main(["--model", "tiny", "--device", "cpu", "--compile-scope", "none",
-                "--rows", "bf16,bf16~compiled", "--rounds", "1", "--steps", "1",
+                "--rows", rows, "--rounds", "1", "--steps", "1",
                 "--warmup", "1", "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
     records = json.loads(next(tmp_path.glob("train_interleaved_tiny_ours_*.json")).read_text())
+    by_row = {r["recipe"]: r for r in records}
     assert [(r["recipe"], r["loss"]) for r in records] == [
         ("bf16", "eager"),  # --compile-scope none: nothing compiled unless a row asks
+        ("fp8-tensorwise", "eager"),
         ("bf16~compiled", "compiled"),
+        ("fp8-tensorwise~compiled", "compiled"),
     ]
-    assert records[1]["speedup_vs_bf16"] == records[1]["tokens_per_s"] / records[0]["tokens_per_s"]
+    for row, bf16 in [("fp8-tensorwise", "bf16"), ("fp8-tensorwise~compiled", "bf16~compiled")]:
+        want = by_row[row]["tokens_per_s"] / by_row[bf16]["tokens_per_s"]
+        assert by_row[row]["speedup_vs_bf16"] == want
+    assert by_row["bf16~compiled"]["speedup_vs_bf16"] == 1.0
 
 
 def test_a_failing_row_leaves_the_others(bench, tmp_path, monkeypatch):

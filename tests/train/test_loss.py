@@ -7,9 +7,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minifloat.train.config import TrainConfig
-from minifloat.train.loss import TrainingObjective, objective
+from minifloat.train.loss import TrainingObjective
 
 # Compiled, the log-sum-exp and the mean are summed in another order than ATen's: the loss may
 # differ in the last fp32 bits (measured: 4.8e-7 absolute on ~7) and a gradient element by one
@@ -53,9 +54,12 @@ def test_compiled_objective_matches_eager(rows, vocab, dtype, z_loss_coef) -> No
     torch.testing.assert_close(compiled[2], eager[2])  # the dtype's default tolerance
     if z_loss_coef == 0.0:
         assert torch.equal(eager[0], eager[1])
-    else:  # the z-loss is in what backward differentiates, not in the reported loss
-        assert float(eager[1]) > float(eager[0])
-        assert torch.equal(eager[0], objective(logits.detach(), targets)[0])
+    # against the formulas written out: the mean cross entropy of the fp32 logits, plus the
+    # z-loss (coef * mean(logsumexp^2)) only in what backward differentiates
+    flat = logits.detach().float().flatten(0, 1)
+    assert torch.equal(eager[0], F.cross_entropy(flat, targets.flatten()))
+    z = z_loss_coef * torch.logsumexp(flat, dim=-1).pow(2).mean()
+    torch.testing.assert_close(eager[1] - eager[0], z, rtol=1e-6, atol=0.0)
 
 
 def _saved_bytes(fn, logits, targets) -> tuple[int, list[tuple]]:  # noqa: ANN001
@@ -66,15 +70,20 @@ def _saved_bytes(fn, logits, targets) -> tuple[int, list[tuple]]:  # noqa: ANN00
     return sum(t.numel() * t.element_size() for t in others), [(t.shape, t.dtype) for t in others]
 
 
-def test_compiled_objective_saves_no_fp32_copy_of_the_logits() -> None:
-    rows, vocab = 256, 4096
+def _check_saves_no_fp32_logits(fn, rows: int = 256, vocab: int = 4096) -> None:  # noqa: ANN001
     logits = _logits(rows, vocab, torch.bfloat16)
     targets = torch.randint(0, vocab, (2, rows // 2))
-    per_row_bound = 2 * 8 + 8  # two fp32/fp64 statistics and an int64 target a row, at most
-    compiled, shapes = _saved_bytes(TrainingObjective(mode="compiled"), logits, targets)
-    assert compiled <= per_row_bound * rows + 64, shapes
-    eager, _ = _saved_bytes(TrainingObjective(), logits, targets)
-    assert eager >= 4 * rows * vocab  # eagerly the fp32 log-softmax [rows, vocab] is saved
+    per_row_bound = 3 * 8 + 8  # three fp32/fp64 statistics and an int64 target a row, at most
+    saved, shapes = _saved_bytes(fn, logits, targets)
+    assert saved <= per_row_bound * rows + 64, shapes
+
+
+@pytest.mark.parametrize("z_loss_coef", [0.0, 1e-4])
+def test_compiled_objective_saves_no_fp32_copy_of_the_logits(z_loss_coef) -> None:
+    _check_saves_no_fp32_logits(TrainingObjective(z_loss_coef, mode="compiled"))
+    logits, targets = _logits(256, 4096, torch.bfloat16), torch.randint(0, 4096, (2, 128))
+    eager, _ = _saved_bytes(TrainingObjective(z_loss_coef), logits, targets)
+    assert eager >= 4 * 256 * 4096  # eagerly the fp32 log-softmax [rows, vocab] is saved
 
 
 @pytest.mark.parametrize(
@@ -99,6 +108,8 @@ def test_the_trainer_compiles_its_objective_with_the_model(tmp_path, dataset, co
     trainer = Trainer(config, dataset=dataset, progress=False)
     assert trainer.objective.mode == mode
     assert math.isfinite(trainer.train_step()["loss"])
+    if compile_:  # really compiled: it saves no fp32 copy of the logits
+        _check_saves_no_fp32_logits(trainer.objective)
 
 
 def _peak_bytes(fn, logits, targets) -> int:  # noqa: ANN001
@@ -115,9 +126,10 @@ def _peak_bytes(fn, logits, targets) -> int:  # noqa: ANN001
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_objective_peak_memory_on_gpu() -> None:
-    # 1/4 of a 1.3B step's logits (4096 x 32000 bf16, 250 MiB). Eagerly the loss and its
-    # backward hold ~6.5 bytes an element beyond the logits (fp32 log-softmax, two fp32
-    # gradients, the bf16 one); compiled, the bf16 gradient and a few floats a row.
+    # 1/4 of a 1.3B step's logits (4096 x 32000 bf16, 250 MiB). Eagerly the loss's backward
+    # holds ~12 bytes an element beyond the logits at once (the saved fp32 log-softmax, the
+    # fp32 gradient into it and the one it writes); compiled, the bf16 gradient and a few
+    # floats a row.
     logits = _logits(4096, 32000, torch.bfloat16).detach().cuda().requires_grad_()
     targets = torch.randint(0, 32000, (2, 2048), device="cuda")
     compiled = TrainingObjective(mode="compiled")

@@ -6,8 +6,8 @@
 The trainer builds on the numerics (formats, quantize, recipes, linear, convert, kernels), which
 never import it. Modules: ``config`` (TrainConfig), ``trainer`` (the loop), ``model`` (build and
 wrap the model), ``checkpoint`` / ``sharded_checkpoint`` (the two checkpoint formats), ``metrics``,
-``schedule``, ``stability`` (step guard, z-loss), ``loss`` (the objective, compiled with the
-model), ``loss_scaler``, ``runtime`` (device, torchrun),
+``schedule``, ``stability`` (step guard, z-loss), ``loss`` (the objective, compiled when the
+model is), ``loss_scaler``, ``runtime`` (device, torchrun),
 ``compare`` (several recipes), ``export`` (a run as a Hugging Face model) and ``cli``.
 """
 
