@@ -45,20 +45,26 @@ from common import gpu_tag, write_results  # noqa: E402
 from gpu_sampler import GpuSampler  # noqa: E402
 
 
+def split_loss(row: str, default: str) -> tuple[str, str]:
+    """`RECIPE[~LOSS]` -> (RECIPE, LOSS or `default`)."""
+    recipe, _, loss = row.partition("~")
+    return recipe, loss or default
+
+
 def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     """Row `row` converted, compiled and warmed up, with its own peak and resident memory."""
     cuda = args.device == "cuda"
     before = torch.cuda.memory_allocated() if cuda else 0
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    recipe, _, loss = row.partition("~")
+    recipe, loss = split_loss(row, args.loss)
     net = e2e.prepare(
         e2e.build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers),
         recipe,
     )
     if args.compile_scope != "none":
         net = e2e.compile_model(net, args.compile_scope, args.compile_mode, args.compile_options)
-    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"), loss=loss or args.loss)
+    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"), loss=loss)
     for i in range(args.warmup):
         step(batches[i % len(batches)])
         if i == 0:
@@ -66,7 +72,7 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     e2e.sync_device(args.device)
     gib = 2.0**30
     return {
-        "recipe": row, "loss": loss or args.loss, "step": step, "times": [], "streamed": [],
+        "recipe": row, "loss": loss, "step": step, "times": [], "streamed": [],
         "round_ms": [], "samples": [],
         "peak_mem_gib": (torch.cuda.max_memory_allocated() - before) / gib if cuda else 0.0,
         "resident_gib": (torch.cuda.memory_allocated() - before) / gib if cuda else 0.0,
@@ -140,7 +146,7 @@ def ratios_by_loss(records: list[dict]) -> list[dict]:
     two cross entropies (a group without its bf16 row gets none)."""
     for loss in {r["loss"] for r in records}:
         group = [r for r in records if r["loss"] == loss]
-        plain = [r | {"recipe": r["recipe"].partition("~")[0]} for r in group]
+        plain = [r | {"recipe": split_loss(r["recipe"], loss)[0]} for r in group]
         for r, done in zip(group, e2e.with_ratios(plain), strict=True):
             r |= {k: v for k, v in done.items() if k != "recipe"}
     return records
@@ -211,14 +217,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.loss = args.loss or ("eager" if args.compile_scope == "none" else "compiled")
     args.rows = args.rows.split(",")
     args.compile_options = e2e.parse_compile_options(args.compile_options, args.compile_mode)
-    setups = [f"{r.partition('~')[0]}~{r.partition('~')[2] or args.loss}" for r in args.rows]
+    setups = [split_loss(row, args.loss) for row in args.rows]
     if len(set(setups)) != len(setups):  # bf16 and bf16~compiled are one setup by default
         raise SystemExit(f"--rows {','.join(args.rows)}: each row once")
     if args.rounds < 1 or args.steps < 1:
         raise SystemExit("--rounds and --steps must be at least 1")
     for row in args.rows:  # a typo fails here, before any GPU time
-        row, tilde, loss = row.partition("~")
-        if tilde and loss not in e2e.LOSS_MODES:
+        bare_tilde = row.endswith("~")
+        row, loss = split_loss(row, args.loss)
+        if bare_tilde or loss not in e2e.LOSS_MODES:
             raise SystemExit(f"row {row}~{loss}: the loss after ~ is one of {e2e.LOSS_MODES}")
         name, mode = e2e.split_row(row)
         if mode or "@" in name:

@@ -42,6 +42,7 @@ def test_rows_rotate_and_records_carry_ratios(bench, tmp_path, capsys):
     ("rows", "message"),
     [("bf16,bf16", "each row once"), ("fp8-tensorwise+fsdp", "plain recipes"),
      ("fp9", "unknown recipe"), ("bf16~fused", "the loss after ~ is one of"),
+     ("bf16~", "the loss after ~ is one of"),
      ("bf16,bf16~compiled", "each row once")],  # the compiled loss is the default
 )  # fmt: skip
 def test_bad_rows_fail_before_any_step(bench, rows, message):
