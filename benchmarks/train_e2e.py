@@ -11,12 +11,14 @@ precision in both), compiled with `torch.compile`, trained under bf16 autocast w
 weights and torch's fused AdamW (`--optim-states fp32,fp8-fp16`: each row with each preset in this
 process, minifloat's AdamW for the low-precision ones), the cross entropy compiled (`--loss
 eager`: the fp32-upcast eager form every run used before session 54, 4.6-4.7 GiB more at a 1.3B
-step's peak; `minifloat/train/loss.py`). Each row runs `--warmup` steps (compilation
-included) and `--steps` timed steps; the step time is the median of CUDA-event timings of whole
-steps (forward, loss, backward, optimizer), each followed by a host synchronization; the
-"streamed" step time is the median of the same number of steps run back to back with CUDA events
-between them and no synchronization, as a training loop runs (the host may run ahead, so the GPU
-does not wait for a step's first launches; `stream_step_ms`, `stream_speedup_vs_bf16`).
+step's peak; `minifloat/train/loss.py`; `--loss chunked`: the head and the cross entropy a
+chunk of tokens at a time, `minifloat/train/head_loss.py`). Each row runs `--warmup` steps
+(compilation included) and `--steps` timed steps; the step time is the median of CUDA-event
+timings of whole steps (forward, loss, backward, optimizer), each followed by a host
+synchronization; the "streamed" step time is the median of the same number of steps run back to
+back with CUDA events between them and no synchronization, as a training loop runs (the host may
+run ahead, so the GPU does not wait for a step's first launches; `stream_step_ms`,
+`stream_speedup_vs_bf16`).
 Rows named in `--profile` are then profiled for 3 steps: GPU kernel time per step split into
 GEMM / attention / everything else, kernel launches per step, the top kernels and the GPU's idle
 time between kernels by gap length (step_profile.idle_gaps). Rows timed one after another can
@@ -78,7 +80,12 @@ from minifloat import recipes  # noqa: E402
 from minifloat.convert import convert, is_output_head  # noqa: E402
 from minifloat.models.llama import Llama, get_config  # noqa: E402
 from minifloat.size_rule import TORCHAO_TENSORWISE, SizeRule  # noqa: E402
+from minifloat.train.head_loss import ChunkedHeadObjective, defer_head  # noqa: E402
 from minifloat.train.loss import LOSS_MODES, TrainingObjective  # noqa: E402
+
+# --loss: minifloat.train.loss's modes, or the head and the cross entropy in chunks of tokens
+# (minifloat.train.head_loss: no [tokens, vocab] logits; the head deferred in the model).
+LOSSES = (*LOSS_MODES, "chunked")
 from step_profile import find_syncs, profile_steps  # noqa: E402
 
 PRESETS = {  # model -> (batch, seq, vocab)
@@ -169,13 +176,19 @@ def _logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 def make_step(net: nn.Module, opt: torch.optim.Optimizer, after_step=None, loss="compiled"):
     """One training step on a token batch [B, T + 1]. `loss`: the cross entropy eager or
-    compiled (`minifloat.train.loss`; compiled keeps 4.6-4.7 GiB less at a 1.3B step's peak)."""
-    objective = TrainingObjective(mode=loss)
+    compiled (`minifloat.train.loss`; compiled keeps 4.6-4.7 GiB less at a 1.3B step's peak),
+    or "chunked": `net`'s head deferred (in place) and applied with the cross entropy a chunk of
+    tokens at a time (`minifloat.train.head_loss`), under the model's autocast."""
+    chunked = loss == "chunked"
+    objective = ChunkedHeadObjective(defer_head(net)) if chunked else TrainingObjective(mode=loss)
 
     def step(tokens: torch.Tensor) -> None:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-            logits = _logits(net, tokens[:, :-1])
-        objective(logits, tokens[:, 1:])[1].backward()
+            out = _logits(net, tokens[:, :-1])
+            total = objective(out, tokens[:, 1:])[1] if chunked else None
+        if not chunked:
+            total = objective(out, tokens[:, 1:])[1]
+        total.backward()
         opt.step()
         if after_step is not None:
             after_step()
@@ -474,9 +487,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     ap.add_argument("--compile-scope", default="model", choices=("model", "block"))
     ap.add_argument(
-        "--loss", default="compiled", choices=LOSS_MODES,
-        help="the cross entropy eager (fp32 copies of the logits) or compiled (fused; before "
-        "session 54 every run's loss was eager)",
+        "--loss", default="compiled", choices=LOSSES,
+        help="the cross entropy eager (fp32 copies of the logits), compiled (fused; before "
+        "session 54 every run's loss was eager) or chunked (with the head, no full logits)",
     )  # fmt: skip
     ap.add_argument("--layers", type=int, default=None, help="override the preset's n_layers")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))

@@ -15,9 +15,9 @@ one by one (CUDA events, a synchronization after each) and then as many back to 
 ("streamed", as `train_e2e.py`); a row's step time is the median over all its rounds' steps.
 
 Rows, model presets, data, optimizer, loss and compilation are `train_e2e.py`'s (`--compile-scope
-none` skips compilation: a CPU smoke test); a row `ROW~eager` or `ROW~compiled` runs ROW with
-that cross entropy in place of `--loss`'s (e.g. `bf16,bf16~eager`: the loss's own cost, timed in
-alternation). Peak memory is a row's own: the most allocated while
+none` skips compilation: a CPU smoke test); a row `ROW~eager`, `ROW~compiled` or `ROW~chunked`
+runs ROW with that loss in place of `--loss`'s (e.g. `bf16,bf16~eager`: the loss's own cost,
+timed in alternation). Peak memory is a row's own: the most allocated while
 it warmed up, less what the rows built before it held. While a row's steps run, a thread samples
 the GPU's power draw, SM clock, temperature and clock-limit reasons (NVML, where available;
 `gpu_sampler.py`), every 20 ms. Writes `train_interleaved_<model>_<impl>[_<tag>]_<gpu>_
@@ -166,7 +166,7 @@ def markdown(records: list[dict], args) -> str:
         "",
         f"{e2e.shape_words(args)}, compile scope {args.compile_scope}"
         f"{f', options {args.compile_options}' if args.compile_options else ''}, bf16 autocast, "
-        f"cross entropy {args.loss} (a row ~eager / ~compiled: that one, its ratios against "
+        f"cross entropy {args.loss} (a row ~LOSS: that one, its ratios against "
         "the bf16 row with the same loss), "
         "torch's fused AdamW; every row "
         f"held at once and timed in {args.rounds} rounds of {args.steps} steps, the order "
@@ -205,7 +205,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--compile-options", default="",
         help="inductor options for every row, KEY=VALUE[,KEY=VALUE...] (train_e2e.py's)",
     )  # fmt: skip
-    ap.add_argument("--loss", default=None, choices=e2e.LOSS_MODES,
+    ap.add_argument("--loss", default=None, choices=e2e.LOSSES,
                     help="every row's cross entropy (train_e2e.py's; default compiled, eager "
                     "under --compile-scope none)")  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -225,8 +225,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for row in args.rows:  # a typo fails here, before any GPU time
         bare_tilde = row.endswith("~")
         row, loss = split_loss(row, args.loss)
-        if bare_tilde or loss not in e2e.LOSS_MODES:
-            raise SystemExit(f"row {row}~{loss}: the loss after ~ is one of {e2e.LOSS_MODES}")
+        if bare_tilde or loss not in e2e.LOSSES:
+            raise SystemExit(f"row {row}~{loss}: the loss after ~ is one of {e2e.LOSSES}")
         name, mode = e2e.split_row(row)
         if mode or "@" in name:
             raise SystemExit(f"row {row}: plain recipes and torchao rows only")

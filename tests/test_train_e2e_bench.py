@@ -130,3 +130,26 @@ def test_rows_run_on_cpu_with_gpu_samples_empty(bench, tmp_path):
     assert "cross entropy compiled" in md
     bf16_row = next(line for line in md.splitlines() if line.startswith("| bf16 |"))
     assert "SM clock MHz / power W |" in md and bf16_row.endswith(" / 0 | — |")
+
+
+@pytest.mark.parametrize("impl", ["ours", "hf"])
+def test_chunked_loss_step_gives_the_unchunked_gradients(bench, impl):
+    """`--loss chunked`: the step defers the model's head and applies it with the cross entropy
+    a chunk at a time (minifloat.train.head_loss); its gradients are the eager loss's within
+    the bf16 rounding of the head's gradient (test_head_loss.py states the bounds)."""
+    if impl == "hf":
+        pytest.importorskip("transformers")
+    grads = {}
+    for loss in ("eager", "chunked"):
+        net = bench.prepare(bench.build_model("tiny", impl, 512, 64, "cpu", None), "bf16")
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        seen = grads.setdefault(loss, {})
+        step = bench.make_step(net, opt, lambda net=net, seen=seen: seen.update(
+            {n: p.grad.clone() for n, p in net.named_parameters()}), loss=loss)  # fmt: skip
+        step(torch.randint(0, 512, (2, 65), generator=torch.Generator().manual_seed(0)))
+    head = "output" if impl == "ours" else "lm_head"
+    assert any(name.startswith(head) for name in grads["chunked"])  # the head's weight trains
+    assert grads["chunked"].keys() == grads["eager"].keys()
+    for name, want in grads["eager"].items():
+        err = (grads["chunked"][name] - want).norm() / want.norm()
+        assert err < 1e-2, name

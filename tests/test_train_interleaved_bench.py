@@ -51,10 +51,10 @@ def test_bad_rows_fail_before_any_step(bench, rows, message):
 
 
 def test_a_row_can_name_its_own_loss(bench, tmp_path):
-    """`ROW~eager` / `ROW~compiled`: the same recipe with the other cross entropy, in the same
+    """`ROW~eager` / `ROW~compiled` / `ROW~chunked`: the same recipe with another loss, in the same
     rounds (the loss's own cost, timed in alternation); each record says which it ran, and its
     ratios are against the bf16 row with the same loss."""
-    rows = "bf16,fp8-tensorwise,bf16~compiled,fp8-tensorwise~compiled"
+    rows = "bf16,fp8-tensorwise,bf16~compiled,fp8-tensorwise~compiled,bf16~chunked"
     bench.main(["--model", "tiny", "--device", "cpu", "--compile-scope", "none",
                 "--rows", rows, "--rounds", "1", "--steps", "1",
                 "--warmup", "1", "--out-dir", str(tmp_path), "--date", "2026-01-01"])  # fmt: skip
@@ -65,11 +65,13 @@ def test_a_row_can_name_its_own_loss(bench, tmp_path):
         ("fp8-tensorwise", "eager"),
         ("bf16~compiled", "compiled"),
         ("fp8-tensorwise~compiled", "compiled"),
+        ("bf16~chunked", "chunked"),  # the head and its loss a chunk of tokens at a time
     ]
     for row, bf16 in [("fp8-tensorwise", "bf16"), ("fp8-tensorwise~compiled", "bf16~compiled")]:
         want = by_row[row]["tokens_per_s"] / by_row[bf16]["tokens_per_s"]
         assert by_row[row]["speedup_vs_bf16"] == want
     assert by_row["bf16~compiled"]["speedup_vs_bf16"] == 1.0
+    assert by_row["bf16~chunked"]["speedup_vs_bf16"] == 1.0
 
 
 def test_a_failing_row_leaves_the_others(bench, tmp_path, monkeypatch):

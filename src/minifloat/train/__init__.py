@@ -7,7 +7,8 @@ The trainer builds on the numerics (formats, quantize, recipes, linear, convert,
 never import it. Modules: ``config`` (TrainConfig), ``trainer`` (the loop), ``model`` (build and
 wrap the model), ``checkpoint`` / ``sharded_checkpoint`` (the two checkpoint formats), ``metrics``,
 ``schedule``, ``stability`` (step guard, z-loss), ``loss`` (the objective, compiled when the
-model is), ``loss_scaler``, ``runtime`` (device, torchrun),
+model is), ``head_loss`` (the head and the objective a chunk of tokens at a time),
+``loss_scaler``, ``runtime`` (device, torchrun),
 ``compare`` (several recipes), ``export`` (a run as a Hugging Face model) and ``cli``.
 """
 
