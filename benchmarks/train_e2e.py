@@ -51,6 +51,7 @@ recipe's +fsdp row of this run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import os
@@ -174,17 +175,25 @@ def _logits(net: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def make_step(net: nn.Module, opt: torch.optim.Optimizer, after_step=None, loss="compiled"):
+def make_step(
+    net: nn.Module, opt: torch.optim.Optimizer, after_step=None, loss="compiled", chunks="compiled"
+):
     """One training step on a token batch [B, T + 1]. `loss`: the cross entropy eager or
     compiled (`minifloat.train.loss`; compiled keeps 4.6-4.7 GiB less at a 1.3B step's peak),
-    or "chunked": `net`'s head deferred (in place) and applied with the cross entropy a chunk of
-    tokens at a time (`minifloat.train.head_loss`), under the model's autocast."""
+    or "chunked": `net`'s head swapped (in place) for one that the step defers and applies with
+    the cross entropy a chunk of tokens at a time (`minifloat.train.head_loss`), under the
+    model's autocast; `chunks`: its per-chunk loss and gradient eager or compiled."""
     chunked = loss == "chunked"
-    objective = ChunkedHeadObjective(defer_head(net)) if chunked else TrainingObjective(mode=loss)
+    if chunked:
+        objective = ChunkedHeadObjective(defer_head(net), mode=chunks)
+    else:
+        objective = TrainingObjective(mode=loss)
+    deferring = objective.deferring if chunked else contextlib.nullcontext
 
     def step(tokens: torch.Tensor) -> None:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-            out = _logits(net, tokens[:, :-1])
+            with deferring():  # chunked: the model returns its final hidden states
+                out = _logits(net, tokens[:, :-1])
             total = objective(out, tokens[:, 1:])[1] if chunked else None
         if not chunked:
             total = objective(out, tokens[:, 1:])[1]

@@ -64,7 +64,8 @@ def build_row(args, row: str, batches: list[torch.Tensor]) -> dict:
     )
     if args.compile_scope != "none":
         net = e2e.compile_model(net, args.compile_scope, args.compile_mode, args.compile_options)
-    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"), loss=loss)
+    chunks = "eager" if args.compile_scope == "none" else "compiled"  # none: nothing compiled
+    step = e2e.make_step(net, e2e.make_optimizer(net, "fp32"), loss=loss, chunks=chunks)
     for i in range(args.warmup):
         step(batches[i % len(batches)])
         if i == 0:

@@ -122,6 +122,30 @@ def test_ddp_training_matches_single_process():
     spawn(_ddp_worker)
 
 
+def _chunked_head_ddp_worker(rank: int) -> None:
+    """The head deferred in a DDP-wrapped model and applied with the loss in chunks
+    (train/head_loss.py): the head's gradient reaches DDP's all-reduce from the loss's backward,
+    so every rank holds the whole batch's gradients of the unchunked single process."""
+    from minifloat.train.head_loss import ChunkedHeadObjective, defer_head
+
+    ref, model = _tiny_model(), DDP(_tiny_model())
+    objective = ChunkedHeadObjective(defer_head(model.module), chunk_tokens=12, mode="eager")
+    for step in range(2):
+        x, y = _batch(step)
+        _loss(ref, x, y).backward()
+        with objective.deferring():
+            hidden = model(_shard(x, rank))
+        objective(hidden, _shard(y, rank))[1].backward()
+        for p_ref, p in zip(ref.parameters(), model.module.parameters(), strict=True):
+            assert sqnr_db(p_ref.grad, p.grad) >= DDP_GRAD_SQNR_DB["fp32"], step
+        ref.zero_grad()
+        model.zero_grad()
+
+
+def test_ddp_trains_a_chunked_head():
+    spawn(_chunked_head_ddp_worker)
+
+
 # ---- FSDP2 training vs single process ----------------------------------------------------------
 
 

@@ -203,6 +203,12 @@ def test_too_little_data_for_one_batch(workdir: Path) -> None:
     _assert_one_line_error(proc, "tokens")
 
 
+def test_loss_chunk_flag_reaches_the_config() -> None:
+    args = build_parser().parse_args(["train", "--loss-chunk", "4096"])
+    assert _train_config(args).loss_chunk == 4096
+    assert _train_config(build_parser().parse_args(["train"])).loss_chunk == 0
+
+
 def test_train_from_toml_with_flag_overrides(workdir: Path) -> None:
     proc = _run("train", "--config", "small.toml", "--steps", "6", "--recipe", "bf16",
                 "--out", "runs/train", "--quiet", cwd=workdir)  # fmt: skip

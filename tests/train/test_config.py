@@ -86,6 +86,13 @@ def test_good_model_overrides_pass() -> None:
     check_model_overrides("tiny", {"dim": 64, "n_kv_heads": 2, "rope_theta": 5000, "n_heads": 4})
 
 
+def test_loss_chunk_enters_the_fingerprint_only_when_on() -> None:
+    # the chunked head's loss differs from the whole head's in the last bits: a trajectory
+    # setting when on; off, checkpoints from before the setting still resume
+    assert "loss_chunk" not in TrainConfig().trajectory_fields(1)
+    assert TrainConfig(loss_chunk=4096).trajectory_fields(1)["loss_chunk"] == 4096
+
+
 def test_grad_norm_spike_k_default_and_fingerprint() -> None:
     assert TrainConfig().grad_norm_spike_k == StepGuardConfig().grad_norm_spike_k == 0.0
     # Off, it stays out of the fingerprint: checkpoints from before the setting still resume.
@@ -121,6 +128,8 @@ NAN, INF = float("nan"), float("inf")
         ({"max_skip_fraction": 1.5}, "max-skip-fraction must be in [0, 1] and finite, got 1.5"),
         ({"max_skip_fraction": NAN}, "max-skip-fraction must be in [0, 1] and finite"),
         ({"resume": True, "overwrite": True}, "either resume or overwrite"),
+        ({"loss_chunk": -1}, "loss-chunk must be >= 0"),
+        ({"loss_chunk": 8, "parallel": "fsdp"}, "loss-chunk applies the head outside"),
     ],
 )
 def test_non_finite_and_out_of_range_values_are_refused(changes: dict, message: str) -> None:

@@ -14,14 +14,16 @@ from minifloat.models import Llama, LlamaConfig
 from minifloat.train.head_loss import ChunkedHeadObjective, DeferredHead, defer_head
 from minifloat.train.loss import TrainingObjective, objective
 
-# The loss: the chunks' sums and the log-sum-exp run in another order than ATen's, on the same
-# logits (measured: <= 1e-7 relative on ~7).
-LOSS_RTOL = 1e-6
+# The loss: the chunks' sums and the log-sum-exp run in another order than ATen's, and a
+# chunk's GEMM (fewer rows) may use another kernel than the whole one's, rounding a logit
+# differently (measured on AVX-512: the same logits, <= 1e-7 relative on ~7).
+LOSS_RTOL = 1e-5
 # Gradients: both paths round the logits and their gradient to the compute dtype; against
 # float64 from the same rounded operands the chunked path's error is the unchunked one's
-# (measured: 1.84e-3 against 1.84e-3 at bf16), so it may exceed it by 5 % at most. In fp32
-# both are within FP32_GRAD_RTOL of float64.
-GRAD_ERROR_RATIO = 1.05
+# (measured: 1.84e-3 against 1.84e-3 at bf16); 25 % more is allowed for another GEMM kernel's
+# rounding (a wrong term would be off by orders of magnitude). In fp32 both are within
+# FP32_GRAD_RTOL of float64.
+GRAD_ERROR_RATIO = 1.25
 FP32_GRAD_RTOL = 1e-5
 
 
@@ -129,6 +131,33 @@ def test_no_tokens_by_vocab_tensor_is_saved():
     assert ((tokens, vocab), torch.float32) in saved
 
 
+def test_all_targets_ignored_give_a_nan_loss_and_zero_gradients():
+    """As F.cross_entropy: a NaN mean over no token, and no gradient from it (a padded batch
+    must not poison the others' gradients)."""
+    head = _head(vocab=300)
+    hidden, targets = _inputs(64, 64, 300)
+    targets.fill_(-100)
+    got = _grads(ChunkedHeadObjective(head, chunk_tokens=50, mode="eager"), hidden, head,
+                 targets, autocast=False)  # fmt: skip
+    assert torch.isnan(got[0]) and torch.count_nonzero(got[2]) == 0
+    assert torch.count_nonzero(got[3]) == 0
+
+
+def test_backward_scales_in_fp32():
+    """`objective / grad_accum` (the trainer's): the gradients scaled in fp32, not in bf16."""
+    head = _head()
+    hidden, targets = _inputs(128, 64, 1000)
+    fn = ChunkedHeadObjective(head, chunk_tokens=50, mode="eager")
+    base = _grads(fn, hidden, head, targets, autocast=True)
+    hidden.grad, head.weight.grad = None, None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total = fn(hidden, targets)[1]
+    (total / 3).backward()
+    third = torch.tensor(1.0) / 3
+    assert torch.equal(hidden.grad, base[2] * third)
+    assert torch.equal(head.weight.grad, base[3] * third)
+
+
 def test_backward_scales_by_the_incoming_gradient():
     head = _head()
     hidden, targets = _inputs(128, 64, 1000)
@@ -143,11 +172,16 @@ def test_backward_scales_by_the_incoming_gradient():
 
 
 def test_without_grad_only_the_loss():
+    """Under no_grad (evaluation) no chunk's gradient is made, though the inputs require grad."""
     head = _head()
     hidden, targets = _inputs(128, 64, 1000)
     fn = ChunkedHeadObjective(head, chunk_tokens=50, mode="eager")
+    asked = []
+    terms = fn._terms
+    fn._terms = lambda *args: asked.append(args[-1]) or terms(*args)
     with torch.no_grad():
         loss, total = fn(hidden, targets)
+    assert asked == [False, False, False]
     want = objective(head.logits(hidden.detach()), targets)[0]
     torch.testing.assert_close(loss, want, rtol=LOSS_RTOL, atol=0.0)
     assert torch.equal(loss, total) and not total.requires_grad
@@ -169,12 +203,15 @@ def test_defer_head_in_our_llama_keeps_parameters_and_trains_alike():
     assert list(deferred.state_dict()) == keys
     assert defer_head(deferred) is head  # deferring twice is a no-op
     tokens = torch.randint(0, 500, (2, 33), generator=torch.Generator().manual_seed(0))
+    fn = ChunkedHeadObjective(head, chunk_tokens=24, mode="eager")
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(tokens[:, :-1])
-        hidden = deferred(tokens[:, :-1])
-        loss, total = ChunkedHeadObjective(head, chunk_tokens=24, mode="eager")(
-            hidden, tokens[:, 1:]
-        )
+        # outside `deferring` the model is unchanged: its logits, bit for bit
+        assert torch.equal(deferred(tokens[:, :-1]), logits) and not head.deferred
+        with fn.deferring():
+            hidden = deferred(tokens[:, :-1])
+        assert not head.deferred
+        loss, total = fn(hidden, tokens[:, 1:])
     assert hidden.shape == (2, 32, 64)
     want_loss, want_total = objective(logits, tokens[:, 1:])
     torch.testing.assert_close(loss, want_loss, rtol=LOSS_RTOL, atol=0.0)
@@ -192,11 +229,13 @@ def test_defer_head_in_transformers_models():
                                  num_hidden_layers=2, num_attention_heads=4,
                                  num_key_value_heads=2, max_position_embeddings=64)
     )  # fmt: skip
+    tokens = torch.randint(0, 128, (2, 16))
+    logits = llama(tokens).logits
     head = defer_head(llama)
     assert llama.lm_head is head
-    tokens = torch.randint(0, 128, (2, 16))
-    out = llama(tokens).logits
-    assert out.shape == (2, 16, 64)
+    assert torch.equal(llama(tokens).logits, logits)
+    with ChunkedHeadObjective(head, mode="eager").deferring():
+        assert llama(tokens).logits.shape == (2, 16, 64)  # the final hidden states
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64)
     )
@@ -211,6 +250,14 @@ def test_bad_heads_and_arguments_fail_in_one_line():
     biased.lm_head = nn.Linear(4, 8)
     with pytest.raises(ValueError, match="has a bias"):
         defer_head(biased)
+
+    class OwnLinear(nn.Linear):  # e.g. minifloat's QuantLinear: a quantized head
+        pass
+
+    quantized = nn.Module()
+    quantized.lm_head = OwnLinear(4, 8, bias=False)
+    with pytest.raises(ValueError, match="is a OwnLinear; it takes a plain nn.Linear"):
+        defer_head(quantized)
     head = _head()
     with pytest.raises(TypeError, match="DeferredHead"):
         ChunkedHeadObjective(nn.Linear(4, 4))
@@ -225,8 +272,25 @@ def test_bad_heads_and_arguments_fail_in_one_line():
     hidden, targets = _inputs(64, 64, 1000)
     with pytest.raises(ValueError, match="do not match"):
         fn(hidden, targets[:, :-1])
+    with pytest.raises(ValueError, match="at least one token"):
+        fn(hidden[:, :0], targets[:, :0])
     with pytest.raises(ValueError, match="fp16"), torch.autocast("cpu", dtype=torch.float16):
         fn(hidden, targets)
+    with pytest.raises(ValueError, match="fp16"):
+        ChunkedHeadObjective(head, dtype=torch.float16)
+
+
+def test_an_explicit_dtype_outside_autocast_equals_autocasts():
+    """dtype=bf16 called outside autocast (as the trainer calls it, in its fp32 island) gives
+    what the call under bf16 autocast gives."""
+    head = _head()
+    hidden, targets = _inputs(128, 64, 1000)
+    want = _grads(ChunkedHeadObjective(head, chunk_tokens=50, mode="eager"), hidden, head,
+                  targets, autocast=True)  # fmt: skip
+    fn = ChunkedHeadObjective(head, chunk_tokens=50, mode="eager", dtype=torch.bfloat16)
+    got = _grads(fn, hidden, head, targets, autocast=False)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
 
 
 @pytest.mark.gpu
@@ -289,3 +353,37 @@ def test_chunked_head_peak_memory_grows_without_the_vocabulary_on_gpu() -> None:
     more = 16384 - 4096
     assert grown["unchunked"] >= 2 * 2 * more * vocab, peaks
     assert grown["chunked"] <= 16 * more * dim, peaks
+
+
+def _trainer(tmp_path, dataset, name: str, **changes):
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer
+
+    changes = {"recipe": "bf16", **changes}
+    config = TrainConfig(model="tiny", data="stdlib", device="cpu", steps=3,
+                         model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+                         batch_size=2, seq_len=32, eval_every=0, eval_batches=1, z_loss=1e-4,
+                         out_dir=str(tmp_path / name), **changes)  # fmt: skip
+    return Trainer(config, dataset=dataset, progress=False)
+
+
+def test_the_trainer_chunks_its_head_and_loss(tmp_path, dataset):
+    """`loss_chunk`: the trainer defers the head in training steps only (evaluation sees the
+    logits) and its losses follow the whole head's within the bf16 rounding of its gradient."""
+    plain = _trainer(tmp_path, dataset, "plain")
+    chunked = _trainer(tmp_path, dataset, "chunked", loss_chunk=24)  # 64 tokens: 24 + 24 + 16
+    objective, head = chunked.objective, chunked.raw_model.output
+    assert isinstance(objective, ChunkedHeadObjective) and objective.chunk_tokens == 24
+    assert objective.dtype == torch.bfloat16 and objective.head is head
+    want = [plain.train_step()["loss"] for _ in range(3)]
+    got = [chunked.train_step()["loss"] for _ in range(3)]
+    assert not head.deferred
+    assert got == pytest.approx(want, rel=1e-3)
+    assert chunked._evaluate() == pytest.approx(plain._evaluate(), rel=1e-3)
+
+
+def test_the_trainer_refuses_a_chunked_head_under_fp16(tmp_path, dataset):
+    from minifloat.train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="loss-chunk needs one bf16 or fp32 compute dtype"):
+        _trainer(tmp_path, dataset, "fp16", recipe="fp16", loss_chunk=24)

@@ -134,6 +134,11 @@ _SHARED_FLAGS: list[tuple[str, str, dict[str, Any]]] = [
     ("--eval-batches", "eval_batches", {"type": int}),
     ("--log-every", "log_every", {"type": int}),
     ("--z-loss", "z_loss", {"type": float, "help": "z-loss coefficient (e.g. 1e-4; 0: off)"}),
+    (
+        "--loss-chunk",
+        "loss_chunk",
+        {"type": int, "help": "the head and the loss N tokens at a time (no full logits; 0: off)"},
+    ),
     ("--embed-grad-shrink", "embed_grad_shrink", {"type": float, "help": "alpha (1: off)"}),
     ("--spike-k", "spike_k", {"type": float, "help": "skip steps above mean + k*std (0: off)"}),
     (

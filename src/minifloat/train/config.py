@@ -109,6 +109,7 @@ class TrainConfig:
     optim_states: str = "fp32"
     # Stability.
     z_loss: float = 0.0
+    loss_chunk: int = 0  # N > 0: the head and the loss N tokens at a time (head_loss.py)
     embed_grad_shrink: float = 1.0
     spike_k: float = 6.0
     grad_norm_spike_k: float = 0.0  # 0: off (StepGuardConfig explains why that is the default)
@@ -246,6 +247,8 @@ class TrainConfig:
             skip.add("grad_norm_spike_k")
         if not cfg.size_rule:
             skip.add("size_rule")
+        if not cfg.loss_chunk:
+            skip.add("loss_chunk")
         if cfg.switch_recipe is None and cfg.switch_at is None:
             skip.update(("switch_recipe", "switch_at"))
         fields = {k: v for k, v in cfg.to_dict().items() if k not in skip}

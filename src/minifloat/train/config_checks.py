@@ -49,7 +49,8 @@ def _check_sizes(cfg: TrainConfig) -> None:
     for name in ("grad_accum", "log_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{_flag(name)} must be at least 1")
-    for name in ("eval_every", "eval_batches", "ckpt_every", "spike_warmup", "sqnr_every"):
+    for name in ("eval_every", "eval_batches", "ckpt_every", "spike_warmup", "sqnr_every",
+                 "loss_chunk"):  # fmt: skip
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{_flag(name)} must be >= 0")
     if cfg.stop_after is not None and cfg.stop_after < 1:
@@ -119,6 +120,11 @@ def _check_choices(cfg: TrainConfig) -> None:
             )
     if cfg.sqnr_every and cfg.parallel == "fsdp":
         raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
+    if cfg.loss_chunk and cfg.parallel == "fsdp":
+        raise ConfigError(
+            "loss-chunk applies the head outside the model's forward, where FSDP has resharded "
+            "its weight; use parallel=ddp or none"
+        )
     if cfg.size_rule:
         from minifloat.size_rule import SizeRule
 

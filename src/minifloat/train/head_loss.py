@@ -2,8 +2,10 @@
 
 At 1.3B (8 x 2048 tokens, a 32000 vocabulary) the head's logits are 1 GiB in bf16 and their
 gradient another 1 GiB; both are alive at the step's peak, when backward starts with every
-activation still saved. Here the model's head is deferred (`defer_head`: the model returns its
-final hidden states) and `ChunkedHeadObjective` applies it a chunk of tokens at a time: each
+activation still saved. Here the model's head can be deferred (`defer_head` swaps in a
+`DeferredHead`: inside `ChunkedHeadObjective.deferring()` the model returns its final hidden
+states, elsewhere its logits as before, for evaluation, generation and diagnostics) and
+`ChunkedHeadObjective` applies it a chunk of tokens at a time: each
 chunk's logits give the chunk's loss and, in the same pass, its gradient, from which the head's
 two backward GEMMs run at once; the chunk's logits are then dropped. Backward only scales the
 two gradients kept (hidden states' and the head weight's) by the objective's incoming gradient.
@@ -30,6 +32,9 @@ underflow), bf16 and fp32 are exact enough. Targets equal to -100 are ignored, a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -39,11 +44,16 @@ from minifloat.convert import is_output_head
 __all__ = ["HEAD_LOSS_MODES", "ChunkedHeadObjective", "DeferredHead", "defer_head"]
 
 HEAD_LOSS_MODES = ("eager", "compiled")
+_FP16 = (
+    "the chunked head loss makes its gradient in forward, before a loss scale: fp16 would "
+    "underflow; use bf16 or fp32"
+)
 IGNORE_INDEX = -100  # F.cross_entropy's default
 
 
 class DeferredHead(nn.Module):
-    """Stands in for a model's output head: forward returns the final hidden states unchanged.
+    """Stands in for a model's output head: the head itself, or, while `deferred` is set
+    (`ChunkedHeadObjective.deferring()`), the identity on the final hidden states.
 
     The head's weight stays here, the same Parameter under the same state_dict key (so
     optimizers, checkpoints and tied embeddings see no change), for `ChunkedHeadObjective`.
@@ -53,24 +63,26 @@ class DeferredHead(nn.Module):
         super().__init__()
         self.weight = head.weight
         self.in_features, self.out_features = head.in_features, head.out_features
+        self.deferred = False
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
+        return hidden if self.deferred else self.logits(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The head's logits for `hidden` (evaluation, generation), as the head computed them."""
+        """The head's logits for `hidden`, as the head computed them."""
         return F.linear(hidden, self.weight)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features} (deferred)"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias=False"
 
 
 def defer_head(model: nn.Module) -> DeferredHead:
-    """Swap `model`'s output head for a `DeferredHead` (in place) and return it.
+    """Swap `model`'s output head for a `DeferredHead` (in place) and return it; the model
+    computes as before outside a `ChunkedHeadObjective.deferring()` region.
 
     The head is found as `minifloat.convert` finds it: the one `nn.Linear` named lm_head, output
     or head outside any repeated block. A model compiled whole (`torch.compile(model)`) may be
-    passed; its next call traces the deferred head.
+    passed: it traces the head in each state it meets (one graph each).
     """
     found = [
         (name, module)
@@ -85,6 +97,11 @@ def defer_head(model: nn.Module) -> DeferredHead:
     name, head = found[0]
     if isinstance(head, DeferredHead):
         return head
+    if type(head) is not nn.Linear:
+        raise ValueError(
+            f"defer_head: the output head {name!r} is a {type(head).__name__}; it takes a plain "
+            "nn.Linear head (keep the head in high precision)"
+        )
     if head.bias is not None:
         raise ValueError(f"defer_head: the output head {name!r} has a bias, which is not supported")
     parent_name, _, attr = name.rpartition(".")
@@ -122,10 +139,11 @@ def _chunk_terms(
 
 
 def _add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """acc + a · b in acc's fp32: on CUDA in the GEMM's epilogue (`out_dtype`: no product in
-    the operands' dtype, no pass to add it); elsewhere the product rounded to the operands'
-    dtype, then added (ATen's CPU GEMM has no fp32 output for bf16 operands)."""
-    if acc.is_cuda and a.dtype != acc.dtype:
+    """acc + a · b in acc's dtype (fp32 for 16-bit operands): on CUDA in the GEMM's epilogue
+    (`out_dtype`: no product in the operands' dtype, no pass to add it); elsewhere the product
+    rounded to the operands' dtype, then added (ATen's CPU GEMM has no fp32 output for bf16
+    operands)."""
+    if acc.is_cuda and a.dtype in (torch.bfloat16, torch.float16) and acc.dtype == torch.float32:
         return torch.addmm(acc, a, b, out_dtype=acc.dtype)
     return acc.add_(a @ b)
 
@@ -136,24 +154,24 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     Shapes: hidden [N, D] (any float dtype), weight [V, D], targets [N] int64; computed in
     `dtype` (cast here, as autocast would). GEMMs per chunk c of `chunk` tokens, in forward:
     fprop logits_c = h_c · Wᵀ, dgrad dh_c = dlogits_c · W, wgrad dW += dlogits_cᵀ · h_c.
-    Backward scales dh and dW by the objective's gradient; the loss output is not
-    differentiable (backward goes through the objective).
+    Backward scales dh and dW by the objective's gradient (in fp32); the loss output is not
+    differentiable (backward goes through the objective). `grad_on`: grad mode at the call
+    (forward runs without it, and `needs_input_grad` follows requires_grad alone).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, dtype, chunk, z_loss_coef, terms):
-        needs_dh, needs_dw = ctx.needs_input_grad[:2]
+    def forward(ctx, hidden, weight, targets, dtype, chunk, z_loss_coef, terms, grad_on):
+        needs_dh, needs_dw = (grad_on and needed for needed in ctx.needs_input_grad[:2])
         with_grad = needs_dh or needs_dw
         n = hidden.shape[0]
         h, w = hidden.to(dtype), weight.to(dtype)
-        ce_weight = 1.0 / (targets != IGNORE_INDEX).sum().float()
+        n_valid = (targets != IGNORE_INDEX).sum().float()
+        # no valid target: the loss is NaN (as F.cross_entropy's) and the gradient zero
+        ce_weight = 1.0 / n_valid.clamp(min=1.0)
         z_weight = 2.0 * z_loss_coef / n
         dh = torch.empty_like(h) if needs_dh else None
-        dw = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            if needs_dw
-            else None
-        )
+        acc_dtype = torch.promote_types(dtype, torch.float32)
+        dw = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device) if needs_dw else None
         ce_sum = z_sum = torch.zeros((), dtype=torch.float32, device=hidden.device)
         for start in range(0, n, chunk):
             h_c = h[start : start + chunk]
@@ -169,7 +187,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                 dw = _add_product(dw, grad.t(), h_c)
         ctx.save_for_backward(dh, dw)
         ctx.dtypes = (hidden.dtype, weight.dtype)
-        loss = ce_sum * ce_weight
+        loss = ce_sum / n_valid
         total = loss + z_loss_coef * z_sum / n if z_loss_coef > 0 else loss.clone()
         ctx.mark_non_differentiable(loss)
         return loss, total
@@ -179,24 +197,36 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         dh, dw = ctx.saved_tensors
         hidden_dtype, weight_dtype = ctx.dtypes
         if dh is not None:
-            dh = (dh * grad_total.to(dh.dtype)).to(hidden_dtype)
+            dh = (dh.float() * grad_total).to(hidden_dtype)
         if dw is not None:
             dw = (dw * grad_total).to(weight_dtype)
-        return dh, dw, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None
 
 
 class ChunkedHeadObjective:
-    """`loss.objective` for a model whose head `defer_head` deferred: called on the model's
-    output (its final hidden states [..., D]) and the targets [...], it returns (loss,
-    objective) as `TrainingObjective` does, with no [tokens, vocab] tensor alive.
+    """`loss.objective` for a model whose head `defer_head` swapped: called on the model's
+    output inside `deferring()` (its final hidden states [..., D]) and the targets [...], it
+    returns (loss, objective) as `TrainingObjective` does, with no [tokens, vocab] tensor alive.
+    Backward goes through the objective only (the loss is returned detached, even without a
+    z-loss). Call it under the model's autocast, or give `dtype`: the head computes in it.
+
+        head = defer_head(model)
+        objective = ChunkedHeadObjective(head)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            with objective.deferring():
+                hidden = model(tokens)
+            loss, total = objective(hidden, targets)
+        total.backward()
 
     Args:
         head: the `DeferredHead` that `defer_head(model)` returned.
         z_loss_coef: weight of PaLM's z-loss; 0 leaves it out.
         chunk_tokens: tokens per chunk: each chunk's logits and their gradient are alive at
-            once (2 x 256 MiB at 4096 tokens and a 32000 vocabulary in bf16).
+            once (2 x 250 MiB at 4096 tokens and a 32000 vocabulary in bf16).
         mode: the per-chunk loss and gradient eager or compiled (`torch.compile`, static
             shapes: one graph for full chunks, one for a shorter last chunk).
+        dtype: the head's compute dtype; None: autocast's where the call runs under autocast
+            (as the head's own GEMM would), else the hidden states'.
     """
 
     def __init__(
@@ -206,6 +236,7 @@ class ChunkedHeadObjective:
         *,
         chunk_tokens: int = 4096,
         mode: str = "compiled",
+        dtype: torch.dtype | None = None,
     ) -> None:
         if not isinstance(head, DeferredHead):
             raise TypeError(
@@ -219,33 +250,40 @@ class ChunkedHeadObjective:
             raise ValueError(f"z-loss weight must be >= 0, got {z_loss_coef}")
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
-        self.head, self.z_loss_coef, self.chunk_tokens, self.mode = (
-            head,
-            float(z_loss_coef),
-            chunk_tokens,
-            mode,
-        )
+        if dtype == torch.float16:
+            raise ValueError(_FP16)
+        self.head, self.z_loss_coef = head, float(z_loss_coef)
+        self.chunk_tokens, self.mode, self.dtype = chunk_tokens, mode, dtype
         self._terms = (
             torch.compile(_chunk_terms, dynamic=False) if mode == "compiled" else _chunk_terms
         )
 
+    @contextlib.contextmanager
+    def deferring(self) -> Iterator[None]:
+        """Inside it, the model's forward returns its final hidden states (the head deferred)."""
+        previous, self.head.deferred = self.head.deferred, True
+        try:
+            yield
+        finally:
+            self.head.deferred = previous
+
     def __call__(
         self, hidden: torch.Tensor, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if targets.numel() == 0:
+            raise ValueError("the chunked head loss needs at least one token")
         if hidden.shape[-1] != self.head.in_features or hidden.shape[:-1] != targets.shape:
             raise ValueError(
                 f"hidden states {tuple(hidden.shape)} do not match targets {tuple(targets.shape)} "
                 f"and the head's {self.head.in_features} input features"
             )
         device = hidden.device.type
-        dtype = (
-            torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        )
+        dtype = self.dtype
+        if dtype is None:
+            autocast = torch.is_autocast_enabled(device)
+            dtype = torch.get_autocast_dtype(device) if autocast else hidden.dtype
         if dtype == torch.float16:
-            raise ValueError(
-                "the chunked head loss makes its gradient in forward, before a loss scale: fp16 "
-                "would underflow; use bf16 or fp32"
-            )
+            raise ValueError(_FP16)
         with torch.autocast(device, enabled=False):
             return _ChunkedHeadLoss.apply(
                 hidden.reshape(-1, hidden.shape[-1]),
@@ -255,4 +293,5 @@ class ChunkedHeadObjective:
                 self.chunk_tokens,
                 self.z_loss_coef,
                 self._terms,
+                torch.is_grad_enabled(),
             )

@@ -14,15 +14,20 @@ last bits (`tests/train/test_loss.py` states the tolerance).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
+from minifloat.recipes import Recipe
+from minifloat.train.errors import ConfigError
 from minifloat.train.evaluate import cross_entropy
+from minifloat.train.head_loss import ChunkedHeadObjective, defer_head
 from minifloat.train.stability import z_loss
 
-__all__ = ["LOSS_MODES", "TrainingObjective", "objective"]
+__all__ = ["LOSS_MODES", "TrainingObjective", "objective", "training_objective"]
 
 LOSS_MODES = ("eager", "compiled")
 
@@ -70,3 +75,36 @@ class TrainingObjective:
         self, logits: torch.Tensor, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._fn(logits, targets)
+
+    def deferring(self) -> contextlib.AbstractContextManager:
+        """`ChunkedHeadObjective.deferring`'s counterpart: nothing deferred, the model returns
+        its logits (so a training loop calls either objective alike)."""
+        return contextlib.nullcontext()
+
+
+def training_objective(
+    model: nn.Module,
+    z_loss_coef: float,
+    *,
+    compiled: bool,
+    chunk_tokens: int = 0,
+    recipes: tuple[Recipe, ...] = (),
+) -> TrainingObjective | ChunkedHeadObjective:
+    """The trainer's objective: `TrainingObjective`, eager or compiled; with `chunk_tokens` > 0
+    the model's head swapped (in place) for one the trainer defers, and the head applied with
+    the loss that many tokens at a time (`head_loss.ChunkedHeadObjective`) in the autocast
+    dtype of `recipes` (the run's, before and after a switch: one dtype, not fp16).
+    """
+    mode = "compiled" if compiled else "eager"
+    if not chunk_tokens:
+        return TrainingObjective(z_loss_coef, mode=mode)
+    dtypes = {recipe.autocast_dtype or torch.float32 for recipe in recipes}
+    if len(dtypes) != 1 or torch.float16 in dtypes:
+        names = ", ".join(recipe.name for recipe in recipes)
+        raise ConfigError(
+            f"loss-chunk needs one bf16 or fp32 compute dtype for the head ({names}): its "
+            "gradient is made in forward, before an fp16 loss scale"
+        )
+    return ChunkedHeadObjective(
+        defer_head(model), z_loss_coef, chunk_tokens=chunk_tokens, mode=mode, dtype=dtypes.pop()
+    )

@@ -4,7 +4,7 @@
 the recipe is quantized, and runs AdamW with warm-up + cosine decay, gradient accumulation and
 clipping. Each step:
 
-1. forward under the recipe's autocast; the loss (cross entropy, optional z-loss) in fp32;
+1. forward under the recipe's autocast; the loss (cross entropy, z-loss) in fp32 (loss.py);
 2. backward of the (loss-scaled, for fp16) loss, accumulated over ``grad_accum`` micro-batches;
 3. unscale, clip and measure the global gradient norm; the loss scaler and the step guard
    decide whether the update is applied (a skipped step leaves weights and optimizer untouched);
@@ -15,14 +15,13 @@ With ``switch_recipe``/``switch_at`` the quantized layers change recipe in place
 step (switch.py); checkpoints from either side of it resume into the right recipe. With
 ``branch_from`` such a run starts from its plain run's checkpoint at the switch (branch.py).
 
-A run holds its directory exclusively (run_dir.py) and never replaces an earlier run there
-unless told to (``overwrite``); SIGINT/SIGTERM stop it after the current step with a checkpoint
-(signals.py); a run that skipped more than ``max_skip_fraction`` of its steps, or ran out of
-memory, raises :class:`~minifloat.train.errors.RunFailed` with the reason.
+A run holds its directory exclusively (run_dir.py), replacing an earlier run only if told to
+(``overwrite``); SIGINT/SIGTERM stop it after the current step with a checkpoint (signals.py);
+a run that skipped over ``max_skip_fraction`` of its steps, or ran out of memory, raises
+:class:`~minifloat.train.errors.RunFailed`.
 
 Under torchrun the model is wrapped with DDP (plus a gradient-communication hook) or FSDP2; the
-model itself knows nothing about parallelism. The parts are built in :mod:`~minifloat.train.build`
-and :mod:`~minifloat.train.model`; checkpoints go through :mod:`~minifloat.train.checkpointer`.
+model knows nothing about parallelism. Parts: build.py, model.py; checkpoints: checkpointer.py.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ from minifloat.train.errors import (
     TrainingInterrupted,
 )
 from minifloat.train.evaluate import eval_batch_size, evaluate
-from minifloat.train.loss import TrainingObjective
+from minifloat.train.loss import training_objective
 from minifloat.train.loss_scaler import LossScaler
 from minifloat.train.memory import PeakMemory
 from minifloat.train.metrics import LogWindow, MetricsLogger, ProgressDisplay, peak_flops
@@ -94,11 +93,10 @@ def train(
 ) -> TrainResult:
     """Run training as configured and return its summary.
 
-    ``dataset``: an already built ``TokenDataset`` (skips ``build_dataset``; e.g. to train
-    several recipes on the same data). ``progress``: True/"auto" (rich bar on a terminal, plain
-    lines otherwise), "plain", or False/"off". ``model_transform``: called on the (converted)
-    model before FSDP/compile/DDP wrap it, to swap in another library's layers (e.g. torchao's
-    float8 for a same-trainer comparison); it changes the model in place.
+    ``dataset``: a built ``TokenDataset`` (skips ``build_dataset``; e.g. several recipes on the
+    same data). ``progress``: True/"auto" (rich bar on a terminal, plain lines otherwise),
+    "plain", or False/"off". ``model_transform``: called on the (converted) model before
+    FSDP/compile/DDP wrap it, in place (e.g. to swap in torchao's float8 layers).
     """
     trainer = Trainer(config, dataset=dataset, progress=progress, model_transform=model_transform)
     finished = False
@@ -190,7 +188,9 @@ class Trainer:
         self.weight_guard = WeightGuard(self.raw_model, self.optimizer, enabled=cfg.weight_guard,
                                         any_rank=lambda flag: any_rank(flag, runtime))  # fmt: skip
         self.scaler = LossScaler(enabled=self.recipe.loss_scaling)
-        self.objective = TrainingObjective(cfg.z_loss, mode="compiled" if cfg.compile else "eager")
+        both = (self.switch.before, self.switch.after) if self.switch else (self.recipe,)
+        self.objective = training_objective(self.raw_model, cfg.z_loss, compiled=cfg.compile,
+                                            chunk_tokens=cfg.loss_chunk, recipes=both)  # fmt: skip
         self.guard = StepGuard(
             StepGuardConfig(
                 spike_k=cfg.spike_k,
@@ -308,8 +308,8 @@ class Trainer:
             inputs = inputs.to(device, non_blocking=True)
             targets = targets.to(device, non_blocking=True)
             with self._sync_context(micro):
-                with autocast_context(self.recipe, device):
-                    logits = self.model(inputs)
+                with autocast_context(self.recipe, device), self.objective.deferring():
+                    logits = self.model(inputs)  # the final hidden states, when deferring
                 with full_precision(device):
                     loss, objective = self.objective(logits, targets)
                 self.scaler.scale(objective / cfg.grad_accum).backward()
