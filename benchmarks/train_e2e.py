@@ -51,7 +51,6 @@ recipe's +fsdp row of this run).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import gc
 import os
@@ -83,11 +82,11 @@ from minifloat.models.llama import Llama, get_config  # noqa: E402
 from minifloat.size_rule import TORCHAO_TENSORWISE, SizeRule  # noqa: E402
 from minifloat.train.head_loss import ChunkedHeadObjective, defer_head  # noqa: E402
 from minifloat.train.loss import LOSS_MODES, TrainingObjective  # noqa: E402
+from step_profile import find_syncs, profile_steps  # noqa: E402
 
 # --loss: minifloat.train.loss's modes, or the head and the cross entropy in chunks of tokens
 # (minifloat.train.head_loss: no [tokens, vocab] logits; the head deferred in the model).
 LOSSES = (*LOSS_MODES, "chunked")
-from step_profile import find_syncs, profile_steps  # noqa: E402
 
 PRESETS = {  # model -> (batch, seq, vocab)
     "1.3B": (8, 2048, 32000),
@@ -181,23 +180,18 @@ def make_step(
     """One training step on a token batch [B, T + 1]. `loss`: the cross entropy eager or
     compiled (`minifloat.train.loss`; compiled keeps 4.6-4.7 GiB less at a 1.3B step's peak),
     or "chunked": `net`'s head swapped (in place) for one that the step defers and applies with
-    the cross entropy a chunk of tokens at a time (`minifloat.train.head_loss`), under the
-    model's autocast; `chunks`: its per-chunk loss and gradient eager or compiled."""
-    chunked = loss == "chunked"
-    if chunked:
-        objective = ChunkedHeadObjective(defer_head(net), mode=chunks)
+    the cross entropy a chunk of tokens at a time (`minifloat.train.head_loss`) in the
+    model's dtype (bf16); `chunks`: its per-chunk loss and gradient eager or compiled."""
+    if loss == "chunked":
+        objective = ChunkedHeadObjective(defer_head(net), mode=chunks, dtype=torch.bfloat16)
     else:
         objective = TrainingObjective(mode=loss)
-    deferring = objective.deferring if chunked else contextlib.nullcontext
 
     def step(tokens: torch.Tensor) -> None:
-        with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
-            with deferring():  # chunked: the model returns its final hidden states
-                out = _logits(net, tokens[:, :-1])
-            total = objective(out, tokens[:, 1:])[1] if chunked else None
-        if not chunked:
-            total = objective(out, tokens[:, 1:])[1]
-        total.backward()
+        # chunked: inside `deferring` the model returns its final hidden states
+        with torch.autocast(tokens.device.type, dtype=torch.bfloat16), objective.deferring():
+            out = _logits(net, tokens[:, :-1])
+        objective(out, tokens[:, 1:])[1].backward()
         opt.step()
         if after_step is not None:
             after_step()

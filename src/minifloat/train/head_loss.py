@@ -5,9 +5,9 @@ gradient another 1 GiB; both are alive at the step's peak, when backward starts 
 activation still saved. Here the model's head can be deferred (`defer_head` swaps in a
 `DeferredHead`: inside `ChunkedHeadObjective.deferring()` the model returns its final hidden
 states, elsewhere its logits as before, for evaluation, generation and diagnostics) and
-`ChunkedHeadObjective` applies it a chunk of tokens at a time: each
-chunk's logits give the chunk's loss and, in the same pass, its gradient, from which the head's
-two backward GEMMs run at once; the chunk's logits are then dropped. Backward only scales the
+`ChunkedHeadObjective` applies it a chunk of tokens at a time: each chunk's logits give the
+chunk's loss and, in the same pass, its gradient, from which the head's two backward GEMMs run
+at once; the chunk's logits are then dropped. Backward only scales the
 two gradients kept (hidden states' and the head weight's) by the objective's incoming gradient.
 
     fprop  logits_c = h_c · Wᵀ                       (a chunk of tokens at a time)
