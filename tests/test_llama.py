@@ -234,6 +234,21 @@ def test_rope_buffers_not_in_state_dict():
     assert not any("rope" in key for key in model.state_dict())
 
 
+def test_a_compiled_model_does_not_recompile_on_its_second_call():
+    # init_weights builds the rope tables: built by the first forward instead, they changed the
+    # buffers' rank between the first and second compiled calls, and step 2 recompiled.
+    from torch._dynamo.utils import counters
+
+    model = _model()  # init_weights included
+    assert model.rope_cos.dim() == 2 and model.rope_cos.shape[0] == SMALL.max_seq_len
+    compiled = torch.compile(model, backend="eager")
+    torch._dynamo.reset()
+    counters.clear()
+    for _ in range(2):
+        compiled(torch.zeros(1, 4, dtype=torch.long))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 class _LinearSubclass(nn.Linear):
     """Stands in for QuantLinear: a subclass with the same weight, doubling the output."""
 

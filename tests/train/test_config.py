@@ -129,7 +129,6 @@ NAN, INF = float("nan"), float("inf")
         ({"max_skip_fraction": NAN}, "max-skip-fraction must be in [0, 1] and finite"),
         ({"resume": True, "overwrite": True}, "either resume or overwrite"),
         ({"loss_chunk": -1}, "loss-chunk must be >= 0"),
-        ({"loss_chunk": 8, "parallel": "fsdp"}, "loss-chunk applies the head outside"),
     ],
 )
 def test_non_finite_and_out_of_range_values_are_refused(changes: dict, message: str) -> None:

@@ -387,3 +387,38 @@ def test_the_trainer_refuses_a_chunked_head_under_fp16(tmp_path, dataset):
 
     with pytest.raises(ConfigError, match="loss-chunk needs one bf16 or fp32 compute dtype"):
         _trainer(tmp_path, dataset, "fp16", recipe="fp16", loss_chunk=24)
+
+
+def _fsdp_worker(rank: int, root: str) -> None:
+    """FSDP2 on two gloo ranks, fp32 parameters built on the meta device: the chunked head's
+    gradient reaches the sharded weight (reduce-scattered) as the whole head's does."""
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer
+
+    trainers = {}
+    for name, chunk in (("plain", 0), ("chunked", 24)):
+        config = TrainConfig(
+            recipe="bf16", model="tiny", data="stdlib", tokenizer="byte", device="cpu",
+            model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
+            data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/{name}",
+            parallel="fsdp", steps=3, batch_size=2, seq_len=32, eval_every=0, eval_batches=1,
+            z_loss=1e-4, loss_chunk=chunk, save_checkpoints=False,
+        )  # fmt: skip
+        trainers[name] = Trainer(config, progress=False)
+    plain, chunked = trainers["plain"], trainers["chunked"]
+    assert isinstance(chunked.raw_model.output, DeferredHead)
+    start = plain.raw_model.output.weight.full_tensor().clone()
+    assert torch.equal(chunked.raw_model.output.weight.full_tensor(), start)  # initialized alike
+    want = [plain.train_step()["loss"] for _ in range(3)]
+    got = [chunked.train_step()["loss"] for _ in range(3)]
+    assert got == pytest.approx(want, rel=1e-3)
+    moved = plain.raw_model.output.weight.full_tensor() - start
+    apart = chunked.raw_model.output.weight.full_tensor() - start - moved
+    assert moved.norm() > 0 and apart.norm() < 0.05 * moved.norm(), (apart.norm(), moved.norm())
+    assert chunked._evaluate() == pytest.approx(plain._evaluate(), rel=1e-3)
+
+
+def test_the_chunked_head_under_fsdp(tmp_path):
+    from gloo_ranks import spawn
+
+    spawn(_fsdp_worker, str(tmp_path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import logging
 import math
 import weakref
 from pathlib import Path
@@ -495,4 +496,47 @@ def test_resume_without_a_checkpoint_stops_before_reading_data(tmp_path: Path) -
     assert str(info.value) == (
         f"resume: no checkpoint in {tmp_path / 'run'} (looked for checkpoint.pt); "
         "set resume=False to start a new run"
+    )
+
+
+def test_compiled_training_and_validation_keep_static_shapes(tmp_path: Path, dataset) -> None:
+    """A compiled run makes three graphs, training's, validation's (grad mode differs) and the
+    loss's, all with static shapes: a validation batch smaller than training's compiles for its
+    own size, where automatic dynamic shapes had made a symbolic graph (minutes on the GPU at
+    125M), and the rope tables exist before the first call (made inside it, they recompiled
+    step 2)."""
+    from torch._dynamo.utils import counters
+
+    val_rows = (len(dataset.val_tokens) - 1) // 32
+    config = _config(tmp_path, steps=2, eval_every=1, eval_batches=1, batch_size=val_rows + 1,
+                     compile=True)  # fmt: skip
+    symbols = []
+
+    class _Symbols(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "create_symbol" in record.getMessage():
+                symbols.append(record.getMessage())
+
+    shapes_log = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    handler = _Symbols()
+    torch._dynamo.reset()
+    counters.clear()
+    torch._logging.set_logs(dynamic=logging.INFO)
+    shapes_log.addHandler(handler)
+    try:
+        train(config, dataset=dataset, progress=False)
+    finally:
+        shapes_log.removeHandler(handler)
+        torch._logging.set_logs()
+    assert symbols == []
+    assert counters["stats"]["unique_graphs"] == 3
+
+
+def test_bf16_parameters_keep_fp32_rope_tables(tmp_path: Path, dataset) -> None:
+    # The "lean" optimizer preset stores bf16 parameters: the cast must not leave bf16 tables
+    # for the first (compiled) forward to rebuild.
+    trainer = Trainer(_config(tmp_path, optim_states="lean"), dataset=dataset, progress=False)
+    assert trainer.raw_model.tok_embeddings.weight.dtype == torch.bfloat16
+    assert (
+        trainer.raw_model.rope_cos.dtype == torch.float32 and trainer.raw_model.rope_cos.dim() == 2
     )

@@ -335,11 +335,28 @@ class Llama(nn.Module):
         for module_name, module in self.named_modules():
             if isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
-            elif isinstance(module, nn.Linear | nn.Embedding):
+            # self.output: whatever stands in for the head too (train/head_loss.DeferredHead)
+            elif isinstance(module, nn.Linear | nn.Embedding) or module is self.output:
                 is_out_proj = module_name.endswith(("attention.wo", "feed_forward.w2"))
                 _normal_(module.weight, out_std if is_out_proj else std, seed, module_name)
-        self.rope_cos = torch.empty(0, device=self.output.weight.device)
-        self.rope_sin = torch.empty(0, device=self.output.weight.device)
+        self.reset_rope_tables()
+
+    def reset_rope_tables(self) -> None:
+        """Build the rope tables (fp32, `max_seq_len` rows) on the model's device.
+
+        `init_weights` calls it; call it again after `model.to(dtype)`, which casts them. Built
+        by the first forward instead, a table made inside a compiled forward changes the
+        buffers' rank between the first call and the second, and the second recompiles.
+        """
+        device = self.output.weight.device
+        # Always replaced, never kept: after to_empty they hold garbage of the right shape.
+        if device.type == "meta":
+            self.rope_cos, self.rope_sin = (torch.empty(0, device=device) for _ in range(2))
+        else:
+            c = self.config
+            self.rope_cos, self.rope_sin = rope_cos_sin(
+                c.max_seq_len, c.head_dim, c.rope_theta, device
+            )
 
 
 def _normal_(weight: torch.Tensor, std: float, seed: int, name: str) -> None:

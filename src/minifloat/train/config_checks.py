@@ -120,11 +120,6 @@ def _check_choices(cfg: TrainConfig) -> None:
             )
     if cfg.sqnr_every and cfg.parallel == "fsdp":
         raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
-    if cfg.loss_chunk and cfg.parallel == "fsdp":
-        raise ConfigError(
-            "loss-chunk applies the head outside the model's forward, where FSDP has resharded "
-            "its weight; use parallel=ddp or none"
-        )
     if cfg.size_rule:
         from minifloat.size_rule import SizeRule
 

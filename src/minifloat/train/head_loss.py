@@ -218,6 +218,11 @@ class ChunkedHeadObjective:
             loss, total = objective(hidden, targets)
         total.backward()
 
+    Under FSDP2, call `defer_head` before `fully_shard` (FSDP records each parameter's
+    module) and keep the root's parameters gathered after its forward
+    (`model.set_reshard_after_forward(False, recurse=False)`): the objective reads the head's
+    weight after the model's forward, and its gradient is reduce-scattered after backward.
+
     Args:
         head: the `DeferredHead` that `defer_head(model)` returned.
         z_loss_coef: weight of PaLM's z-loss; 0 leaves it out.

@@ -86,6 +86,7 @@ def build_model(
         model.init_weights(config.seed)
     if param_dtype(config) == torch.bfloat16:
         model.to(torch.bfloat16)
+        model.reset_rope_tables()  # fp32 again (a compiled forward would rebuild and recompile)
     convert_as = recipe if convert_recipe is None else convert_recipe
     if convert_as.quantized:
         from minifloat.convert import convert, set_recipe
@@ -99,6 +100,10 @@ def build_model(
         model_transform(model)
     if config.embed_grad_shrink < 1.0:
         attach_embedding_grad_shrink(model.tok_embeddings, config.embed_grad_shrink)
+    if config.loss_chunk:  # before FSDP, which records each parameter's module
+        from minifloat.train.head_loss import defer_head
+
+        defer_head(model)
     return llama_config, model, _wrap(model, config, runtime, deferred=deferred)
 
 
@@ -128,11 +133,19 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
         model = apply_fsdp(
             model, reduce_dtype=reduce_dtype, quantized_all_gather=config.quantized_all_gather
         )
+        if config.loss_chunk:
+            # The chunked head runs after the root's forward, on its weight: the root keeps its
+            # parameters gathered until backward (torch's own default for a root; the gradient
+            # lands on the gathered weight and is reduce-scattered after backward).
+            model.set_reshard_after_forward(False, recurse=False)
         if deferred:
             _materialize(model, runtime.device, config.seed)
     forward_module = model
+    # Static shapes (dynamic=False) in both scopes: a validation batch smaller than training's
+    # recompiles for its own shape, where automatic dynamic shapes would compile a symbolic
+    # graph, slower to build and to run (a 125M run on the H200 spent minutes on it).
     if config.compile and config.compile_scope == "model":
-        forward_module = torch.compile(model, mode=config.compile_mode)
+        forward_module = torch.compile(model, mode=config.compile_mode, dynamic=False)
     if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
         from torch.nn.parallel import DistributedDataParallel
 
@@ -156,4 +169,4 @@ def _compile_blocks(model: nn.Module, config: TrainConfig) -> None:
     except NoRepeatedBlocksError as err:
         raise ConfigError(f"compile-scope block: {err}") from None
     for block in blocks:
-        block.compile(mode=config.compile_mode)
+        block.compile(mode=config.compile_mode, dynamic=False)
