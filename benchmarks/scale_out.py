@@ -154,11 +154,12 @@ def allgather_bytes_per_step(model: nn.Module, blocks: Sequence[nn.Module], worl
 
     Per micro-batch, with reshard_after_forward=True (RESHARD_AFTER_FORWARD, the trainer's
     setting): a block's parameters are gathered for its forward and again for its backward; the
-    root's own parameters (embedding, final norm, output head) once, because FSDP2 does not
-    reshard the root after forward. Parameters are resharded after every backward, so each of
-    the ``micro_batches`` (grad_accum) gathers anew. Not counted: FSDP2's padding of shards
-    whose dim 0 is not divisible by the world size, the 4-byte amax all-reduces of tensor and
-    column scales (no all-gathers), and the evaluation forwards at the run's last step.
+    root's own parameters (embedding, final norm, output head) once, because apply_fsdp does not
+    reshard the root after forward (tests/test_distributed.py checks it). Parameters are
+    resharded after every backward, so each of the ``micro_batches`` (grad_accum) gathers anew.
+    Not counted: FSDP2's padding of shards whose dim 0 is not divisible by the world size, the
+    4-byte amax all-reduces of tensor and column scales (no all-gathers), and the evaluation
+    forwards at the run's last step.
     """
     from minifloat.fsdp_quantized import all_gather_bytes
 

@@ -162,6 +162,10 @@ def _fsdp_worker(rank: int) -> None:
         ref_loss = _loss(ref, x, y)
         ref_loss.backward()
         loss = _loss(model, _shard(x, rank), _shard(y, rank))
+        # Between forward and backward the blocks are resharded, the root is still gathered
+        # (one all-gather of it a step: benchmarks/scale_out.py's count; train/head_loss.py).
+        assert type(model.layers[0].attention.wq.weight).__name__ == "DTensor"
+        assert type(model.output.weight).__name__ != "DTensor"
         loss.backward()
         at = _tiny_model()  # gradients at the same point
         at.load_state_dict({k: v.full_tensor() for k, v in model.state_dict().items()})

@@ -327,6 +327,7 @@ def apply_fsdp(
     blocks: the modules to shard one by one before the root; None finds them
     (blocks.find_repeated_blocks, which raises NoRepeatedBlocksError, a ValueError, when the
     model has none); pass `()` to shard the root alone.
+    reshard_after_forward applies to the blocks; the root is never resharded after forward.
     MixedPrecisionPolicy(param_dtype, reduce_dtype): param_dtype=None computes with the stored
     dtype (use bf16 autocast for mixed precision), reduce_dtype=fp32 reduce-scatters gradients
     in fp32 (the AMP rule). Works on converted models: QuantLinear is an nn.Linear subclass and
@@ -345,5 +346,8 @@ def apply_fsdp(
         enable_quantized_all_gather(model, world_size=world)
     for block in blocks:
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    # The root keeps its own parameters (embedding, final norm, head) gathered from forward to
+    # backward, as fully_shard does for a root by default: backward needs them again at once,
+    # and a head applied after the forward (train/head_loss.py) reads the gathered weight.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
     return model

@@ -133,11 +133,6 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
         model = apply_fsdp(
             model, reduce_dtype=reduce_dtype, quantized_all_gather=config.quantized_all_gather
         )
-        if config.loss_chunk:
-            # The chunked head runs after the root's forward, on its weight: the root keeps its
-            # parameters gathered until backward (torch's own default for a root; the gradient
-            # lands on the gathered weight and is reduce-scattered after backward).
-            model.set_reshard_after_forward(False, recurse=False)
         if deferred:
             _materialize(model, runtime.device, config.seed)
     forward_module = model
