@@ -246,6 +246,8 @@ def run_row(args, row: str, batches: list[torch.Tensor], optim_states: str = "fp
     world = init_process_group(args.device)[1] if mode else 1
     model = build_model(args.model, args.impl, args.vocab, args.seq, args.device, args.layers)
     net = prepare(model, base, fsdp_float8_all_gather=mode == "qag")
+    if args.loss == "chunked":  # before fully_shard, which records each parameter's module
+        defer_head(net)
     if mode:
         compiled = shard_model(net, args, mode, torchao)
     else:

@@ -146,6 +146,29 @@ def test_ddp_trains_a_chunked_head():
     spawn(_chunked_head_ddp_worker)
 
 
+def _ddp_trainer_worker(rank: int, root: str) -> None:
+    # Every rank builds the same rope tables (Llama.init_weights): DDP must not broadcast
+    # them before each forward, as it broadcasts the buffers it holds.
+    from minifloat.train.config import TrainConfig
+    from minifloat.train.trainer import Trainer
+
+    config = TrainConfig(
+        recipe="bf16", model="tiny", data="stdlib", tokenizer="byte", device="cpu",
+        model_overrides={"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64},
+        data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/ddp",
+        parallel="ddp", steps=1, batch_size=2, seq_len=16, eval_every=0, save_checkpoints=False,
+    )  # fmt: skip
+    trainer = Trainer(config, progress=False)
+    held = trainer.model.modules_buffers  # what DDP broadcasts
+    assert trainer.raw_model.rope_cos.numel() > 0
+    assert not any(b is trainer.raw_model.rope_cos or b is trainer.raw_model.rope_sin for b in held)
+    assert math.isfinite(trainer.train_step()["loss"])
+
+
+def test_ddp_does_not_broadcast_the_rope_tables(tmp_path):
+    spawn(_ddp_trainer_worker, str(tmp_path))
+
+
 # ---- FSDP2 training vs single process ----------------------------------------------------------
 
 

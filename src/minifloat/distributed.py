@@ -327,7 +327,8 @@ def apply_fsdp(
     blocks: the modules to shard one by one before the root; None finds them
     (blocks.find_repeated_blocks, which raises NoRepeatedBlocksError, a ValueError, when the
     model has none); pass `()` to shard the root alone.
-    reshard_after_forward applies to the blocks; the root is never resharded after forward.
+    reshard_after_forward applies to the blocks; the root is not resharded after forward unless
+    it is sharded alone (`blocks=()`).
     MixedPrecisionPolicy(param_dtype, reduce_dtype): param_dtype=None computes with the stored
     dtype (use bf16 autocast for mixed precision), reduce_dtype=fp32 reduce-scatters gradients
     in fp32 (the AMP rule). Works on converted models: QuantLinear is an nn.Linear subclass and
@@ -349,5 +350,6 @@ def apply_fsdp(
     # The root keeps its own parameters (embedding, final norm, head) gathered from forward to
     # backward, as fully_shard does for a root by default: backward needs them again at once,
     # and a head applied after the forward (train/head_loss.py) reads the gathered weight.
-    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+    # Alone (no blocks) the root is the whole model: the caller's setting holds.
+    fully_shard(model, **{**kwargs, "reshard_after_forward": reshard_after_forward and not blocks})
     return model

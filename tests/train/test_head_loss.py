@@ -416,6 +416,14 @@ def _fsdp_worker(rank: int, root: str) -> None:
     apart = chunked.raw_model.output.weight.full_tensor() - start - moved
     assert moved.norm() > 0 and apart.norm() < 0.05 * moved.norm(), (apart.norm(), moved.norm())
     assert chunked._evaluate() == pytest.approx(plain._evaluate(), rel=1e-3)
+    # Deferred after sharding, FSDP would gather onto the swapped-out head: refused.
+    from minifloat.distributed import apply_fsdp
+
+    sharded = apply_fsdp(
+        Llama(LlamaConfig(dim=32, n_layers=2, n_heads=2, ffn_dim=64, vocab_size=64))
+    )
+    with pytest.raises(ValueError, match="already sharded; call defer_head before fully_shard"):
+        defer_head(sharded)
 
 
 def test_the_chunked_head_under_fsdp(tmp_path):

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from minifloat.convert import is_output_head
 
@@ -104,6 +105,11 @@ def defer_head(model: nn.Module) -> DeferredHead:
         )
     if head.bias is not None:
         raise ValueError(f"defer_head: the output head {name!r} has a bias, which is not supported")
+    if isinstance(head.weight, DTensor):  # FSDP would keep gathering onto the swapped-out head
+        raise ValueError(
+            f"defer_head: the output head {name!r} is already sharded; call defer_head before "
+            "fully_shard / apply_fsdp"
+        )
     parent_name, _, attr = name.rpartition(".")
     deferred = DeferredHead(head)
     setattr(model.get_submodule(parent_name), attr, deferred)

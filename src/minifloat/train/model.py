@@ -147,6 +147,10 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
         from minifloat.distributed import register_grad_comm_hook
 
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        # Every rank builds the same rope tables: DDP need not broadcast them each step.
+        rope = [name for name, _ in forward_module.named_buffers() if name.endswith("rope_cos")
+                or name.endswith("rope_sin")]  # fmt: skip
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(forward_module, rope)
         forward_module = DistributedDataParallel(forward_module, device_ids=device_ids)
         register_grad_comm_hook(forward_module, config.grad_comm)
     return forward_module
