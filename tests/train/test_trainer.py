@@ -502,7 +502,7 @@ def test_resume_without_a_checkpoint_stops_before_reading_data(tmp_path: Path) -
 def test_compiled_training_and_validation_keep_static_shapes(tmp_path: Path, dataset) -> None:
     """A compiled run makes three graphs, training's, validation's (grad mode differs) and the
     loss's, all with static shapes: a validation batch smaller than training's compiles for its
-    own size, where automatic dynamic shapes had made a symbolic graph (minutes on the GPU at
+    own size, where automatic dynamic shapes had made a symbolic graph (slow to build on the GPU at
     125M), and the rope tables exist before the first call (made inside it, they recompiled
     step 2)."""
     from torch._dynamo.utils import counters

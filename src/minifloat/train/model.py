@@ -138,7 +138,8 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
     forward_module = model
     # Static shapes (dynamic=False) in both scopes: a validation batch smaller than training's
     # recompiles for its own shape, where automatic dynamic shapes would compile a symbolic
-    # graph, slower to build and to run (a 125M run on the H200 spent minutes on it).
+    # graph, slower to build (with the old rope recompile, a 125M run on the H200 had not
+    # finished step 50 after 10 minutes; session 56).
     if config.compile and config.compile_scope == "model":
         forward_module = torch.compile(model, mode=config.compile_mode, dynamic=False)
     if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
