@@ -54,9 +54,11 @@ def init_process_group(device: str) -> tuple[int, int]:
                 port = sock.getsockname()[1]
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=str(port), LOCAL_RANK="0")  # fmt: skip
+        gpu = None
         if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+            gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(gpu)
+        dist.init_process_group("nccl" if gpu else "gloo", device_id=gpu)
     return dist.get_rank(), dist.get_world_size()
 
 

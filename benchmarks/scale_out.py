@@ -249,11 +249,13 @@ def _join_process_group(device: str) -> torch.device:
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise SystemExit("scale_out run: launch it with torchrun --nproc-per-node N, N >= 2")
     cuda = device != "cpu" and torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else None
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
     # Rank 0 alone writes a full checkpoint while the others wait: allow slow saves.
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
-    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    timeout = datetime.timedelta(minutes=30)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout, device_id=gpu)
+    return gpu if gpu is not None else torch.device("cpu")
 
 
 def _load_dataset_rank0_first(config: TrainConfig, progress: bool) -> Any:

@@ -89,12 +89,16 @@ def setup(device: str = "auto") -> Runtime:
             torch.cuda.set_device(base)
         return Runtime(device=base)
     owns = not dist.is_initialized()
-    if owns:
-        dist.init_process_group(backend="nccl" if base.type == "cuda" else "gloo")
-    rank = dist.get_rank()
+    rank = int(os.environ.get("RANK", "0")) if owns else dist.get_rank()
     if base.type == "cuda":
         base = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(base)
+    if owns:
+        # Bound to this rank's GPU, NCCL builds its communicator for it; unbound, every
+        # barrier warns that it guesses the device from the current one.
+        device_id = base if base.type == "cuda" else None
+        dist.init_process_group(backend="nccl" if device_id else "gloo", device_id=device_id)
+        rank = dist.get_rank()
     return Runtime(
         device=base, rank=rank, world_size=dist.get_world_size(), owns_process_group=owns
     )
