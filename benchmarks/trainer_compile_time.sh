@@ -4,9 +4,9 @@
 #
 #   OUT=out bash benchmarks/trainer_compile_time.sh model block model-dynamic
 #
-# Variants: model (the default --compile-scope model), block (--compile-scope block),
-# model-dynamic (model scope with dynamo's automatic dynamic shapes, as before session 56's
-# `dynamic=False`: a patched copy of src/). Each runs the 125M fp8-tensorwise trainer for
+# Variants: block (--compile-scope block, the default since session 57), model (--compile-scope
+# model, the default before), model-dynamic (model scope with dynamo's automatic dynamic shapes,
+# as before session 56's `dynamic=False`: a patched copy of src/). Each runs the 125M fp8-tensorwise trainer for
 # $STEPS steps with validation twice, TORCH_LOGS=recompiles, under a kill after $LIMIT s; its
 # log, then one summary line (wall s, first step s, median step s, recompiles) go to $OUT.
 set -uo pipefail

@@ -165,3 +165,14 @@ def test_run_management_settings_stay_out_of_the_fingerprint() -> None:
                           compile_mode="reduce-overhead").trajectory_fields(1)  # fmt: skip
     assert changed == base
     assert TrainConfig().ckpt_every == 500 and TrainConfig().keep_checkpoints == 2
+
+
+def test_compiled_runs_compile_per_block_by_default() -> None:
+    assert TrainConfig().compiled_scope is None  # not compiled
+    assert TrainConfig(compile=True).compiled_scope == "block"
+    assert TrainConfig(compile=True, compile_scope="model").compiled_scope == "model"
+    for scope in ("block", "model"):
+        with pytest.raises(ConfigError, match=f"compile-scope {scope} needs compile"):
+            TrainConfig(compile_scope=scope)
+    with pytest.raises(ConfigError, match="compile-scope must be one of model, block"):
+        TrainConfig(compile=True, compile_scope="layer")

@@ -12,6 +12,7 @@ import torch
 from minifloat.models import Llama, get_config
 from minifloat.train.checkpoint import CheckpointError, load_checkpoint
 from minifloat.train.cli import main
+from minifloat.train.config import ConfigError, TrainConfig
 from minifloat.train.export import export_run
 
 SMALL = ["dim=32", "n_layers=2", "n_heads=2", "ffn_dim=64"]
@@ -171,3 +172,25 @@ def test_export_of_a_run_whose_recipe_draws_random_numbers(tmp_path: Path, datas
     assert any(k.endswith(".rng_state") for k in state)
     exported = export_run(tmp_path / "run", tmp_path / "hf")
     assert exported.step == 2 and exported.recipe == "mxfp4"
+
+
+def test_a_run_stored_before_block_became_the_default_scope(run_dir: Path, tmp_path: Path) -> None:
+    """Before session 57 every run stored compile_scope "model" (then the default), compiled
+    or not; a config now refuses a scope without compile. Such a run still resumes and exports."""
+    import shutil
+
+    from minifloat.train.checkpoint import read_checkpoint_header, save_checkpoint
+    from minifloat.train.cli import _train_config, build_parser
+
+    old = tmp_path / "run"
+    shutil.copytree(run_dir, old)
+    header = read_checkpoint_header(old / "checkpoint.pt")
+    state = load_checkpoint(old / "checkpoint.pt")
+    assert state["config"]["compile"] is False and state["config"]["compile_scope"] is None
+    state["config"] = {**state["config"], "compile_scope": "model"}
+    save_checkpoint(old / "checkpoint.pt", state, fields=header["fields"])
+    with pytest.raises(ConfigError, match="compile-scope model needs compile"):
+        TrainConfig.from_dict(state["config"])
+    config = _train_config(build_parser().parse_args(["train", "--out", str(old), "--resume"]))
+    assert config.compile_scope is None and config.compiled_scope is None
+    assert export_run(old, tmp_path / "hf").step == 3

@@ -389,9 +389,10 @@ def test_the_trainer_refuses_a_chunked_head_under_fp16(tmp_path, dataset):
         _trainer(tmp_path, dataset, "fp16", recipe="fp16", loss_chunk=24)
 
 
-def _fsdp_worker(rank: int, root: str) -> None:
-    """FSDP2 on two gloo ranks, fp32 parameters built on the meta device: the chunked head's
-    gradient reaches the sharded weight (reduce-scattered) as the whole head's does."""
+def _fsdp_worker(rank: int, root: str, compiled: bool) -> None:
+    """FSDP2 on two gloo ranks, fp32 parameters built on the meta device, eager or each block
+    compiled: the chunked head's gradient reaches the sharded weight (reduce-scattered) as the
+    whole head's does."""
     from minifloat.train.config import TrainConfig
     from minifloat.train.trainer import Trainer
 
@@ -402,7 +403,7 @@ def _fsdp_worker(rank: int, root: str) -> None:
             model_overrides={"dim": 32, "n_layers": 2, "n_heads": 2, "ffn_dim": 64},
             data_max_bytes=100_000, cache_dir=f"{root}/cache{rank}", out_dir=f"{root}/{name}",
             parallel="fsdp", steps=3, batch_size=2, seq_len=32, eval_every=0, eval_batches=1,
-            z_loss=1e-4, loss_chunk=chunk, save_checkpoints=False,
+            z_loss=1e-4, loss_chunk=chunk, save_checkpoints=False, compile=compiled,
         )  # fmt: skip
         trainers[name] = Trainer(config, progress=False)
     plain, chunked = trainers["plain"], trainers["chunked"]
@@ -416,6 +417,8 @@ def _fsdp_worker(rank: int, root: str) -> None:
     apart = chunked.raw_model.output.weight.full_tensor() - start - moved
     assert moved.norm() > 0 and apart.norm() < 0.05 * moved.norm(), (apart.norm(), moved.norm())
     assert chunked._evaluate() == pytest.approx(plain._evaluate(), rel=1e-3)
+    if compiled:
+        return
     # Deferred after sharding, FSDP would gather onto the swapped-out head: refused.
     from minifloat.distributed import apply_fsdp
 
@@ -426,7 +429,8 @@ def _fsdp_worker(rank: int, root: str) -> None:
         defer_head(sharded)
 
 
-def test_the_chunked_head_under_fsdp(tmp_path):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_chunked_head_under_fsdp(tmp_path, compiled):
     from gloo_ranks import spawn
 
-    spawn(_fsdp_worker, str(tmp_path))
+    spawn(_fsdp_worker, str(tmp_path), compiled)

@@ -499,7 +499,10 @@ def test_resume_without_a_checkpoint_stops_before_reading_data(tmp_path: Path) -
     )
 
 
-def test_compiled_training_and_validation_keep_static_shapes(tmp_path: Path, dataset) -> None:
+@pytest.mark.parametrize("scope", ["block", "model"])
+def test_compiled_training_and_validation_keep_static_shapes(
+    tmp_path: Path, dataset, scope: str
+) -> None:
     """A compiled run makes three graphs, training's, validation's (grad mode differs) and the
     loss's, all with static shapes: a validation batch smaller than training's compiles for its
     own size, where automatic dynamic shapes had made a symbolic graph (slow to build on the GPU at
@@ -509,7 +512,7 @@ def test_compiled_training_and_validation_keep_static_shapes(tmp_path: Path, dat
 
     val_rows = (len(dataset.val_tokens) - 1) // 32
     config = _config(tmp_path, steps=2, eval_every=1, eval_batches=1, batch_size=val_rows + 1,
-                     compile=True)  # fmt: skip
+                     compile=True, compile_scope=scope)  # fmt: skip
     symbols = []
 
     class _Symbols(logging.Handler):

@@ -29,6 +29,7 @@ from minifloat.train.checkpoint import (
     read_checkpoint_header,
     save_checkpoint,
 )
+from minifloat.train.config import current_settings
 from minifloat.train.errors import (
     CheckpointError,
     CheckpointMismatchError,
@@ -72,7 +73,7 @@ def read_stored_config(path: str | os.PathLike) -> dict[str, Any]:
     config = read_sharded_config(path) if is_sharded(path) else read_checkpoint_config(path)
     if not isinstance(config, dict):
         raise CheckpointError(f"checkpoint {path} holds no run settings")
-    return dict(config)
+    return current_settings(config)
 
 
 def is_sharded(path: Path) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
     "TrainConfig",
     "check_model_overrides",
     "check_setting_type",
+    "current_settings",
 ]
 
 
@@ -119,7 +120,9 @@ class TrainConfig:
     device: str = "auto"
     compile: bool = False
     compile_mode: str = "default"  # torch.compile's mode; "reduce-overhead" = CUDA graphs
-    compile_scope: str = "model"  # "block": each repeated block compiled (one graph for all)
+    # With compile: "block" (each repeated block compiled, one graph for all) or "model" (one
+    # graph of the whole model); None: "block" (see compiled_scope).
+    compile_scope: str | None = None
     size_rule: str = ""  # "IN:OUT[,...]": layers this small stay in bf16 (size_rule.py); "": none
     parallel: str = "none"
     grad_comm: str = "fp32"
@@ -177,6 +180,20 @@ class TrainConfig:
         defaults = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["default"])
         updates = {k: v for k, v in defaults.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **updates)
+
+    @property
+    def compiled_scope(self) -> str | None:
+        """What ``torch.compile`` wraps: None (not compiled), "block" or "model".
+
+        Per block by default: identical blocks share one graph, so compiling takes one block's
+        time. A 125M run on an H200 took its first step after 18 s per block against 128 s as
+        one graph; per block it finished 30 steps and two validations in 47 s, where one graph
+        was still compiling its validation graph after 175 s (session 57). One graph ran its
+        steps ~11 % faster there (48 against 54 ms).
+        """
+        if not self.compile:
+            return None
+        return self.compile_scope or "block"
 
     def total_steps(self, world_size: int = 1) -> int:
         """Optimizer steps of the run (from ``steps``, ``tokens`` or the default of 200)."""
@@ -255,3 +272,15 @@ class TrainConfig:
         fields["total_steps"] = cfg.total_steps(world_size)
         fields["world_size"] = world_size
         return fields
+
+
+def current_settings(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings a checkpoint stored (``TrainConfig.to_dict()``), in today's form.
+
+    Before session 57 every run stored ``compile_scope="model"``, then the default, compiled or
+    not; a config now refuses a scope without ``compile``. Uncompiled, the scope never mattered.
+    """
+    values = dict(stored)
+    if not values.get("compile") and values.get("compile_scope") == "model":
+        values["compile_scope"] = None
+    return values

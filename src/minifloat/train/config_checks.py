@@ -113,11 +113,9 @@ def _check_choices(cfg: TrainConfig) -> None:
         check_corpus_name(cfg.data)  # before the run directory is made
     except DataError as exc:
         raise ConfigError(str(exc)) from None
-    for name, allowed in CHOICES.items():
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(
-                f"{_flag(name)} must be one of {', '.join(allowed)}, got {getattr(cfg, name)!r}"
-            )
+    for name, allowed in CHOICES.items():  # None: the field's default (compile_scope's)
+        if (value := getattr(cfg, name)) is not None and value not in allowed:
+            raise ConfigError(f"{_flag(name)} must be one of {', '.join(allowed)}, got {value!r}")
     if cfg.sqnr_every and cfg.parallel == "fsdp":
         raise ConfigError("sqnr-every needs whole layers on rank 0; use parallel=ddp or none")
     if cfg.size_rule:
@@ -129,7 +127,7 @@ def _check_choices(cfg: TrainConfig) -> None:
             raise ConfigError(str(err)) from None
     if cfg.compile_mode != "default" and not cfg.compile:
         raise ConfigError(f"compile-mode {cfg.compile_mode} needs compile (--compile)")
-    if cfg.compile_scope != "model" and not cfg.compile:
+    if cfg.compile_scope is not None and not cfg.compile:
         raise ConfigError(f"compile-scope {cfg.compile_scope} needs compile (--compile)")
     if cfg.quantized_all_gather and cfg.parallel != "fsdp":
         raise ConfigError("quantized-all-gather needs parallel=fsdp")

@@ -18,7 +18,7 @@ import torch
 
 from minifloat.errors import first_line
 from minifloat.train.checkpoint import load_checkpoint
-from minifloat.train.config import TrainConfig
+from minifloat.train.config import TrainConfig, current_settings
 from minifloat.train.errors import CheckpointError, ConfigError, RunWarning
 
 __all__ = ["ExportedRun", "export_run"]
@@ -107,7 +107,8 @@ def export_run(
     path, state = _load_newest(Path(run_dir))
     try:
         known = {f.name for f in dataclasses.fields(TrainConfig)}
-        config = TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})
+        stored = current_settings(state["config"])
+        config = TrainConfig.from_dict({k: v for k, v in stored.items() if k in known})
         # The saved embedding's rows are the run's vocabulary (the tokenizer is not reopened).
         vocab_size = int(state["model"]["tok_embeddings.weight"].shape[0])
         model = Llama(model_config(config, vocab_size=vocab_size))

@@ -140,7 +140,7 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
     # recompiles for its own shape, where automatic dynamic shapes would compile a symbolic
     # graph, slower to build (with the old rope recompile, a 125M run on the H200 had not
     # finished step 50 after 10 minutes; session 56).
-    if config.compile and config.compile_scope == "model":
+    if config.compiled_scope == "model":
         forward_module = torch.compile(model, mode=config.compile_mode, dynamic=False)
     if config.parallel == "ddp" or (runtime.distributed and config.parallel == "none"):
         from torch.nn.parallel import DistributedDataParallel
@@ -160,7 +160,7 @@ def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: 
 def _compile_blocks(model: nn.Module, config: TrainConfig) -> None:
     """Under `compile_scope="block"`, compile each repeated block in place (`Module.compile`:
     parameter names and the state_dict stay those of the plain model)."""
-    if not (config.compile and config.compile_scope == "block"):
+    if config.compiled_scope != "block":
         return
     from minifloat.blocks import NoRepeatedBlocksError, find_repeated_blocks
 
