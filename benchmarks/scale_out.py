@@ -310,6 +310,7 @@ def _start_record(args: argparse.Namespace, config: TrainConfig, dataset: Any, s
         "total_steps": cfg.steps,
         "chunk_steps": args.chunk_steps,
         "compile": cfg.compile,
+        "compile_scope": cfg.compiled_scope,
         "grad_comm": cfg.grad_comm,
         "quantized_allgather": cfg.quantized_all_gather,
         "start_step": start,

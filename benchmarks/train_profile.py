@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
         seq_len=args.seq_len,
         steps=args.warmup + args.steps + args.profile_steps,
         compile=args.compile,
+        # one graph, as this script's committed results (the trainer's default is per block)
+        compile_scope="model" if args.compile else None,
         device=args.device,
         eval_batches=0,
         save_checkpoints=False,

@@ -162,7 +162,8 @@ def test_run_management_settings_stay_out_of_the_fingerprint() -> None:
     base = TrainConfig().trajectory_fields(1)
     changed = TrainConfig(keep_checkpoints=5, overwrite=True, max_skip_fraction=0.1,
                           weight_guard=False, ckpt_every=7, compile=True,
-                          compile_mode="reduce-overhead").trajectory_fields(1)  # fmt: skip
+                          compile_mode="reduce-overhead",
+                          compile_scope="model").trajectory_fields(1)  # fmt: skip
     assert changed == base
     assert TrainConfig().ckpt_every == 500 and TrainConfig().keep_checkpoints == 2
 

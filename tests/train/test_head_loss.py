@@ -408,6 +408,8 @@ def _fsdp_worker(rank: int, root: str, compiled: bool) -> None:
         trainers[name] = Trainer(config, progress=False)
     plain, chunked = trainers["plain"], trainers["chunked"]
     assert isinstance(chunked.raw_model.output, DeferredHead)
+    blocks_compiled = [b._compiled_call_impl is not None for b in chunked.raw_model.layers]
+    assert blocks_compiled == [compiled] * len(blocks_compiled)
     start = plain.raw_model.output.weight.full_tensor().clone()
     assert torch.equal(chunked.raw_model.output.weight.full_tensor(), start)  # initialized alike
     want = [plain.train_step()["loss"] for _ in range(3)]

@@ -40,3 +40,27 @@ def test_a_failed_run_leaves_without_waiting(tmp_path: Path) -> None:
     spawn(_close_after, tmp_path, False)
     entered, left = (float((tmp_path / name).read_text()) for name in ("entered", "left"))
     assert left < entered
+
+
+def _join_with_setup(rank: int, port: int) -> None:
+    import os
+
+    from minifloat.train.runtime import setup
+
+    dist.destroy_process_group()  # spawn's own group: setup must make the run's
+    os.environ.update(RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    runtime = setup("cpu")
+    assert runtime.owns_process_group and dist.get_backend() == "gloo"
+    assert (runtime.rank, runtime.world_size, runtime.device) == (rank, WORLD, torch.device("cpu"))
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    assert total.item() == WORLD * (WORLD + 1) / 2
+    runtime.close(finished=True)
+    assert not dist.is_initialized()
+
+
+def test_setup_joins_torchruns_group_from_its_variables() -> None:
+    """Under torchrun (RANK, WORLD_SIZE, MASTER_*), setup makes the group and owns it."""
+    from gloo_ranks import _free_port
+
+    spawn(_join_with_setup, _free_port())

@@ -234,17 +234,24 @@ def test_resume_with_another_switch_is_a_mismatch(tmp_path: Path, dataset) -> No
         train(other, dataset=dataset, progress=False)
 
 
-def test_a_compiled_model_follows_the_switch() -> None:
-    """torch.compile guards on each layer's recipe: after set_recipe the compiled model
-    recompiles and computes as the eager one, instead of replaying the old recipe's graph.
-    (The trainer relies on this; dynamo's guards do not depend on the backend.)"""
+@pytest.mark.parametrize("scope", ["model", "block"])
+def test_a_compiled_model_follows_the_switch(scope: str) -> None:
+    """torch.compile guards on each layer's recipe: after set_recipe the compiled model (one
+    graph, or each child compiled in place as the trainer's default scope does) recompiles and
+    computes as the eager one, instead of replaying the old recipe's graph. (The trainer relies
+    on this; dynamo's guards do not depend on the backend.)"""
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
     convert(eager, "fp4")
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, backend="eager")
+    if scope == "model":
+        compiled = torch.compile(model, backend="eager")
+    else:
+        for child in model:
+            child.compile(backend="eager")
+        compiled = model
     x = torch.randn(16, 32)
     outputs, graphs = [], []
     for recipe in ("fp4", "bf16", "fp8-tensorwise", "fp4"):

@@ -79,8 +79,8 @@ def _resolve_device(name: str) -> torch.device:
 def setup(device: str = "auto") -> Runtime:
     """Resolve the device and, under torchrun (WORLD_SIZE > 1), join the process group.
 
-    Each rank uses CUDA device ``rank % device_count`` (one process per GPU, same GPU count on
-    every node); the backend is NCCL on CUDA and gloo on CPU.
+    Each rank uses CUDA device ``LOCAL_RANK`` (torchrun's rank within its node; else ``rank %
+    device_count``); the backend is NCCL on CUDA, bound to that device, and gloo on CPU.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     base = _resolve_device(device)
@@ -91,7 +91,9 @@ def setup(device: str = "auto") -> Runtime:
     owns = not dist.is_initialized()
     rank = int(os.environ.get("RANK", "0")) if owns else dist.get_rank()
     if base.type == "cuda":
-        base = torch.device("cuda", rank % torch.cuda.device_count())
+        local = os.environ.get("LOCAL_RANK")
+        index = int(local) if local is not None else rank % torch.cuda.device_count()
+        base = torch.device("cuda", index)
         torch.cuda.set_device(base)
     if owns:
         # Bound to this rank's GPU, NCCL builds its communicator for it; unbound, every
