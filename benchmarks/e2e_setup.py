@@ -45,6 +45,8 @@ def init_process_group(device: str) -> tuple[int, int]:
     plainly (FSDP2 rows need one); on CUDA each rank takes its LOCAL_RANK's GPU."""
     import torch.distributed as dist
 
+    from minifloat.train.runtime import join_process_group
+
     if not dist.is_initialized():
         if "RANK" not in os.environ:
             import socket
@@ -54,11 +56,7 @@ def init_process_group(device: str) -> tuple[int, int]:
                 port = sock.getsockname()[1]
             os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=str(port), LOCAL_RANK="0")  # fmt: skip
-        gpu = None
-        if device == "cuda":
-            gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(gpu)
-        dist.init_process_group("nccl" if gpu else "gloo", device_id=gpu)
+        join_process_group("cuda" if device == "cuda" else "cpu")
     return dist.get_rank(), dist.get_world_size()
 
 

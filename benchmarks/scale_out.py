@@ -61,6 +61,7 @@ from minifloat.train.build import load_dataset  # noqa: E402
 from minifloat.train.cli import parse_override  # noqa: E402
 from minifloat.train.config import TrainConfig  # noqa: E402
 from minifloat.train.metrics import peak_flops  # noqa: E402
+from minifloat.train.runtime import join_process_group  # noqa: E402
 from scale_out_report import (  # noqa: E402, F401 - re-exported: tests and callers use them here
     BASELINE_RECIPE,
     DONE_NAME,
@@ -249,13 +250,8 @@ def _join_process_group(device: str) -> torch.device:
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         raise SystemExit("scale_out run: launch it with torchrun --nproc-per-node N, N >= 2")
     cuda = device != "cpu" and torch.cuda.is_available()
-    gpu = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else None
-    if gpu is not None:
-        torch.cuda.set_device(gpu)
     # Rank 0 alone writes a full checkpoint while the others wait: allow slow saves.
-    timeout = datetime.timedelta(minutes=30)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout, device_id=gpu)
-    return gpu if gpu is not None else torch.device("cpu")
+    return join_process_group("cuda" if cuda else "cpu", timeout=datetime.timedelta(minutes=30))
 
 
 def _load_dataset_rank0_first(config: TrainConfig, progress: bool) -> Any:

@@ -7,6 +7,7 @@ itself). Parallelism stays out of the model: the trainer wraps it with DDP or FS
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 import random
@@ -23,8 +24,10 @@ __all__ = [
     "any_rank",
     "broadcast_object",
     "is_out_of_memory",
+    "join_process_group",
     "max_across_ranks",
     "mean_across_ranks",
+    "rank_device",
     "seed_everything",
     "setup",
 ]
@@ -89,21 +92,42 @@ def setup(device: str = "auto") -> Runtime:
             torch.cuda.set_device(base)
         return Runtime(device=base)
     owns = not dist.is_initialized()
-    rank = int(os.environ.get("RANK", "0")) if owns else dist.get_rank()
-    if base.type == "cuda":
-        local = os.environ.get("LOCAL_RANK")
-        index = int(local) if local is not None else rank % torch.cuda.device_count()
-        base = torch.device("cuda", index)
-        torch.cuda.set_device(base)
     if owns:
-        # Bound to this rank's GPU, NCCL builds its communicator for it; unbound, every
-        # barrier warns that it guesses the device from the current one.
-        device_id = base if base.type == "cuda" else None
-        dist.init_process_group(backend="nccl" if device_id else "gloo", device_id=device_id)
-        rank = dist.get_rank()
-    return Runtime(
-        device=base, rank=rank, world_size=dist.get_world_size(), owns_process_group=owns
+        base = join_process_group(base.type)
+    elif base.type == "cuda":
+        base = rank_device("cuda")
+    return Runtime(device=base, rank=dist.get_rank(), world_size=dist.get_world_size(),
+                   owns_process_group=owns)  # fmt: skip
+
+
+def rank_device(device_type: str) -> torch.device:
+    """This rank's device, made current: the GPU of ``LOCAL_RANK`` (torchrun's rank within its
+    node; without it ``RANK % device_count``) on CUDA, else ``device_type``'s device."""
+    if device_type != "cuda":
+        return torch.device(device_type)
+    local = os.environ.get("LOCAL_RANK")
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+    device = torch.device(
+        "cuda", int(local) if local is not None else rank % torch.cuda.device_count()
     )
+    torch.cuda.set_device(device)
+    return device
+
+
+def join_process_group(
+    device_type: str, *, timeout: datetime.timedelta | None = None
+) -> torch.device:
+    """Join torchrun's process group (its environment variables) on this rank's device, which
+    it returns: NCCL bound to the rank's GPU (:func:`rank_device`), gloo on CPU.
+
+    Bound, NCCL builds its communicator for that GPU; unbound, every barrier warns that it
+    guesses the device from the current one.
+    """
+    device = rank_device(device_type)
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout,
+                            device_id=device if cuda else None)  # fmt: skip
+    return device
 
 
 def seed_everything(seed: int) -> None:
