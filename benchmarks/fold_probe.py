@@ -22,8 +22,9 @@ bits differ from the library's definition):
 Session 52 (`fold_probe_s52{,_magic}_h200_2026-11-29.md`, where "library" is the products form
 and "E2M1 by magic" today's): the float64 work and the transposed store cost little (`library`
 0.164 ms at 16384 x 4096, `Δx inv` 0.164, `z by m` 0.158, z transposed +0.011); one output,
-even a plain E4M3 cast, runs at 56-59 % of copy bandwidth and three at 71-75 %: these one-byte
-outputs of inductor's kernels fall short of their bytes however little arithmetic they carry.
+the `x_q only, E4M3 cast` floor, runs at 56-59 % of copy bandwidth and three at 71-75 %. That
+floor clamps to OCC's bounds first, and the clamp's instructions are what cost: a scaled cast
+without it runs at 90-100 % (session 58, `benchmarks/cast_probe.py`).
 E2M1 by two additions was 1-2 % faster than by products in every shape.
 Bits: every exact row is checked compiled against eager, and `library`'s z against
 occ.fold_remainder. Bandwidth = (2 bytes read + 1 per output) / kernel time, as a share of the

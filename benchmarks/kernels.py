@@ -1,6 +1,7 @@
 """Quantizer bandwidth and exactness on the GPU, and `_scaled_mm` behaviour probes.
 
-    PYTHONPATH=src python benchmarks/kernels.py [--out-dir DIR]
+    PYTHONPATH=src python benchmarks/kernels.py [--out-dir DIR] [--date D] [--tag T]
+        [--scale-format inv|fp32]
 
 For each operand quantization QuantLinear runs (M = 16384 tokens at the 7B widths, and the 125M
 model's 32768 x 768 / 2048), times `kernels/operand.quantize_operand` compiled on its own
@@ -13,7 +14,10 @@ transposed FP8 copy (`transpose_copy`) that training runs after the transposed o
 compiled quantizer's values and scales equal `minifloat.quantize.quantize` on the CPU bit for
 bit (random data with exact grid midpoints, zeros, NaN, inf, subnormals). Also: which fp32 order
 row-wise `_scaled_mm` applies scales in (the emulation uses the same).
-Results: benchmarks/results/kernels_<gpu>_<date>.{md,json}.
+Scales in the "inv" format by default, the one every absmax recipe quantizes with since session
+38 (`--scale-format fp32`: the format these tables used until session 58, whose casts keep a clamp
+to the format's range that the "inv" casts leave out; `round_to_storage`).
+Results: benchmarks/results/kernels[_<tag>]_<gpu>_<date>.{md,json}.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ SMALL_PASS = 0.01
 SHAPES = ((M, 4096), (M, 11008), (M, 2048), (32768, 768), (32768, 2048))
 
 
-def _cases(x: torch.Tensor, col: torch.Tensor, row: torch.Tensor) -> dict:
+def _cases(x: torch.Tensor, col: torch.Tensor, row: torch.Tensor, scale_format: str) -> dict:
     """name -> (quantize_operand kwargs, bytes per element moved: 2 read + 1 per output)."""
-    return {
+    cases = {
         "row e2m1": (dict(fmt="e2m1", granularity="row"), 3),
         "row e5m2 prescale cols (dgrad fold)": (
             dict(fmt="e5m2", granularity="row", prescale=col), 3),
@@ -55,14 +59,15 @@ def _cases(x: torch.Tensor, col: torch.Tensor, row: torch.Tensor) -> dict:
         "1x128 e4m3": (dict(fmt="e4m3", granularity=(1, 128)), 3),
         "128x1 e4m3, T": (dict(fmt="e4m3", granularity=(1, 128), transpose=True), 3),
     }  # fmt: skip
+    return {name: (kw | {"scale_format": scale_format}, n) for name, (kw, n) in cases.items()}
 
 
-def shape_cases(m: int, k: int) -> tuple[torch.Tensor, dict]:
+def shape_cases(m: int, k: int, scale_format: str) -> tuple[torch.Tensor, dict]:
     """A bf16 input [m, k] on the GPU and `_cases` for it (random folded row and column scales)."""
     x = torch.randn(m, k, device="cuda").bfloat16()
     col = torch.rand(1, k, device="cuda") + 0.5
     row = torch.rand(m, 1, device="cuda") + 0.5
-    return x, _cases(x, col, row)
+    return x, _cases(x, col, row, scale_format)
 
 
 def _timings(name: str, fn, nbytes: int, bw: float) -> dict:
@@ -74,10 +79,10 @@ def _timings(name: str, fn, nbytes: int, bw: float) -> dict:
             f"{name}_frac_of_copy": nbytes / kms / 1e6 / bw}  # fmt: skip
 
 
-def quantizer_table(bw: float) -> list[dict]:
+def quantizer_table(bw: float, scale_format: str) -> list[dict]:
     records = []
     for m, k in SHAPES:
-        x, cases = shape_cases(m, k)
+        x, cases = shape_cases(m, k, scale_format)
         for name, (kw, bytes_per_el) in cases.items():
             torch._dynamo.reset()
             fn = torch.compile(functools.partial(operand.quantize_operand, **kw), fullgraph=True)
@@ -112,12 +117,12 @@ def inductor_passes(fn, x: torch.Tensor) -> list[tuple[str, float, float]]:
     return passes
 
 
-def pass_table(bw: float) -> list[dict]:
+def pass_table(bw: float, scale_format: str) -> list[dict]:
     """Every memory pass of every quantizer case, and the transposed FP8 copy, as a fraction of
     the copy's bandwidth (`rated`: the passes that move at least SMALL_PASS of the case's bytes)."""
     records = []
     for m, k in SHAPES:
-        x, cases = shape_cases(m, k)
+        x, cases = shape_cases(m, k, scale_format)
         for name, (kw, _) in cases.items():
             passes = inductor_passes(functools.partial(operand.quantize_operand, **kw), x)
             total = sum(gb for _, _, gb in passes)
@@ -150,7 +155,7 @@ def _adversarial(r: int, c: int, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def exactness() -> list[dict]:
+def exactness(scale_format: str) -> list[dict]:
     """Compiled quantize_operand on the GPU against quantize() on the CPU, bit for bit."""
     records = []
     for dtype in (torch.float32, torch.bfloat16):
@@ -161,11 +166,13 @@ def exactness() -> list[dict]:
                     torch._dynamo.reset()
                     fn = torch.compile(
                         functools.partial(
-                            operand.quantize_operand, fmt=fmt, granularity=g, transpose=transpose
+                            operand.quantize_operand, fmt=fmt, granularity=g,
+                            transpose=transpose, scale_format=scale_format,
                         )
-                    )
+                    )  # fmt: skip
                     values, scale = fn(x.cuda())
-                    ref = quantize((x.t() if transpose else x).float(), fmt, g)
+                    v = (x.t() if transpose else x).float()
+                    ref = quantize(v, fmt, g, scale_format=scale_format)
                     rs = ref.scale.reshape(scale.shape)
                     same = torch.equal(values.float().cpu().nan_to_num(7), ref.values.nan_to_num(7))
                     same &= torch.equal(scale.cpu().nan_to_num(7), rs.nan_to_num(7))
@@ -196,7 +203,12 @@ def epilogue_order() -> dict:
 
 
 def markdown(
-    records: list[dict], bw: float, exact: list[dict], epilogue: dict, passes: list[dict]
+    records: list[dict],
+    bw: float,
+    exact: list[dict],
+    epilogue: dict,
+    passes: list[dict],
+    scale_format: str,
 ) -> str:
     n_ok = sum(r["bit_exact"] for r in exact)
     lines = [
@@ -204,7 +216,8 @@ def markdown(
         "+ 1 byte written) per element / GPU kernel time (profiler), as a fraction of the "
         "copy's; 'call us' is the CUDA-event time of one call, host overhead included. "
         "The quantizer is `kernels/operand.quantize_operand` under "
-        "`torch.compile(fullgraph=True)`. Target: >= 80 % of copy.",
+        f"`torch.compile(fullgraph=True)`, scale format {scale_format!r}. "
+        "Target: >= 80 % of copy.",
         "",
         f"Compiled quantizer on the GPU vs `quantize()` on the CPU: {n_ok}/{len(exact)} "
         "configurations bit-exact (values and scales; adversarial inputs).",
@@ -255,19 +268,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out-dir", default=None)
     ap.add_argument("--date", default=None)
+    ap.add_argument("--tag", default="", help="results file suffix")
+    ap.add_argument("--scale-format", default="inv", choices=("inv", "fp32"))
     args = ap.parse_args()
     print(environment(), flush=True)
-    exact = exactness()
+    exact = exactness(args.scale_format)
     epilogue = epilogue_order()
     bw = copy_bandwidth()
-    records = quantizer_table(bw)
-    passes = pass_table(bw)
+    records = quantizer_table(bw, args.scale_format)
+    passes = pass_table(bw, args.scale_format)
     kw = {"day": args.date} | ({"out_dir": Path(args.out_dir)} if args.out_dir else {})
     all_records = [dict(kind="quantizer", **r) for r in records]
     all_records += [dict(kind="pass", **r) for r in passes]
     all_records += [dict(kind="exactness", **r) for r in exact]
-    text = markdown(records, bw, exact, epilogue, passes)
-    md, js = write_results("kernels", all_records, text, **kw)
+    text = f"`{' '.join(sys.argv)}`\n\n" + markdown(
+        records, bw, exact, epilogue, passes, args.scale_format
+    )
+    md, js = write_results("_".join(filter(None, ("kernels", args.tag))), all_records, text, **kw)
     print(md.read_text())
 
 

@@ -278,6 +278,73 @@ def test_e2m1_rounding_compiled_on_gpu_equals_the_reference():
     assert bits_equal(got.float(), formats.get("e2m1").round(q))
 
 
+def rows_just_over_max(fmt: str, rows: int = 32, cols: int = 64) -> torch.Tensor:
+    """Rows whose "inv" quotient of the row maximum rounds above the format's max in float32
+    (RN32(amax * m) > max, ~8 % of random maxima): the values `round_to_storage` casts
+    without a clamp (saturate=False). Each row holds +amax and -amax."""
+    fmax = formats.get(fmt).max
+    gen = torch.Generator().manual_seed(1)
+    amax = torch.rand(4096, 1, generator=gen) * torch.exp2(
+        torch.randint(-100, 100, (4096, 1), generator=gen).float()
+    )
+    m, _ = formats.inv_scales(amax, fmax)
+    over = amax[(amax * m) > fmax][:rows]
+    assert over.numel() == rows
+    x = (torch.rand(rows, cols, generator=gen) * 2 - 1) * over[:, None]
+    x[:, 0], x[:, 1] = over, -over
+    return x
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", (1, 64)], ids=str)
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_inv_quotients_just_over_max_round_to_max_unclamped(fmt, compiled, granularity):
+    """The "inv" quantizers cast without clamping to ±max (`round_to_storage`'s saturate=False):
+    a row maximum whose float32 quotient is the float32 just above max still becomes ±max, as in
+    the reference (which clamps), eagerly and compiled."""
+    x = rows_just_over_max(fmt)
+    fn = operand.quantize_operand
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True)
+    check(fn, x, fmt, granularity, False, "inv")
+    if granularity != "tensor":  # each group's own maximum is one of these
+        values, _ = fn(x, fmt, granularity, scale_format="inv")
+        fmax = formats.get(fmt).max
+        assert (values[:, 0].float() == fmax).all() and (values[:, 1].float() == -fmax).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 (sm_89+)")
+@pytest.mark.parametrize("fmt", FMTS)
+def test_inv_quotients_just_over_max_compiled_on_gpu(fmt):
+    x = rows_just_over_max(fmt)
+    torch._dynamo.reset()
+    fn = torch.compile(
+        functools.partial(operand.quantize_operand, scale_format="inv"), fullgraph=True
+    )
+    values, scale = fn(x.cuda(), fmt, "row")
+    want_values, want_scale = reference(x, fmt, "row", False, "inv")
+    assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_unclamped_cast_rounds_the_float_above_max_to_max(fmt):
+    """The bound `saturate=False` relies on: the float32 just above max (and a few ulps more)
+    casts to max in ATen, eagerly and compiled. (Far above it, ATen's casts differ by version
+    and format: NaN, inf or max; the clamp makes it max.)"""
+    fmax = formats.get(fmt).max
+    near = (torch.tensor([fmax]).view(torch.int32) + torch.arange(0, 5, dtype=torch.int32)).view(
+        torch.float32
+    )
+    for fn in (operand.round_to_storage, torch.compile(operand.round_to_storage)):
+        got = fn(torch.cat([near, -near]), fmt, saturate=False).float()
+        assert (got.abs() == fmax).all()
+    torch._dynamo.reset()
+    far = torch.tensor([fmax * 1.5])
+    assert operand.round_to_storage(far, fmt).item() == fmax
+
+
 @pytest.mark.parametrize("cols", [256, 255])
 def test_pack_e2m1_round_trip(cols):
     values, _ = operand.quantize_operand(

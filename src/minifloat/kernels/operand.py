@@ -20,7 +20,8 @@ Pinned forms, so that compiled code equals eager code bit for bit:
   definition (`formats.inv_scales`): the same bits in every compiled form.
 - Grid rounding by adding and subtracting a power of two (E2M1, `_e2m1_magnitude`), or the
   saturating FP8 cast (E4M3/E5M2: round-to-nearest-even in ATen's CPU and CUDA casts and in
-  Hopper's `cvt.rn.satfinite`).
+  Hopper's `cvt.rn.satfinite`), after a clamp to ±max only where a quotient can pass it by
+  more than rounding (`round_to_storage`).
 
 Few graph nodes. AOTAutograd's partitioner will not recompute in backward the end of a chain of
 fusible forward ops that runs more than 100 graph nodes past its start ("ban if long fusible
@@ -134,7 +135,8 @@ def times_multiplier(
 
 
 def _e2m1_magnitude(mag: torch.Tensor) -> torch.Tensor:
-    """float32 `mag` in [0, 6] (or NaN) rounded to the nearest E2M1 magnitude, ties to even.
+    """float32 `mag` in [0, 6] (or NaN) rounded to the nearest E2M1 magnitude, ties to even
+    (the float32 just above 6, which unclamped "inv" quotients reach, rounds to 6 as well).
 
     The grid spacing is 0.5 below 2, 1 in [2, 4) and 2 in [4, 6]. With C = 2^23 x the spacing
     at `mag` (2^22, 2^23 or 2^24, built from the exponent bits), the float32 sum mag + C has
@@ -153,13 +155,28 @@ def _e2m1_magnitude(mag: torch.Tensor) -> torch.Tensor:
     return (mag + c) - c
 
 
-def round_to_storage(q: torch.Tensor, fmt: str) -> torch.Tensor:
+def round_to_storage(q: torch.Tensor, fmt: str, *, saturate: bool = True) -> torch.Tensor:
     """Round float32 `q` (already divided by its scale) onto `fmt`'s grid, saturating at ±max,
-    ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN."""
+    ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN.
+
+    `saturate=False` leaves out the clamp to ±max, for callers whose |q| cannot exceed the
+    float32 just above max: the "inv" scale format's absmax groups, where |x * m| <=
+    RN32(amax * RN32(max / amax)) <= RN32(max * (1 + 2^-24)), and m <= max / amax where it is
+    capped (`formats.inv_scales`). Every cast here rounds that float32 to max (the next grid
+    value, or overflow, starts far above it): the same bits, one clamp fewer. The clamp is no
+    free arithmetic on the GPU: inductor writes each bound as a NaN-propagating compare and
+    select (four instructions an element), and a scaled FP8 cast with it ran at 90-92 % of copy
+    bandwidth, ~100 % without, at 16384 x 4096 and 16384 x 11008 on an H200: these casts are
+    bound by their instructions (docs/hopper_sessions.md, session 58). Scales rounded the
+    other way (the "fp32" and "pow2" formats, whose subnormal quotients may round down far
+    below amax / max) keep it."""
     if fmt == "e2m1":
-        return torch.copysign(_e2m1_magnitude(q.abs().clamp(max=6.0)), q).to(FP8_STORAGE[fmt])
-    fmt_max = formats.get(fmt).max
-    return q.clamp(-fmt_max, fmt_max).to(FP8_STORAGE[fmt])
+        mag = q.abs().clamp(max=6.0) if saturate else q.abs()
+        return torch.copysign(_e2m1_magnitude(mag), q).to(FP8_STORAGE[fmt])
+    if saturate:
+        fmt_max = formats.get(fmt).max
+        q = q.clamp(-fmt_max, fmt_max)
+    return q.to(FP8_STORAGE[fmt])
 
 
 def _quantize_blocks(
@@ -179,7 +196,7 @@ def _quantize_blocks(
     else:
         scale = scale_from_amax(amax, formats.get(fmt).max)
         q = div_rn_by_scale(blocks, scale[:, None, :, None], in_graph=True)
-    return round_to_storage(q.reshape(v.shape)[:r, :c], fmt), scale
+    return round_to_storage(q.reshape(v.shape)[:r, :c], fmt, saturate=not inv), scale
 
 
 def quantize_operand(
@@ -292,7 +309,7 @@ def _quantize(
     else:
         s = scale_from_amax(amax, formats.get(fmt).max, pow2=pow2)
         q = div_by_pow2(v, s, in_graph=True) if pow2 else div_rn_by_scale(v, s, in_graph=True)
-    values = round_to_storage(q, fmt)
+    values = round_to_storage(q, fmt, saturate=not inv)
     if transpose:
         s, m = s.t().contiguous(), (None if m is None else m.t().contiguous())
     return _layout(values, transpose), s, m
