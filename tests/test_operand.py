@@ -278,6 +278,27 @@ def test_e2m1_rounding_compiled_on_gpu_equals_the_reference():
     assert bits_equal(got.float(), formats.get("e2m1").round(q))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_abs_amax_through_magnitude_bits_equals_abs_then_amax(dtype, compiled):
+    """The quantizers' maxima as integer maxima of the magnitude bits: the same values as
+    |v|.amax for every dim, NaN exactly where a NaN is, inf where an inf is (and no NaN)."""
+    gen = torch.Generator().manual_seed(2)
+    v = torch.randn(64, 48, generator=gen) * torch.exp(8 * torch.randn(64, 48, generator=gen))
+    v[0, 3], v[1, 5], v[2, :], v[3, :] = float("nan"), float("inf"), -0.0, 1e-42
+    v[4, 7], v[4, 8], v[5, 1] = -float("inf"), float("nan"), -float("nan")
+    v[:, 40] = -3.0e38
+    v = v.to(dtype)
+    fn = torch.compile(operand.abs_amax) if compiled else operand.abs_amax
+    for dim in (None, 0, 1, (0, 1)):
+        got = fn(v) if dim is None else fn(v, dim=dim, keepdim=True)
+        want = v.abs().amax() if dim is None else v.abs().amax(dim=dim, keepdim=True)
+        assert got.dtype == torch.float32
+        assert bits_equal(got, want.float()), dim
+    torch._dynamo.reset()
+    assert bits_equal(operand.row_amax(v), v.abs().amax(1, keepdim=True).float())
+
+
 def rows_just_over_max(fmt: str, rows: int = 32, cols: int = 64) -> torch.Tensor:
     """Rows whose "inv" quotient of the row maximum rounds above the format's max in float32
     (RN32(amax * m) > max, ~8 % of random maxima): the values `round_to_storage` casts

@@ -52,6 +52,8 @@ __all__ = [
     "scale_from_amax",
     "times_multiplier",
     "row_amax",
+    "abs_amax",
+    "magnitude_bits",
     "round_to_storage",
     "pack_e2m1",
     "unpack_e2m1",
@@ -189,7 +191,7 @@ def _quantize_blocks(
     if pad_r or pad_c:  # zeros never change a block's amax
         v = F.pad(v, (0, pad_c, 0, pad_r))
     blocks = v.reshape(v.shape[0] // br, br, v.shape[1] // bc, bc)
-    amax = blocks.abs().amax(dim=(1, 3))
+    amax = abs_amax(blocks, dim=(1, 3))
     if inv:
         q, _, scale = times_multiplier(blocks, amax[:, None, :, None], formats.get(fmt).max)
         scale = scale[:, 0, :, 0]
@@ -292,7 +294,7 @@ def _quantize(
         values, s = _quantize_blocks(v, fmt, block, inv)
         return _layout(values, transpose), (s.t().contiguous() if transpose else s), None
     if granularity == "tensor":
-        amax = src.abs().amax().float().reshape(1, 1)
+        amax = abs_amax(src).float().reshape(1, 1)
     elif granularity == "row" and clip is not None and prescale is None and not transpose:
         # from x's row extrema, so that compiled, the clamped x or its remainder has the cast
         # as its only reader and is not written out (kernels/clip.py)
@@ -327,15 +329,57 @@ def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
     return values.t() if transpose else values
 
 
+_MAGNITUDE_MASK = {torch.int64: 0x7FFFFFFFFFFFFFFF, torch.int32: 0x7FFFFFFF, torch.int16: 0x7FFF}
+_SAME_WIDTH_INT = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.bfloat16: torch.int16,
+    torch.float16: torch.int16,
+}
+
+
+def magnitude_bits(v: torch.Tensor) -> torch.Tensor:
+    """|v|'s bits as an integer of v's width (v float64, float32, bfloat16 or float16): v's
+    bits with the sign cleared. As integers these order as the magnitudes do, ±inf above
+    every finite value and NaN above inf, so their maximum is the bits of max |v|, NaN
+    wherever a NaN is (`from_magnitude_bits`).
+
+    Why: a float maximum must propagate NaN, which inductor's Triton code does with a compare,
+    a NaN test, an or and a select an element (`triton_helpers.maximum`), after the abs; the
+    integer form is an and and a max. Quantizer kernels are bound by their instructions on an
+    H200, not their bytes (docs/hopper_sessions.md, session 58)."""
+    itype = _SAME_WIDTH_INT[v.dtype]
+    return v.view(itype) & _MAGNITUDE_MASK[itype]
+
+
+def from_magnitude_bits(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The float32 magnitudes that `magnitude_bits` (of a `dtype` tensor) encoded."""
+    return bits.view(dtype).float()
+
+
+def abs_amax(
+    v: torch.Tensor, dim: int | tuple[int, ...] | None = None, keepdim: bool = False
+) -> torch.Tensor:
+    """`v.abs().amax(dim, keepdim)` in float32 (all of v without `dim`), through
+    `magnitude_bits`: the same values, NaN where the reduced entries hold one (its payload may
+    differ; no result here depends on a NaN's payload)."""
+    bits = magnitude_bits(v)
+    bits = bits.amax() if dim is None else bits.amax(dim=dim, keepdim=keepdim)
+    return from_magnitude_bits(bits, v.dtype)
+
+
 def row_amax(v: torch.Tensor, cols_per_partial: int = 256) -> torch.Tensor:
-    """|v|.amax over columns, [R, 1], in two stages for long rows (`clip.row_reduce`)."""
-    return occ_clip.row_reduce(v.abs(), torch.amax, cols_per_partial)
+    """|v|.amax over columns, [R, 1] float32, in two stages for long rows (`clip.row_reduce`),
+    over `magnitude_bits`."""
+    bits = occ_clip.row_reduce(magnitude_bits(v), torch.amax, cols_per_partial)
+    return from_magnitude_bits(bits, v.dtype)
 
 
 def _column_amax(v: torch.Tensor, rows_per_partial: int = 256) -> torch.Tensor:
-    """|v|.amax over rows, [1, C], in two stages: partial maxima of row bands (each reading
-    whole rows, coalesced, with many bands in flight), then the maximum of the partials. Max is
-    order-independent, so this equals a one-stage reduction bit for bit.
+    """|v|.amax over rows, [1, C] float32, in two stages over `magnitude_bits`: partial maxima
+    of row bands (each reading whole rows, coalesced, with many bands in flight), then the
+    maximum of the partials. Max is order-independent, so this equals a one-stage reduction bit
+    for bit.
 
     Bands of 256 rows, not 64: inductor makes a reduction over at most 64 elements that are not
     contiguous in memory a persistent one, the band held in registers
@@ -343,11 +387,11 @@ def _column_amax(v: torch.Tensor, rows_per_partial: int = 256) -> torch.Tensor:
     backward's three column maxima ran at ~1 TB/s that way (0.57 ms a layer); as a looped
     reduction over 256-row bands, 0.20 ms. fp8-rowwise at 1.3B: 250.7 -> 240.4 ms a step
     (docs/hopper_sessions.md, session 25)."""
-    r = v.shape[0]
+    r, bits = v.shape[0], magnitude_bits(v)
     if r % rows_per_partial or r <= rows_per_partial:
-        return v.abs().amax(dim=0, keepdim=True)
-    bands = v.abs().reshape(r // rows_per_partial, rows_per_partial, v.shape[1]).amax(dim=1)
-    return bands.amax(dim=0, keepdim=True)
+        return from_magnitude_bits(bits.amax(dim=0, keepdim=True), v.dtype)
+    bands = bits.reshape(r // rows_per_partial, rows_per_partial, v.shape[1]).amax(dim=1)
+    return from_magnitude_bits(bands.amax(dim=0, keepdim=True), v.dtype)
 
 
 def pack_e2m1(values: torch.Tensor) -> torch.Tensor:
