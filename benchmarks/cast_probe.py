@@ -67,6 +67,7 @@ ROW_TILES = ((8, 1024, 4), (16, 512, 4), (32, 256, 4), (4, 2048, 8))
 
 @triton.jit
 def _cast_kernel(x_ptr, m_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = E4M3(clamp(x * m, ±448)), m one float32, BLOCK elements a program."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     v = tl.load(x_ptr + offs, mask=mask).to(tl.float32) * tl.load(m_ptr)
@@ -76,6 +77,7 @@ def _cast_kernel(x_ptr, m_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 @triton.jit
 def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """out = x, BLOCK elements a program: Triton's own copy ceiling."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
@@ -85,6 +87,7 @@ def _copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def _tile_cast_kernel(
     x_ptr, m_ptr, out_ptr, rows, cols, BR: tl.constexpr, BC: tl.constexpr, COL: tl.constexpr
 ):
+    """The cast of a BR x BC tile, m per row ([rows]) or, with COL, per column ([cols])."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     mask = (r[:, None] < rows) & (c[None, :] < cols)
@@ -113,6 +116,7 @@ def unclamped_cast(
 
 
 def clamped_cast(x: torch.Tensor, m: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The library's saturating cast to `dtype`: clamp to its range, then ATen's cast."""
     fmt_max = torch.finfo(dtype).max
     return (x.float() * m).clamp(-fmt_max, fmt_max).to(dtype)
 
@@ -269,6 +273,7 @@ def run_shape(rows: int, cols: int, copy_gbs: float, dump: Path | None) -> list[
 
 
 def main() -> None:
+    """Every variant at every --shapes shape; the results file."""
     ap = probe_parser(__doc__)
     ap.add_argument("--shapes", default="16384:4096,16384:11008")
     ap.add_argument("--dump", default=None, help="write inductor's generated sources here")

@@ -301,7 +301,8 @@ def test_abs_amax_through_magnitude_bits_equals_abs_then_amax(dtype, compiled):
 
 def rows_just_over_max(fmt: str, rows: int = 32, cols: int = 64) -> torch.Tensor:
     """Rows whose "inv" quotient of the row maximum rounds above the format's max in float32
-    (RN32(amax * m) > max, ~8 % of random maxima): the values `round_to_storage` casts
+    (RN32(amax * m) > max: ~9 % of random maxima for E4M3 and E5M2, ~5 % for E2M1): the values
+    `round_to_storage` casts
     without a clamp (saturate=False). Each row holds +amax and -amax."""
     fmax = formats.get(fmt).max
     gen = torch.Generator().manual_seed(1)
@@ -337,16 +338,37 @@ def test_inv_quotients_just_over_max_round_to_max_unclamped(fmt, compiled, granu
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 (sm_89+)")
+@pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("fmt", FMTS)
-def test_inv_quotients_just_over_max_compiled_on_gpu(fmt):
+def test_inv_quotients_just_over_max_on_gpu(fmt, compiled):
+    """As the CPU test: ATen's CUDA casts (eager) and Triton's (compiled) take the float32 just
+    above max to max, as the reference's clamp does."""
     x = rows_just_over_max(fmt)
     torch._dynamo.reset()
-    fn = torch.compile(
-        functools.partial(operand.quantize_operand, scale_format="inv"), fullgraph=True
-    )
+    fn = functools.partial(operand.quantize_operand, scale_format="inv")
+    fn = torch.compile(fn, fullgraph=True) if compiled else fn
     values, scale = fn(x.cuda(), fmt, "row")
     want_values, want_scale = reference(x, fmt, "row", False, "inv")
     assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_inv_remainder_keeps_its_clamp(fmt, compiled):
+    """OCC's remainder rows take their maxima over finite entries only (`kernels/clip.py`), so
+    a row holding inf or NaN may have remainder values far above its maximum: those casts
+    keep the clamp to ±max even with "inv" scales (E2M1 values stay on the grid; E5M2 does
+    not overflow to inf)."""
+    x = torch.tensor([[float("inf"), 1000.0, 0.5, -0.1], [float("nan"), -1e5, 0.5, -0.1]])
+    lo, hi = torch.tensor([[-1.0]]), torch.tensor([[1.0]])
+    fn = operand.quantize_operand
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True)
+    values, _ = fn(x, fmt, "row", clip=(lo, hi), remainder=True, scale_format="inv")
+    finite = values.float()[values.float().isfinite()]
+    assert not values.float().isinf().any()
+    assert (finite.abs() <= formats.get(fmt).max).all()
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])

@@ -54,6 +54,7 @@ __all__ = [
     "row_amax",
     "abs_amax",
     "magnitude_bits",
+    "from_magnitude_bits",
     "round_to_storage",
     "pack_e2m1",
     "unpack_e2m1",
@@ -162,12 +163,14 @@ def round_to_storage(q: torch.Tensor, fmt: str, *, saturate: bool = True) -> tor
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN.
 
     `saturate=False` leaves out the clamp to ±max, for callers whose |q| cannot exceed the
-    float32 just above max: the "inv" scale format's absmax groups, where |x * m| <=
-    RN32(amax * RN32(max / amax)) <= RN32(max * (1 + 2^-24)), and m <= max / amax where it is
-    capped (`formats.inv_scales`). Every cast here rounds that float32 to max (the next grid
-    value, or overflow, starts far above it): the same bits, one clamp fewer. The clamp is no
+    float32 just above max: the "inv" scale format's groups whose amax is the maximum of the
+    very values cast, where |x * m| <= RN32(amax * RN32(max / amax)) <= RN32(max * (1 +
+    2^-24)), and m <= max / amax where it is capped (`formats.inv_scales`). Every cast here
+    rounds that float32 to max (the next grid value, or overflow, starts far above it): the
+    same bits, one clamp fewer. (Not OCC's remainder: its row maxima skip non-finite entries,
+    `kernels/clip.py`, so its values may exceed them.) The clamp is no
     free arithmetic on the GPU: inductor writes each bound as a NaN-propagating compare and
-    select (four instructions an element), and a scaled FP8 cast with it ran at 90-92 % of copy
+    select (four instructions an element), and a scaled FP8 cast with it ran at 89-92 % of copy
     bandwidth, ~100 % without, at 16384 x 4096 and 16384 x 11008 on an H200: these casts are
     bound by their instructions (docs/hopper_sessions.md, session 58). Scales rounded the
     other way (the "fp32" and "pow2" formats, whose subnormal quotients may round down far
@@ -294,7 +297,7 @@ def _quantize(
         values, s = _quantize_blocks(v, fmt, block, inv)
         return _layout(values, transpose), (s.t().contiguous() if transpose else s), None
     if granularity == "tensor":
-        amax = abs_amax(src).float().reshape(1, 1)
+        amax = abs_amax(src).reshape(1, 1)
     elif granularity == "row" and clip is not None and prescale is None and not transpose:
         # from x's row extrema, so that compiled, the clamped x or its remainder has the cast
         # as its only reader and is not written out (kernels/clip.py)
@@ -311,7 +314,9 @@ def _quantize(
     else:
         s = scale_from_amax(amax, formats.get(fmt).max, pow2=pow2)
         q = div_by_pow2(v, s, in_graph=True) if pow2 else div_rn_by_scale(v, s, in_graph=True)
-    values = round_to_storage(q, fmt, saturate=not inv)
+    # OCC's clipped operands keep the clamp: a remainder row's maxima skip its non-finite
+    # entries, so its values may exceed them (`round_to_storage`)
+    values = round_to_storage(q, fmt, saturate=not inv or clip is not None)
     if transpose:
         s, m = s.t().contiguous(), (None if m is None else m.t().contiguous())
     return _layout(values, transpose), s, m
@@ -348,6 +353,8 @@ def magnitude_bits(v: torch.Tensor) -> torch.Tensor:
     a NaN test, an or and a select an element (`triton_helpers.maximum`), after the abs; the
     integer form is an and and a max. Quantizer kernels are bound by their instructions on an
     H200, not their bytes (docs/hopper_sessions.md, session 58)."""
+    if v.dtype not in _SAME_WIDTH_INT:
+        raise TypeError(f"maxima of {v.dtype} values are not supported; use a float type")
     itype = _SAME_WIDTH_INT[v.dtype]
     return v.view(itype) & _MAGNITUDE_MASK[itype]
 
