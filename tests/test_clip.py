@@ -153,8 +153,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_clamp_and_remainder_equal_torch_clamp_of_finite_entries(lo, hi):
     """OCC's clamp is torch.clamp on finite entries (NaN bounds included) and passes the rest
     through; the remainder is x minus it there, 0 elsewhere: eager ATen's values, bit for bit.
-    The definition a cheaper form must keep (session 58 tried compare-selects: docs/hopper.md,
-    What is left)."""
+    The definition the compare-select form (session 58) keeps."""
     x = _bit_patterns()
     lo_t, hi_t = torch.tensor([[lo]]), torch.tensor([[hi]])
     fin = x.isfinite()
@@ -164,26 +163,28 @@ def test_clamp_and_remainder_equal_torch_clamp_of_finite_entries(lo, hi):
     assert _same_bits(remainder(x, lo_t, hi_t), want_rem)
 
 
-_ZERO_BOUND = pytest.mark.xfail(
-    strict=True,
-    reason="known, not fixed: compiled torch.clamp takes max(-0.0, +0.0) as +0.0 where eager "
-    "keeps -0.0 (docs/hopper.md, What is left, session 58)",
-)
-
-
-@pytest.mark.parametrize(
-    ("lo", "hi"),
-    [
-        pytest.param(lo, hi, marks=_ZERO_BOUND) if 0.0 in (lo, hi) else (lo, hi)
-        for lo, hi in _BOUNDS
-    ],
-    ids=str,
-)
+@pytest.mark.parametrize(("lo", "hi"), _BOUNDS, ids=str)
 def test_clamp_and_remainder_compiled_equal_eager(lo, hi):
-    """Signed zeros included. A bound of exactly ±0 still makes them differ (xfail): the
-    compare-select form that fixes it made the compiled fp4 block save z."""
+    """Signed zeros included: with torch.clamp, a bound of exactly ±0 made them differ
+    (compiled, max(-0.0, +0.0) is +0.0; eager keeps -0.0), until session 58."""
     x = _bit_patterns()
     lo_t, hi_t = torch.tensor([[lo]]), torch.tensor([[hi]])
     for fn in (clamp, remainder):
         torch._dynamo.reset()
         assert _same_bits(torch.compile(fn)(x, lo_t, hi_t), fn(x, lo_t, hi_t)), fn.__name__
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
+    reason="needs a CUDA GPU with FP8 (sm_89+)",
+)
+@pytest.mark.parametrize(("lo", "hi"), _BOUNDS, ids=str)
+def test_clamp_and_remainder_compiled_on_gpu_equal_cpu_eager(lo, hi):
+    """Triton's code of the compare-selects (subnormal differences included) against the CPU."""
+    x = _bit_patterns()
+    lo_t, hi_t = torch.tensor([[lo]]), torch.tensor([[hi]])
+    for fn in (clamp, remainder):
+        torch._dynamo.reset()
+        got = torch.compile(fn)(x.cuda(), lo_t.cuda(), hi_t.cuda()).cpu()
+        assert _same_bits(got, fn(x, lo_t, hi_t)), fn.__name__

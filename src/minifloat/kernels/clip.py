@@ -38,7 +38,27 @@ __all__ = ["clamp", "remainder", "row_reduce", "clamped_row_amax", "remainder_ro
 def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     """x clamped to [lo, hi] in float32; non-finite entries pass through unchanged."""
     xf = x.float()
-    return torch.where(finite(xf), torch.clamp(xf, lo, hi), xf)
+    return torch.where(finite(xf), _bounded(xf, lo, hi), xf)
+
+
+def _bounded(xf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """`torch.clamp(xf, lo, hi)` for finite float32 xf and OCC's bounds (a sorted sample's
+    quantiles: lo <= hi, and lo NaN only with hi NaN, since NaN sorts last), as two
+    compare-selects: eager ATen's values bit for bit, NaN everywhere where hi is NaN.
+
+    Not torch.clamp (docs/hopper_sessions.md, session 58):
+    - Compiled, inductor takes max(-0.0, +0.0) as +0.0 (CPU and Triton code alike) where
+      eager ATen keeps -0.0, so a bound of exactly ±0 made compiled differ from eager in the
+      sign of zeros. A select keeps x's own zero in every form.
+    - Inductor's Triton code writes each clamp bound as a NaN-propagating compare and select,
+      four instructions an element, in kernels bound by their instructions on an H200.
+    Each comparison is of the difference with a literal 0: the sign of a rounded difference of
+    finite floats is exact, so `x - hi <= 0` is `x <= hi`. Compared with the [1, 1] bound
+    itself, the comparison reads more than four times the bytes it writes, which the
+    partitioner counts as a reduction it will not recompute, and the compiled fp4 block saved
+    its wgrad operand z again (partition_hints.py, 1).
+    """
+    return torch.where((xf - hi) <= 0.0, torch.where((xf - lo) >= 0.0, xf, lo), hi)
 
 
 def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -49,7 +69,7 @@ def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tens
     layer (partition_hints.py, 3). It is NaN only where lo is not finite (a sample without
     finite entries), and then the clamped part, so every output of the layer, is NaN already."""
     xf = x.float()
-    return torch.where(finite(xf), xf - torch.clamp(xf, lo, hi), lo - lo)
+    return torch.where(finite(xf), xf - _bounded(xf, lo, hi), lo - lo)
 
 
 def row_reduce(
