@@ -102,8 +102,9 @@ def _tile_cast_kernel(
 
 
 def scaled_cast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The library's cast pass with a given multiplier (`round_to_storage(x * m, "e4m3")`)."""
-    return (x.float() * m).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    """The library's cast pass with a given multiplier and its clamp (`round_to_storage(x * m,
+    "e4m3")`)."""
+    return clamped_cast(x, m, torch.float8_e4m3fn)
 
 
 def unclamped_cast(

@@ -185,13 +185,14 @@ def _with_amax(
     fmt_max = get_format(fmt).max
     if scale_format == "inv":
         q, m, scale = op.times_multiplier(w.float(), amax, fmt_max)
-        return op.round_to_storage(q, fmt), scale, m
+        # amax is the whole weight's (all-reduced), at least this shard's maximum: no clamp
+        return op.round_to_storage(q, fmt, saturate=False), scale, m
     scale = op.scale_from_amax(amax, fmt_max)
     return _with_scale(w, scale, fmt), scale, None
 
 
 def _column_amax(w: torch.Tensor) -> torch.Tensor:
-    return w.detach().float().abs().amax(dim=0, keepdim=True)
+    return op.abs_amax(w.detach(), dim=0, keepdim=True)
 
 
 def _reduces_amax(plan: GatherPlan, index: int) -> bool:
@@ -211,7 +212,7 @@ def shard_amaxes(backend: Backend, plan: GatherPlan, w: torch.Tensor) -> list[to
     for i, g in enumerate(plan.operands):
         if _reduces_amax(plan, i):
             if g.groups == "tensor":
-                amaxes.append(w.float().abs().amax().reshape(1, 1))
+                amaxes.append(op.abs_amax(w).reshape(1, 1))
             else:
                 amaxes.append(backend.kernel(_column_amax, w)(w))
     return amaxes

@@ -167,14 +167,14 @@ def round_to_storage(q: torch.Tensor, fmt: str, *, saturate: bool = True) -> tor
     very values cast, where |x * m| <= RN32(amax * RN32(max / amax)) <= RN32(max * (1 +
     2^-24)), and m <= max / amax where it is capped (`formats.inv_scales`). Every cast here
     rounds that float32 to max (the next grid value, or overflow, starts far above it): the
-    same bits, one clamp fewer. (Not OCC's remainder: its row maxima skip non-finite entries,
-    `kernels/clip.py`, so its values may exceed them.) The clamp is no
-    free arithmetic on the GPU: inductor writes each bound as a NaN-propagating compare and
-    select (four instructions an element), and a scaled FP8 cast with it ran at 89-92 % of copy
-    bandwidth, ~100 % without, at 16384 x 4096 and 16384 x 11008 on an H200: these casts are
-    bound by their instructions (docs/hopper_sessions.md, session 58). Scales rounded the
-    other way (the "fp32" and "pow2" formats, whose subnormal quotients may round down far
-    below amax / max) keep it."""
+    same bits, one clamp fewer. Scales rounded the other way (the "fp32" and "pow2" formats,
+    whose subnormal quotients may round down far below amax / max) keep it, and so does OCC's
+    remainder, whose row maxima skip non-finite entries (`kernels/clip.py`).
+
+    Why bother: inductor writes each bound as a NaN-propagating compare and select (four
+    instructions an element), and a scaled FP8 cast with it ran at 89-92 % of copy bandwidth,
+    ~100 % without, at 16384 x 4096 and 16384 x 11008 on an H200: these casts are bound by
+    their instructions (docs/hopper_sessions.md, session 58)."""
     if fmt == "e2m1":
         mag = q.abs().clamp(max=6.0) if saturate else q.abs()
         return torch.copysign(_e2m1_magnitude(mag), q).to(FP8_STORAGE[fmt])
