@@ -13,7 +13,8 @@ shapes, in variants:
 - `direct`: fp4-direct's: the row-scaled E2M1 weight written transposed (no DGE);
 - `dge_quotient`: fp4-dge's before session 39: f' at the float64 quotient w / s_w;
 - `dge`: fp4-dge's as shipped (`dge.dge_derivative` at w · m_w, the "inv" multipliers; its
-  power `pow`, a libdevice call on CUDA). Its grid spacing came from frexp/ldexp until session
+  power `pow` until session 58, a libdevice call on CUDA; since session 59 exp2·log2 on CUDA,
+  `pow` on the CPU: `dge._power`). Its grid spacing came from frexp/ldexp until session
   40; session 40's `dge_bits` variant, the spacing read from the float32 bits (77.9 against
   115.7 us at 5632 x 2048, `results/dge_probe_h200_2026-11-28.md`), is what
   `FloatFormat.spacings` does since. Session 41's power from tables ran as `dge` in
@@ -22,8 +23,9 @@ shapes, in variants:
 - `dge_split`: the same, but DGE compiled as a graph of its own, so that inductor cannot fuse it
   into the transposed E2M1 kernel (one 1-D pass over w and dw more: is the fused 2-D kernel's
   arithmetic the cost?);
-- `dge_bits_exp2`: the same with |t|^(1/k-1) as exp2((1/k-1)·log2|t|) (not the same bits
-  as `dge`'s; each variant's largest difference from `dge` is reported);
+- `dge_bits_exp2`: the same with |t|^(1/k-1) as exp2((1/k-1)·log2|t|) (on CUDA, since
+  session 59, what `dge` computes, with the last interval's selects and a NaN select that `dge`
+  no longer has; each variant's largest difference from `dge` is reported);
 - `dge_bits_nopow`: the same without the power (a lower bound for the arithmetic, not DGE).
 All but `dge_quotient` evaluate f' at w · m_w.
 GPU kernel time per call (profiler), launches, the bytes of one ideal pass (w and dw read,
