@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bits import bits_equal
 from minifloat import formats, recipes
 from minifloat.dge import derivative, dge_derivative, dge_function, grid_position
 from minifloat.linear import QuantLinear
@@ -201,6 +200,7 @@ def test_compiled_derivative_stays_within_two_ulp_of_eager_as_k_changes():
     that changed between compilations as a symbol, and torch 2.13's inductor then kept the first
     symbolic exponent of `pow` (millions of ulp off); the constants come from `DGEConfig.key`
     instead. Float32 pow itself differs by an ulp or two between ATen and inductor's C++."""
+    torch._dynamo.reset()  # `derivative`'s compiled entries count against one recompile limit
     x = adversarial_points()
     compiled = torch.compile(derivative, fullgraph=True)
     for k in (1.0, 5.0, 10.0, 3.0, 7.0):
@@ -214,26 +214,24 @@ def test_compiled_derivative_stays_within_two_ulp_of_eager_as_k_changes():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_derivative_stays_within_its_bound_of_float64_compiled_and_eager():
-    """On CUDA the power is exp2·log2 (`dge._power`): compiled (what every backend runs) within
-    DGE_FLOAT32_ULPS["cuda"] of float64's f' on the CPU, grid points at exactly 1/k, midpoints
-    at the cap, NaN kept; the Hopper backend's eager call gives the compiled bits."""
-    from minifloat.kernels.hopper import HopperBackend
-
+    """On CUDA the power is exp2·log2 (`dge._power`): compiled (what the Hopper backend runs,
+    eager calls included) and eager ATen (the emulated backend on CUDA) within
+    DGE_FLOAT32_ULPS["cuda"] of float64's f' on the CPU; float32 grid points at exactly 1/k,
+    midpoints at the cap, NaN kept."""
+    torch._dynamo.reset()
     x = adversarial_points()
     compiled = torch.compile(derivative, fullgraph=True)
     for k in (5.0, 10.0, 3.0):
         cfg = DGEConfig(k=k, cap=3.0 if k != 10.0 else 7.5)
-        got = compiled(x.cuda(), "e2m1", cfg).cpu()
         want = derivative(x.double(), "e2m1", cfg)
         nan = torch.isnan(want)
-        assert torch.equal(torch.isnan(got), nan)
-        assert float(_ulps(got[~nan], want[~nan]).max()) <= DGE_FLOAT32_ULPS["cuda"], k
-        grid = formats.get("e2m1").grid.cuda()
+        for got in (compiled(x.cuda(), "e2m1", cfg).cpu(), derivative(x.cuda(), "e2m1", cfg).cpu()):
+            assert torch.equal(torch.isnan(got), nan)
+            assert float(_ulps(got[~nan], want[~nan]).max()) <= DGE_FLOAT32_ULPS["cuda"], k
+        grid = formats.get("e2m1").grid.float().cuda()
         assert torch.equal(compiled(grid, "e2m1", cfg), torch.full_like(grid, 1.0 / k))
         mids = (grid[1:] + grid[:-1]) / 2
         assert torch.equal(compiled(mids, "e2m1", cfg), torch.full_like(mids, cfg.cap))
-        eager = HopperBackend().kernel(derivative, x.cuda())(x.cuda(), "e2m1", cfg).cpu()
-        assert bits_equal(eager, got), k
 
 
 def test_config_key_names_k_and_cap():

@@ -59,7 +59,7 @@ def _intervals(x: torch.Tensor, fmt: ElementFormat) -> tuple[torch.Tensor, ...]:
 
 
 def _position(mag: torch.Tensor, a: torch.Tensor, inv_delta: torch.Tensor) -> torch.Tensor:
-    """t = 2(mag - a)/δ - 1, in [-1, 1] without a clamp: mag - a is exact (a <= mag < 2a, or
+    """t = 2(mag - a)/δ - 1, in [-1, 1] without a clamp: mag - a is exact (a <= mag <= 2a, or
     a = 0), the products by powers of two too, so t is 2u - 1 rounded for an exact u in [0, 1]
     (NaN stays NaN)."""
     return 2.0 * (mag - a) * inv_delta - 1.0
@@ -124,12 +124,14 @@ def _power(u: torch.Tensor, exponent: float) -> torch.Tensor:
     """u^exponent for u = |t| in [0, 1], as each device evaluates it best (neither is correctly
     rounded; tests/tolerances.py has their bounds against float64).
 
-    CUDA: exp2(exponent·log2 u), a hardware instruction each, within ~8 ulp. libdevice's `powf`
-    (~1 ulp) was 4.6 ms of a 1.3B fp4-dge step (session 41); this form took 1.0-1.5 ms off it
-    (session 59). Eager CUDA calls run the same compiled code (`HopperBackend.kernel`).
-    CPU: `pow`, ~1 ulp, and the same bits eager and compiled: there ATen's log2 (log, exp too)
-    and inductor's C++ differ in the last bit on ~0.9 % of inputs (torch 2.13), pow and exp2
-    on none.
+    CUDA: exp2(exponent·log2 u), libdevice's exp2 and log2, each a hardware approximation plus
+    the handling of special values; within 8 ulp (measured for this form on the CPU, 7.0 ulp
+    at k = 10; checked on the GPU by tests/test_dge.py). libdevice's `powf` (~1 ulp) was 4.6 ms
+    of a 1.3B fp4-dge step (session 41); this form took 1.0-1.5 ms off it (session 59). The
+    Hopper backend's eager calls run the compiled code (`HopperBackend.kernel`).
+    CPU: `pow`, ~1 ulp, whose ATen and inductor C++ forms differ only in vector tails (an ulp
+    or two; test_compile's layers agree bit for bit); their log2 (log, exp too) differ in the
+    last bit on ~0.9 % of inputs (torch 2.13), which broke compiled == eager there.
     """
     if u.is_cuda:
         return torch.exp2(exponent * torch.log2(u))
@@ -158,8 +160,8 @@ def dge_scale(
     multipliers m, `QOperand.multiplier`), else w / w_scale. `w_scale` and `w_mult` broadcast
     against `w` (e.g. [N, 1] row scales). Plain PyTorch that torch.compile fuses into one pass:
     one float32 product an element, or the division `exact.div_rn_by_scale` (float64). The
-    float32 `pow` of f' is not correctly rounded and differs by an ulp or two between ATen,
-    inductor's C++ and CUDA; the Hopper backend runs this compiled in eager too (`kernel`).
+    float32 power of f′ is not correctly rounded (`_power`: exp2·log2 on CUDA, pow on the CPU), so
+    devices differ by a few ulp; the Hopper backend runs this compiled in eager too (`kernel`).
     """
     w = w.detach().float()
     w_scaled = div_rn_by_scale(w, w_scale.float()) if w_mult is None else w * w_mult.float()
