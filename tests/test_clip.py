@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bits import bits_equal
 from minifloat.kernels import EmulatedBackend
 from minifloat.kernels.clip import (
     clamp,
@@ -144,11 +145,6 @@ def _bit_patterns() -> torch.Tensor:
     return torch.cat([bits.view(torch.float32), specials]).reshape(1, -1)
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit, signed zeros included; any NaN equals any NaN."""
-    return bool(((a.view(torch.int32) == b.view(torch.int32)) | (a.isnan() & b.isnan())).all())
-
-
 @pytest.mark.parametrize(("lo", "hi"), _BOUNDS, ids=str)
 def test_clamp_and_remainder_equal_torch_clamp_of_finite_entries(lo, hi):
     """OCC's clamp is torch.clamp on finite entries (NaN bounds included) and passes the rest
@@ -158,9 +154,9 @@ def test_clamp_and_remainder_equal_torch_clamp_of_finite_entries(lo, hi):
     lo_t, hi_t = torch.tensor([[lo]]), torch.tensor([[hi]])
     fin = x.isfinite()
     want = torch.where(fin, torch.clamp(x, lo_t, hi_t), x)
-    assert _same_bits(clamp(x, lo_t, hi_t), want)
+    assert bits_equal(clamp(x, lo_t, hi_t), want)
     want_rem = torch.where(fin, x - torch.clamp(x, lo_t, hi_t), lo_t - lo_t)
-    assert _same_bits(remainder(x, lo_t, hi_t), want_rem)
+    assert bits_equal(remainder(x, lo_t, hi_t), want_rem)
 
 
 @pytest.mark.parametrize(("lo", "hi"), _BOUNDS, ids=str)
@@ -171,7 +167,7 @@ def test_clamp_and_remainder_compiled_equal_eager(lo, hi):
     lo_t, hi_t = torch.tensor([[lo]]), torch.tensor([[hi]])
     for fn in (clamp, remainder):
         torch._dynamo.reset()
-        assert _same_bits(torch.compile(fn)(x, lo_t, hi_t), fn(x, lo_t, hi_t)), fn.__name__
+        assert bits_equal(torch.compile(fn)(x, lo_t, hi_t), fn(x, lo_t, hi_t)), fn.__name__
 
 
 @pytest.mark.gpu
@@ -187,4 +183,4 @@ def test_clamp_and_remainder_compiled_on_gpu_equal_cpu_eager(lo, hi):
     for fn in (clamp, remainder):
         torch._dynamo.reset()
         got = torch.compile(fn)(x.cuda(), lo_t.cuda(), hi_t.cuda()).cpu()
-        assert _same_bits(got, fn(x, lo_t, hi_t)), fn.__name__
+        assert bits_equal(got, fn(x, lo_t, hi_t)), fn.__name__
