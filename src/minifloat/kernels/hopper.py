@@ -13,9 +13,9 @@ these differences, so results never depend on which one ran:
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
   zero-padded. Operands flagged as transposed views (`QOperand.transposed`: wgrad's dyᵀ made in
-  backward; saved xᵀ and wᵀ when running eagerly) are made row-major by an opaque tiled
-  transpose (kernels/transpose.py), not by a copy inductor would fuse into the kernel that
-  produced them (saved operands under torch.compile: see `linear._unstash`).
+  backward; saved xᵀ and wᵀ when running eagerly) are made row-major: under torch.compile by a
+  copy inductor writes from the kernel that computes them, eagerly by an opaque tiled transpose
+  (kernels/transpose.py; `_row_major`; saved operands under torch.compile: `linear._unstash`).
 - microscaled_mm (NVFP4 / MXFP4 operands): the bf16-exact `values x block scale` operands in a
   bf16 GEMM with fp32 output, tensor scales applied to that output (kernels/microscale.py): the
   FP4 numerics at bf16 speed, not faster. A Blackwell path would override this method.
@@ -127,13 +127,19 @@ def _bf16_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _row_major(q: QOperand) -> torch.Tensor:
-    """q's values row-major, as the FP8 GEMM reads them: a transposed view is copied by the
-    opaque tiled transpose (kernels/transpose.py), never by a store fused into its producer.
-    Under torch.compile the values pass through `_one_buffer` first."""
-    data = q.data.t() if q.transposed else q.data  # the layout quantize wrote
+    """q's values row-major, as the FP8 GEMM reads them.
+
+    Under torch.compile every operand passes through `_one_buffer`. For a transposed view
+    (wgrad's dyᵀ, made in backward) that is a contiguous copy of the view, which inductor writes
+    from the kernel that computes the values, as a second store in 2-D tiles (the quantizer's
+    cast, after its maxima pass). The opaque tiled transpose (kernels/transpose.py), a kernel of
+    its own that reads those bytes back, made every recipe 1.2-4.9 ms a 1.3B step slower
+    (docs/hopper_sessions.md, session 60). Eagerly a transposed view is copied by that opaque
+    transpose.
+    """
     if torch.compiler.is_compiling():
-        data = _one_buffer(data)
-    return transpose_copy(data) if q.transposed else data
+        return _one_buffer(q.data)
+    return transpose_copy(q.data.t()) if q.transposed else q.data
 
 
 def _one_buffer(t: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,13 @@
 
 Hopper's FP8 GEMMs read both operands K-major, so wgrad needs dyᵀ and xᵀ, and dgrad wᵀ, written
 out. The quantizers return those operands as transposed *views* (kernels/operand.py), and the
-GEMM makes them contiguous. Left to inductor, that copy is fused into the kernel that produced
-the values (a SwiGLU or RMSNorm backward, an unpack of saved E2M1 bytes), which then stores
-single bytes a whole column apart: a 1.3B profile showed those kernels at 2-3x the time of their
-bytes. `transpose_copy` is a custom op, so the compiler cannot fuse into it: the producer
-writes its values row-major (coalesced) and this kernel transposes them in tiles.
+GEMM makes them contiguous. `transpose_copy` is a custom op, so the compiler cannot fuse into
+it: the producer writes its values row-major (coalesced) and this kernel transposes them in
+tiles. The Hopper backend uses it for eager GEMMs. Under torch.compile it lets inductor write
+the transposed copy from the kernel that computes the values instead (`hopper._row_major`):
+when that kernel was a SwiGLU or RMSNorm backward storing single bytes a column apart, the
+fused copy cost 2-3x its bytes (2026-11-23); since each quantizer's cast is a pointwise pass
+after its maxima, inductor tiles it in 2-D and the fused copy is the faster (session 60).
 
 On CUDA with Triton (the GPU machine) it runs a tiled Triton kernel (kernels/transpose_triton.py),
 under torch.compile as a `triton_op` that inductor launches from its own code; elsewhere ATen's
