@@ -37,9 +37,9 @@ class QOperand:
     E4M3 block scales, stored as float8_e4m3fn, times the fp32 `tensor_scale` [1,1]; "e8m0":
     MX's power-of-two block scales); their GEMM keeps the tensor scale out of the products.
     `transposed`: `data` is a transposed view of a contiguous tensor (the layout the quantizer
-    wrote). Known statically, so a backend can make it contiguous in a kernel of its own
-    (kernels/transpose.py) without asking for strides, which dynamo cannot always answer on
-    tensors saved for backward.
+    wrote). Known statically, so a backend can make it contiguous (the Hopper backend: eagerly in
+    a kernel of its own, kernels/transpose.py; compiled, from the kernel that casts it) without
+    asking for strides, which dynamo cannot always answer on tensors saved for backward.
     `multiplier`: an "inv" operand's group multipliers m (its values are round(x * m), its
     scale 1 / m; `formats.inv_scales`), the shape of `scale`, for tensor- and row-scaled
     operands; None otherwise. DGE evaluates f' at x * m, the value the quantizer rounded.

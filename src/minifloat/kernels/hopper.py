@@ -133,9 +133,9 @@ def _row_major(q: QOperand) -> torch.Tensor:
     (wgrad's dyᵀ, made in backward) that is a contiguous copy of the view, which inductor writes
     from the kernel that computes the values, as a second store in 2-D tiles (the quantizer's
     cast, after its maxima pass). The opaque tiled transpose (kernels/transpose.py), a kernel of
-    its own that reads those bytes back, made every recipe 1.2-4.9 ms a 1.3B step slower
-    (docs/hopper_sessions.md, session 60). Eagerly a transposed view is copied by that opaque
-    transpose.
+    its own that reads those bytes back, made each of the five recipes timed 1.2-4.9 ms a 1.3B
+    step slower (docs/hopper_sessions.md, session 60). Eagerly a transposed view is copied by
+    that opaque transpose.
     """
     if torch.compiler.is_compiling():
         return _one_buffer(q.data)
@@ -149,7 +149,9 @@ def _one_buffer(t: torch.Tensor) -> torch.Tensor:
     written to memory its own copy of it, stored by the producing kernel: q/k/v each stored the
     FP8 input again, and in backward each wrote its own transposed copy of the recomputed input,
     byte stores a column apart inside the norm backward's row reduction (1.3B profile, session
-    20). `exact.written_once` (`as_strided`, the identity) makes inductor write it once.
+    20). `exact.written_once` (`as_strided`, the identity) makes inductor write it once. A
+    transposed view comes out as its contiguous copy (`_row_major`: wgrad's dyᵀ, which the cast's
+    kernel then writes transposed).
     """
     return written_once(t)
 

@@ -326,7 +326,8 @@ def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
     """The operand's values: x's layout computed, returned as a transposed *view* if asked.
 
     Transposed values are never written here: the consumer that needs them contiguous (the
-    GEMM, or a later transposition) copies them, in a kernel of its own. Writing the transposed
+    GEMM, or a later transposition) copies them: eagerly in a kernel of its own, under
+    torch.compile as a store of the cast's kernel (`hopper._row_major`). Writing the transposed
     copy while quantizing let inductor fuse that store into a row reduction, whose tiles are a
     few rows by a whole row wide: byte stores with a stride of a whole column, ~10x slower.
     """

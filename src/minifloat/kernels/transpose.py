@@ -11,8 +11,11 @@ fused copy cost 2-3x its bytes (2026-11-23); since each quantizer's cast is a po
 after its maxima, inductor tiles it in 2-D and the fused copy is the faster (session 60).
 
 On CUDA with Triton (the GPU machine) it runs a tiled Triton kernel (kernels/transpose_triton.py),
-under torch.compile as a `triton_op` that inductor launches from its own code; elsewhere ATen's
-copy. Only bytes move: the result equals `x.t().contiguous()` bit for bit.
+when called under torch.compile as a `triton_op` that inductor launches from its own code (the
+Hopper backend's compiled path no longer calls it: kept for compiled callers such as the tests
+and benchmarks/transpose_bench.py, and for a shape where the fused copy loses; the 7B layer is
+untimed with it); elsewhere ATen's copy. Only bytes move: the result equals
+`x.t().contiguous()` bit for bit.
 """
 
 from __future__ import annotations
