@@ -10,7 +10,8 @@ model's 32768 x 768 / 2048), times `kernels/operand.quantize_operand` compiled o
 written over the kernel time, against a measured device-to-device copy's rate. Then each memory
 pass on its own: every kernel inductor makes of a quantizer, timed by inductor's bandwidth
 profiler with the bytes inductor counts for it (each buffer read or written once), and the
-transposed FP8 copy (`transpose_copy`) that training runs after the transposed ones. Checks that the
+transposed FP8 copy (`transpose_copy`) that eager Hopper GEMMs run after the transposed ones
+(compiled training ran it too until session 60; now the cast's kernel writes them). Checks that the
 compiled quantizer's values and scales equal `minifloat.quantize.quantize` on the CPU bit for
 bit (random data with exact grid midpoints, zeros, NaN, inf, subnormals). Also: which fp32 order
 row-wise `_scaled_mm` applies scales in (the emulation uses the same).

@@ -15,7 +15,8 @@ outputs are then copied by `transpose_copy` or written with strided byte stores.
 is ~24 ms of fp4-dge's 245 ms step (docs/hopper_sessions.md, session 26).
 
 This probe times, for one [M, F] SwiGLU at 1.3B and 7B widths, the compiled code as training
-runs it (`quantize_operand` plus `transpose_copy` for each transposed operand) against two
+ran it until session 60 (`quantize_operand` plus `transpose_copy` for each transposed operand;
+since then compiled training writes those from the cast's kernel) against two
 Triton kernels: one pass that computes h, dg and du once per tile and writes the tile's row
 and column maxima (partials, reduced by two small ops), and one pass that writes all five
 operands, the transposed ones through shared memory. Same quotients (`exact.div_rn_by_scale`'s
@@ -28,7 +29,7 @@ the probe reports how many differ. Two configurations:
 - `tensorwise` (fp8-tensorwise, session 29): h_qᵀ E4M3 under h's tensor scale from forward
   (saved, so backward reduces only dg and du); dg, du E5M2 under one scale each, row layout
   and transposed (the same bytes). As trained, h_qᵀ is a plain transposed copy that inductor
-  fuses into the cast kernel and dg, du are transposed by `transpose_copy`.
+  fuses into the cast kernel and dg, du are transposed by `transpose_copy` (until session 60).
 
 The Triton rows run each tile choice (maxima and cast kernels' BM, BN, warps) with the
 float64 quotient and with Markstein's FMA quotient (`--quotients`). Writes
