@@ -15,7 +15,9 @@
 # back: $OUT/ab_<TAG>.tar.gz with train_interleaved_<MODEL>_ours_<TAG>_{new,base}{0,1}_*.{md,json}
 # and each process's log (a device call returns at most 8 files, so they are packed).
 # Settings (environment): AB_BASE (ab_base), MODEL (1.3B), ROUNDS (3), STEPS (5), LIMIT (290 s a
-# process, killed after), PY (python3), EXTRA (more arguments, e.g. the CPU test's --device cpu).
+# process, killed after), PY (python3), EXTRA (more arguments, e.g. the CPU test's --device cpu),
+# NEW_ARGS (arguments for the new processes only: with a base tree of the same revision
+# (--prepare HEAD), an A/B of options, e.g. NEW_ARGS="--compile-options KEY=VALUE").
 # 1.3B rows take ~25-45 s each a process: 4 rows, two processes a GPU, ~6 minutes a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,17 +42,19 @@ args=("$@")
 work="$OUT/ab_$tag"
 mkdir -p "$work"
 base_rev="$(cat "$AB_BASE/REV" 2>/dev/null || echo unknown)"
-echo "new: the working tree; base: $base_rev ($AB_BASE)" > "$work/trees.txt"
+echo "new: the working tree${NEW_ARGS:+ with $NEW_ARGS}; base: $base_rev ($AB_BASE)" \
+  > "$work/trees.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
   > "$work/gpu.txt" 2>/dev/null || true
 
 one() {  # GPU, tree, name: one train_interleaved.py process
-  local gpu=$1 tree=$2 name=$3
-  # shellcheck disable=SC2086  # EXTRA is a word list
+  local gpu=$1 tree=$2 name=$3 own=""
+  [ "${name#new}" != "$name" ] && own="${NEW_ARGS:-}"
+  # shellcheck disable=SC2086  # EXTRA and NEW_ARGS are word lists
   CUDA_VISIBLE_DEVICES=$gpu PYTHONPATH="$tree/src" PYTHONUNBUFFERED=1 \
     timeout -s KILL "${LIMIT:-290}" "${PY:-python3}" "$tree/benchmarks/train_interleaved.py" \
     --model "${MODEL:-1.3B}" --rows "$rows" --rounds "${ROUNDS:-3}" --steps "${STEPS:-5}" \
-    --tag "${tag}_$name" --out-dir "$work" ${EXTRA:-} ${args[@]+"${args[@]}"} \
+    --tag "${tag}_$name" --out-dir "$work" ${EXTRA:-} $own ${args[@]+"${args[@]}"} \
     > "$work/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc" | tee -a "$work/status.txt"

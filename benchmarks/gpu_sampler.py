@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["GpuSampler", "nvml_reader", "LIMIT_REASONS"]
+__all__ = ["GpuSampler", "nvml_reader", "cuda_uuid", "LIMIT_REASONS"]
 
 # NVML's clock-event reason bits (nvmlClocksEventReason*), the ones that slow a busy GPU.
 LIMIT_REASONS = {
@@ -37,15 +37,21 @@ LIMIT_REASONS = {
 Reader = Callable[[], dict]
 
 
-def nvml_reader(index: int = 0) -> Reader | None:
-    """A function reading GPU `index`'s power (W), SM clock (MHz), temperature (C) and clock
-    reasons (bit mask) through NVML, or None where NVML is missing or fails. NVML's power is
-    averaged over about a second on recent GPUs; a block's median is what it drew steadily."""
+def nvml_reader(index: int = 0, uuid: str | None = None) -> Reader | None:
+    """A function reading a GPU's power (W), SM clock (MHz), temperature (C) and clock reasons
+    (bit mask) through NVML, or None where NVML is missing or fails. The GPU: the one with NVML
+    UUID `uuid` ("GPU-..."), else NVML's `index`. NVML numbers every GPU of the machine and
+    ignores CUDA_VISIBLE_DEVICES, so a process given the second GPU that read NVML's index 0
+    sampled the first one (before session 61). NVML's power is averaged over about a second
+    on recent GPUs; a block's median is what it drew steadily."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        if uuid is not None:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        else:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # older bindings
         limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
@@ -64,6 +70,11 @@ def nvml_reader(index: int = 0) -> Reader | None:
     return read
 
 
+def cuda_uuid(index: int) -> str:
+    """NVML's name ("GPU-<uuid>") of CUDA device `index` as this process numbers it."""
+    return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
+
+
 class GpuSampler:
     """Samples `read()` every `interval_s` seconds in a thread while `collect()` is open."""
 
@@ -75,10 +86,12 @@ class GpuSampler:
 
     @classmethod
     def for_device(cls, device: str, interval_s: float = 0.02) -> GpuSampler:
-        """A sampler of the current CUDA device for `device` "cuda"; one that takes no samples
-        for any other device (a CPU run) or where NVML cannot be read."""
-        cuda = device == "cuda"
-        return cls(nvml_reader(torch.cuda.current_device()) if cuda else None, interval_s)
+        """A sampler of the current CUDA device for `device` "cuda" (found in NVML by its UUID,
+        which CUDA_VISIBLE_DEVICES does not renumber); one that takes no samples for any other
+        device (a CPU run) or where NVML cannot be read."""
+        if device != "cuda":
+            return cls(None, interval_s)
+        return cls(nvml_reader(uuid=cuda_uuid(torch.cuda.current_device())), interval_s)
 
     @contextlib.contextmanager
     def collect(self) -> Iterator[list[dict]]:

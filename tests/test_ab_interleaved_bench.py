@@ -1,7 +1,8 @@
 """benchmarks/ab_interleaved.sh: a base tree made from git, four processes in opposite orders,
-one tarball with every record, a side-by-side summary, and an exit status that says whether
-all four ran."""
+one tarball with every record, a side-by-side summary, arguments for the new processes alone
+(an A/B of options), and an exit status that says whether all four ran."""
 
+import json
 import subprocess
 import sys
 import tarfile
@@ -32,7 +33,8 @@ def test_prepare_then_four_processes_packed_with_a_summary(tmp_path):
     assert (base / "REV").read_text().strip() == rev
     done = _run("t", "bf16", AB_BASE=str(base), OUT=str(out), MODEL="tiny", ROUNDS="1",
                 STEPS="1", PY=sys.executable,
-                EXTRA="--device cpu --compile-scope none --warmup 1")  # fmt: skip
+                EXTRA="--device cpu --compile-scope none --warmup 1",
+                NEW_ARGS="--compile-options triton.max_tiles=2")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(line for line in done.stdout.splitlines() if " rc=" in line) == [
         f"{n} rc=0" for n in ("base0", "base1", "new0", "new1")
@@ -41,12 +43,18 @@ def test_prepare_then_four_processes_packed_with_a_summary(tmp_path):
         names = {Path(n).name for n in tar.getnames()}
         summary = tar.extractfile("ab_t/summary.txt").read().decode()
         trees = tar.extractfile("ab_t/trees.txt").read().decode()
+        options = {
+            Path(n).name.split("_")[5]: json.load(tar.extractfile(n))[0]["compile_options"]
+            for n in tar.getnames() if n.endswith(".json")
+        }  # fmt: skip
     for name in ("base0", "base1", "new0", "new1"):
         assert any(n.startswith(f"train_interleaved_tiny_ours_t_{name}_") and n.endswith(".json")
                    for n in names), name  # fmt: skip
         assert f"{name}.log" in names
     assert summary.startswith("bf16: base0 ") and summary.count(" ms (1.000x)") == 4
-    assert rev in trees
+    assert rev in trees and "with --compile-options triton.max_tiles=2" in trees
+    assert options == {"new0": {"triton.max_tiles": 2}, "new1": {"triton.max_tiles": 2},
+                       "base0": {}, "base1": {}}  # fmt: skip
     assert not (out / "ab_t").exists()  # only the tarball is left to come back
 
 

@@ -4,7 +4,9 @@ share of samples under each clock-limit reason; no NVML, no samples, no failure.
 from __future__ import annotations
 
 import itertools
+import sys
 import time
+import types
 
 import pytest
 
@@ -75,3 +77,34 @@ def test_no_samples_off_cuda(sampler_mod):
     with sampler.collect() as samples:
         pass
     assert samples == []
+
+
+def test_the_gpu_is_found_by_uuid_not_by_nvml_index(sampler_mod, monkeypatch):
+    """NVML ignores CUDA_VISIBLE_DEVICES: a UUID names the process's GPU, an index would name
+    the machine's first one. NVML itself is replaced (no GPU here): what is tested is which
+    handle the reader asks for and reads."""
+    asked = []
+    fake = types.ModuleType("pynvml")
+    fake.NVML_CLOCK_SM, fake.NVML_TEMPERATURE_GPU = 1, 0
+    fake.nvmlInit = lambda: None
+    fake.nvmlDeviceGetHandleByUUID = lambda uuid: asked.append(("uuid", uuid)) or uuid
+    fake.nvmlDeviceGetHandleByIndex = lambda i: asked.append(("index", i)) or f"index-{i}"
+    fake.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4
+    fake.nvmlDeviceGetEnforcedPowerLimit = lambda h: 700_000
+    fake.nvmlDeviceGetPowerUsage = lambda h: 650_000 if h == "GPU-b" else 100_000
+    fake.nvmlDeviceGetClockInfo = lambda h, clock: 1500
+    fake.nvmlDeviceGetTemperature = lambda h, sensor: 55
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    read = sampler_mod.nvml_reader(uuid="GPU-b")
+    assert asked == [("uuid", "GPU-b")] and read()["power_w"] == 650.0
+    assert sampler_mod.nvml_reader(1)()["power_w"] == 100.0 and asked[-1] == ("index", 1)
+
+
+@pytest.mark.gpu
+def test_cuda_uuid_names_the_visible_device_in_nvml(sampler_mod):
+    pynvml = pytest.importorskip("pynvml")
+    pynvml.nvmlInit()
+    uuid = sampler_mod.cuda_uuid(0)
+    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    got = pynvml.nvmlDeviceGetUUID(handle)
+    assert (got.decode() if isinstance(got, bytes) else got) == uuid

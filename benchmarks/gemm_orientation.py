@@ -1,0 +1,168 @@
+"""Each FP8 GEMM of one training block alone, as the Hopper backend calls it and with its operands
+swapped (out = a·bᵀ computed as (b·aᵀ)ᵀ), to see whether cuBLAS picks a faster kernel for one
+orientation of a shape.
+
+    PYTHONPATH=src python benchmarks/gemm_orientation.py --model 1.3B [--recipes fp8-tensorwise]
+
+For every linear of one block (q, k, v, o, gate, up, down) and every GEMM (fprop y = x·wᵀ, dgrad
+dx = dy·w, wgrad dw = dyᵀ·x; M = batch x seq tokens), the operands in the dtypes, scales, output
+dtypes and fast-accumulation flags the recipe uses (`QuantRecipe`), timed alone: the median of
+`--reps` CUDA-event timings after a warm-up, the L2 flushed before each (`common.time_ms`),
+bf16 `torch.mm` beside them. "swapped" runs the same product with the other operand as cuBLAS's
+A (its output is the transpose, a view: what a change to that orientation would also pay for a
+copy of it is not counted). The cuBLAS kernel each form ran is read from the profiler. Why: in
+a 6-layer 1.3B profile (session 60) fp8-tensorwise's 2048 x 2048 GEMMs ran 99-158 µs a call in
+kernels of different families.
+
+`--device cpu` runs the tiny preset once, untimed (a smoke test). Writes
+`gemm_orientation_<model>_<gpu>_<date>.{md,json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, time_ms, write_results  # noqa: E402
+from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
+from minifloat.recipes import get as get_recipe  # noqa: E402
+from step_gemms import linear_shapes  # noqa: E402
+from train_e2e import PRESETS  # noqa: E402
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+STORAGE = {"e4m3": E4M3, "e5m2": E5M2, "e2m1": E4M3}
+# (a rows, b rows, contraction) of each GEMM's a·bᵀ for a linear [n, k] on m tokens
+DIMS = {
+    "fprop": lambda m, n, k: (m, n, k),
+    "dgrad": lambda m, n, k: (m, k, n),
+    "wgrad": lambda m, n, k: (n, k, m),
+}
+
+
+def _operand(rows: int, cols: int, fmt: str, per_row: bool, gen: torch.Generator, device: str):
+    """A row-major FP8 operand [rows, cols] and its scale ([rows, 1] or [1, 1])."""
+    x = torch.randn(rows, cols, device=device, generator=gen).to(STORAGE[fmt])
+    scale = torch.rand(rows if per_row else 1, 1, device=device, generator=gen) + 0.5
+    return x, scale
+
+
+def gemms(recipe_name: str, m: int, n: int, k: int, device: str) -> dict:
+    """{gemm: (as called, swapped)}: fprop, dgrad and wgrad of one [n, k] linear as callables."""
+    gen = torch.Generator(device=device).manual_seed(n * 7 + k)
+    if recipe_name == "bf16":
+
+        def rand(*shape):
+            return torch.randn(*shape, device=device, generator=gen).to(torch.bfloat16)
+
+        x, w, g = rand(m, k), rand(n, k), rand(m, n)
+        return {
+            "fprop": (lambda: torch.mm(x, w.t()), lambda: torch.mm(w, x.t()).t()),
+            "dgrad": (lambda: torch.mm(g, w), lambda: torch.mm(w.t(), g.t()).t()),
+            "wgrad": (lambda: torch.mm(g.t(), x), lambda: torch.mm(x.t(), g).t()),
+        }
+    r = get_recipe(recipe_name)
+    out = {}
+    out_dtype = {"fprop": torch.bfloat16, "dgrad": torch.bfloat16, "wgrad": torch.float32}
+    for name, dims in DIMS.items():
+        rows_a, rows_b, kc = dims(m, n, k)
+        spec = getattr(r, name)
+        # a reused operand (the fprop's w_q or x_q, transposed) keeps the fprop's granularity
+        rhs = {"dgrad": r.fprop.rhs, "wgrad": r.fprop.lhs}.get(name) if spec.rhs.reuse else None
+        rhs_rows = (rhs or spec.rhs).granularity == "row"
+        a, sa = _operand(rows_a, kc, spec.lhs.fmt, spec.lhs.granularity == "row", gen, device)
+        b, sb = _operand(rows_b, kc, spec.rhs.fmt, rhs_rows, gen, device)
+        fast = getattr(r, f"{name}_fast_accum")
+        kw = {"out_dtype": out_dtype[name], "use_fast_accum": fast}
+
+        def called(a=a, sa=sa, b=b, sb=sb, kw=kw):
+            return scaled_mm_rowish(a, sa, b, sb, **kw)
+
+        def swapped(a=a, sa=sa, b=b, sb=sb, kw=kw):
+            return scaled_mm_rowish(b, sb, a, sa, **kw).t()
+
+        out[name] = (called, swapped)
+    return out
+
+
+def kernel_name(fn) -> str:
+    """The longest GPU kernel one call of `fn` ran (its GEMM), from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return max(events, key=lambda e: e.device_time_total).name if events else "?"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="1.3B", choices=sorted(PRESETS))
+    ap.add_argument("--recipes", default="bf16,fp8-tensorwise,fp8-rowwise,fp4-dge")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--date", default=None)
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    model = args.model if cuda else "tiny"
+    batch, seq, _ = PRESETS[args.model] if cuda else (1, 64, None)
+    m = batch * seq
+    records = []
+    for recipe in args.recipes.split(","):
+        for linear, n, k in linear_shapes(model):
+            for gemm, (called, swapped) in gemms(recipe, m, n, k, args.device).items():
+                if not cuda:  # the smoke test: both forms run and agree in shape
+                    assert called().shape == swapped().shape
+                    continue
+                rows_a, rows_b, kc = DIMS[gemm](m, n, k)
+                flop = 2.0 * rows_a * rows_b * kc
+                rec = {
+                    "recipe": recipe,
+                    "linear": linear,
+                    "gemm": gemm,
+                    "shape": [rows_a, rows_b, kc],
+                }
+                for form, fn in (("called", called), ("swapped", swapped)):
+                    ms = time_ms(fn, warmup=1, reps=args.reps)
+                    rec[f"{form}_ms"], rec[f"{form}_tflops"] = ms, flop / ms / 1e9
+                    rec[f"{form}_kernel"] = kernel_name(fn)
+                records.append(rec)
+                ms = f"{rec['called_ms']:.3f} / {rec['swapped_ms']:.3f} ms"
+                print(f"{recipe} {linear} {gemm} {ms}", flush=True)
+    if not cuda:
+        print("cpu smoke run: every GEMM built and run once")
+        return
+    title = f"gemm_orientation_{model}" + (f"_{args.tag}" if args.tag else "")
+    lines = [f"`{' '.join(sys.argv)}`", "", f"One {model} block's GEMMs alone (M = {m} tokens), "
+             f"median of {args.reps} CUDA-event timings, L2 flushed; a·bᵀ as called and as "
+             "(b·aᵀ)ᵀ.", "",
+             "| recipe | linear | GEMM | a·bᵀ [R, C, K] | called ms (TFLOPS) | swapped ms (TFLOPS) "
+             "| called kernel | swapped kernel |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        lines.append(
+            f"| {r['recipe']} | {r['linear']} | {r['gemm']} | {r['shape']} | "
+            f"{r['called_ms']:.3f} ({r['called_tflops']:.0f}) | "
+            f"{r['swapped_ms']:.3f} ({r['swapped_tflops']:.0f}) | "
+            f"`{r['called_kernel'][:70]}` | `{r['swapped_kernel'][:70]}` |"
+        )
+    lines += ["", "Sum over one block's GEMMs, ms (called / swapped / the faster of the two):", ""]
+    for recipe in dict.fromkeys(r["recipe"] for r in records):
+        rows = [r for r in records if r["recipe"] == recipe]
+        called = sum(r["called_ms"] for r in rows)
+        swapped = sum(r["swapped_ms"] for r in rows)
+        best = sum(min(r["called_ms"], r["swapped_ms"]) for r in rows)
+        lines.append(f"- {recipe}: {called:.3f} / {swapped:.3f} / {best:.3f}")
+    md, _ = write_results(
+        title, records, "\n".join(lines), out_dir=Path(args.out_dir), day=args.date
+    )
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()
