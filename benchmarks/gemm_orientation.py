@@ -14,8 +14,9 @@ copy of it is not counted). The cuBLAS kernel each form ran is read from the pro
 a 6-layer 1.3B profile (session 60) fp8-tensorwise's 2048 x 2048 GEMMs ran 99-158 µs a call in
 kernels of different families.
 
-`--device cpu` runs the tiny preset once, untimed (a smoke test). Writes
-`gemm_orientation_<model>_<gpu>_<date>.{md,json}`.
+Tensor- and row-scaled recipes without OCC only (others exit with a message). `--device cpu`
+runs the tiny preset once, untimed (a smoke test). Writes
+`gemm_orientation_<model>[_<tag>]_<gpu>_<date>.{md,json}`.
 """
 
 from __future__ import annotations
@@ -65,14 +66,22 @@ def gemms(recipe_name: str, m: int, n: int, k: int, device: str) -> dict:
             "wgrad": (lambda: torch.mm(g.t(), x), lambda: torch.mm(x.t(), g).t()),
         }
     r = get_recipe(recipe_name)
+    specs = [s for g in DIMS for s in (getattr(r, g).lhs, getattr(r, g).rhs)]
+    if r.occ is not None or any(
+        s.granularity not in ("tensor", "row") or s.hadamard for s in specs
+    ):
+        raise SystemExit(
+            f"gemm_orientation times tensor- and row-scaled GEMMs without OCC or rotations; "
+            f"{recipe_name} has others"
+        )
     out = {}
     out_dtype = {"fprop": torch.bfloat16, "dgrad": torch.bfloat16, "wgrad": torch.float32}
     for name, dims in DIMS.items():
         rows_a, rows_b, kc = dims(m, n, k)
         spec = getattr(r, name)
-        # a reused operand (the fprop's w_q or x_q, transposed) keeps the fprop's granularity
-        rhs = {"dgrad": r.fprop.rhs, "wgrad": r.fprop.lhs}.get(name) if spec.rhs.reuse else None
-        rhs_rows = (rhs or spec.rhs).granularity == "row"
+        # a reused operand (fprop's w_q or x_q, transposed) carries a tensor scale, or a unit
+        # one where the recipe folds its row scale into dy: [1, 1] either way
+        rhs_rows = spec.rhs.granularity == "row" and not spec.rhs.reuse
         a, sa = _operand(rows_a, kc, spec.lhs.fmt, spec.lhs.granularity == "row", gen, device)
         b, sb = _operand(rows_b, kc, spec.rhs.fmt, rhs_rows, gen, device)
         fast = getattr(r, f"{name}_fast_accum")

@@ -71,7 +71,9 @@ def nvml_reader(index: int = 0, uuid: str | None = None) -> Reader | None:
 
 
 def cuda_uuid(index: int) -> str:
-    """NVML's name ("GPU-<uuid>") of CUDA device `index` as this process numbers it."""
+    """NVML's name ("GPU-<uuid>") of CUDA device `index` as this process numbers it. (A MIG
+    instance's UUID is no "GPU-" one: NVML finds no GPU by it, and the sampler takes no
+    samples.)"""
     return f"GPU-{torch.cuda.get_device_properties(index).uuid}"
 
 

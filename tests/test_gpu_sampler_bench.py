@@ -9,6 +9,7 @@ import time
 import types
 
 import pytest
+import torch
 
 from scripts import load_benchmark
 
@@ -98,13 +99,25 @@ def test_the_gpu_is_found_by_uuid_not_by_nvml_index(sampler_mod, monkeypatch):
     read = sampler_mod.nvml_reader(uuid="GPU-b")
     assert asked == [("uuid", "GPU-b")] and read()["power_w"] == 650.0
     assert sampler_mod.nvml_reader(1)()["power_w"] == 100.0 and asked[-1] == ("index", 1)
+    # the sampler of "cuda" asks for the current device's UUID, whatever its index
+    monkeypatch.setattr(sampler_mod.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(sampler_mod, "cuda_uuid", lambda i: "GPU-b" if i == 0 else "GPU-?")
+    sampler = sampler_mod.GpuSampler.for_device("cuda")
+    assert asked[-1] == ("uuid", "GPU-b") and sampler.read()["power_w"] == 650.0
 
 
 @pytest.mark.gpu
 def test_cuda_uuid_names_the_visible_device_in_nvml(sampler_mod):
+    """NVML's GPU of that UUID sits on the PCI address CUDA gives the process's device 0 (run
+    with CUDA_VISIBLE_DEVICES naming another GPU than the first, NVML's index 0 would not)."""
     pynvml = pytest.importorskip("pynvml")
     pynvml.nvmlInit()
-    uuid = sampler_mod.cuda_uuid(0)
-    handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-    got = pynvml.nvmlDeviceGetUUID(handle)
-    assert (got.decode() if isinstance(got, bytes) else got) == uuid
+    handle = pynvml.nvmlDeviceGetHandleByUUID(sampler_mod.cuda_uuid(0))
+    pci, props = pynvml.nvmlDeviceGetPciInfo(handle), torch.cuda.get_device_properties(0)
+    if not hasattr(props, "pci_bus_id"):
+        pytest.skip("this torch gives no PCI address of a CUDA device")
+    assert (pci.domain, pci.bus, pci.device) == (
+        props.pci_domain_id,
+        props.pci_bus_id,
+        props.pci_device_id,
+    )

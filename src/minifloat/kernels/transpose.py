@@ -13,9 +13,9 @@ after its maxima, inductor tiles it in 2-D and the fused copy is the faster (ses
 On CUDA with Triton (the GPU machine) it runs a tiled Triton kernel (kernels/transpose_triton.py),
 when called under torch.compile as a `triton_op` that inductor launches from its own code (the
 Hopper backend's compiled path no longer calls it: kept for compiled callers such as the tests
-and benchmarks/transpose_bench.py; no shape timed so far, the 7B layer's included, runs slower
-with the fused copy: docs/hopper_sessions.md, session 61); elsewhere ATen's copy. Only bytes
-move: the result equals `x.t().contiguous()` bit for bit.
+and benchmarks/transpose_bench.py; since session 60's change no shape timed, the 7B layer's
+included, has been clearly slower with the fused copy: docs/hopper_sessions.md, session 61);
+elsewhere ATen's copy. Only bytes move: the result equals `x.t().contiguous()` bit for bit.
 """
 
 from __future__ import annotations
