@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS_DIR, time_ms, write_results  # noqa: E402
+from common import RESULTS_DIR, kernel_times, time_ms, write_results  # noqa: E402
 from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
 from minifloat.recipes import get as get_recipe  # noqa: E402
 from step_gemms import linear_shapes  # noqa: E402
@@ -104,8 +104,8 @@ def kernel_name(fn) -> str:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return max(events, key=lambda e: e.device_time_total).name if events else "?"
+    ms, _ = kernel_times(prof, 1)
+    return max(ms, key=ms.get) if ms else "?"
 
 
 def main(argv: list[str] | None = None) -> None:

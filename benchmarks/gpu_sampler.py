@@ -37,10 +37,10 @@ LIMIT_REASONS = {
 Reader = Callable[[], dict]
 
 
-def nvml_reader(index: int = 0, uuid: str | None = None) -> Reader | None:
-    """A function reading a GPU's power (W), SM clock (MHz), temperature (C) and clock reasons
-    (bit mask) through NVML, or None where NVML is missing or fails. The GPU: the one with NVML
-    UUID `uuid` ("GPU-..."), else NVML's `index`. NVML numbers every GPU of the machine and
+def nvml_reader(uuid: str) -> Reader | None:
+    """A function reading the power (W), SM clock (MHz), temperature (C) and clock reasons (bit
+    mask) of the GPU with NVML UUID `uuid` ("GPU-...", `cuda_uuid`), or None where NVML is
+    missing or fails. By UUID, not NVML's index: NVML numbers every GPU of the machine and
     ignores CUDA_VISIBLE_DEVICES, so a process given the second GPU that read NVML's index 0
     sampled the first one (before session 61). NVML's power is averaged over about a second
     on recent GPUs; a block's median is what it drew steadily."""
@@ -48,10 +48,7 @@ def nvml_reader(index: int = 0, uuid: str | None = None) -> Reader | None:
         import pynvml
 
         pynvml.nvmlInit()
-        if uuid is not None:
-            handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        else:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
         reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
         reasons = reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons  # older bindings
         limit_w = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
@@ -93,7 +90,7 @@ class GpuSampler:
         device (a CPU run) or where NVML cannot be read."""
         if device != "cuda":
             return cls(None, interval_s)
-        return cls(nvml_reader(uuid=cuda_uuid(torch.cuda.current_device())), interval_s)
+        return cls(nvml_reader(cuda_uuid(torch.cuda.current_device())), interval_s)
 
     @contextlib.contextmanager
     def collect(self) -> Iterator[list[dict]]:

@@ -96,9 +96,8 @@ def test_the_gpu_is_found_by_uuid_not_by_nvml_index(sampler_mod, monkeypatch):
     fake.nvmlDeviceGetClockInfo = lambda h, clock: 1500
     fake.nvmlDeviceGetTemperature = lambda h, sensor: 55
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    read = sampler_mod.nvml_reader(uuid="GPU-b")
+    read = sampler_mod.nvml_reader("GPU-b")
     assert asked == [("uuid", "GPU-b")] and read()["power_w"] == 650.0
-    assert sampler_mod.nvml_reader(1)()["power_w"] == 100.0 and asked[-1] == ("index", 1)
     # the sampler of "cuda" asks for the current device's UUID, whatever its index
     monkeypatch.setattr(sampler_mod.torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(sampler_mod, "cuda_uuid", lambda i: "GPU-b" if i == 0 else "GPU-?")
