@@ -17,7 +17,9 @@
 # Settings (environment): AB_BASE (ab_base), MODEL (1.3B), ROUNDS (3), STEPS (5), LIMIT (290 s a
 # process, killed after), PY (python3), EXTRA (more arguments, e.g. the CPU test's --device cpu),
 # NEW_ARGS (arguments for the new processes only: with a base tree of the same revision
-# (--prepare HEAD), an A/B of options, e.g. NEW_ARGS="--compile-options KEY=VALUE").
+# (--prepare HEAD), an A/B of options, e.g. NEW_ARGS="--compile-options KEY=VALUE"),
+# HALF (on a one-GPU machine: 0 runs GPU 0's order, new then base, 1 runs GPU 1's, base then
+# new, each on GPU 0; two calls, HALF=0 and HALF=1, make the counterbalanced pair in time).
 # 1.3B rows take ~25-45 s each a process: 4 rows, two processes a GPU, ~6 minutes a call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,9 +61,14 @@ one() {  # GPU, tree, name: one train_interleaved.py process
   local rc=$?
   echo "$name rc=$rc" | tee -a "$work/status.txt"
 }
-(one 0 . new0; one 0 "$AB_BASE" base0) &
-(one 1 "$AB_BASE" base1; one 1 . new1) &
-wait
+case "${HALF:-}" in
+  "") (one 0 . new0; one 0 "$AB_BASE" base0) &
+      (one 1 "$AB_BASE" base1; one 1 . new1) &
+      wait ;;
+  0) one 0 . new0; one 0 "$AB_BASE" base0 ;;
+  1) one 0 "$AB_BASE" base1; one 0 . new1 ;;
+  *) echo "HALF must be 0 or 1, got $HALF" >&2; exit 2 ;;
+esac
 # The step times side by side (medians over all rounds), also packed as summary.txt.
 "${PY:-python3}" - "$work" <<'PY' | tee "$work/summary.txt"
 import json, pathlib, re, sys

@@ -67,3 +67,17 @@ def test_a_failed_process_fails_the_call_and_nothing_runs_without_a_base(tmp_pat
     failed = _run("t", "bf16", AB_BASE=str(base), OUT=str(out), PY="false")
     assert failed.returncode == 1 and "new0 rc=1" in failed.stdout
     assert (out / "ab_t.tar.gz").is_file()  # the logs still come back
+
+
+@pytest.mark.parametrize("half, order", [("0", ["new0", "base0"]), ("1", ["base1", "new1"])])
+def test_one_gpu_halves_run_one_order_each(tmp_path, half, order):
+    """HALF: a one-GPU machine runs one GPU's order per call, on GPU 0, in that order."""
+    base, out = tmp_path / "base", tmp_path / "out"
+    base.joinpath("src").mkdir(parents=True)
+    done = _run("t", "bf16", AB_BASE=str(base), OUT=str(out), PY="true", HALF=half)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if " rc=" in line] == [
+        f"{n} rc=0" for n in order
+    ]
+    bad = _run("t", "bf16", AB_BASE=str(base), OUT=str(out), PY="true", HALF="2")
+    assert bad.returncode == 2 and "HALF must be 0 or 1" in bad.stderr

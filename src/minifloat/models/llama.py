@@ -9,6 +9,7 @@ noticing. Precision-sensitive pieces stay in fp32 even under autocast:
   before multiplying by the weight (the LLaMA / Hugging Face convention).
 - RoPE angles, cos and sin are computed in fp32 and the rotation is applied in fp32.
 - The attention softmax runs inside SDPA, whose kernels accumulate in fp32.
+- The SwiGLU's silu(g)·u is computed in fp32 and rounded once (models/swiglu.py).
 
 RoPE uses the *rotate-half* convention (dimension ``i`` is paired with ``i + head_dim/2``), the
 same one Hugging Face ``LlamaForCausalLM`` uses, so exported q/k weights need no permutation.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from minifloat.models.swiglu import swiglu
 
 __all__ = [
     "PRESETS",
@@ -246,7 +249,8 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x), the SiLU and product in one float32 Function
+    (models/swiglu.py: one sigmoid, which compiled quantized recipes recompute cheaply)."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -255,7 +259,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(config.dim, config.ffn_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class TransformerBlock(nn.Module):
