@@ -16,7 +16,10 @@ passes look bound by their instructions, not their bytes. This probe times the m
 - sigmoid: `g * torch.sigmoid(g) * u` (inductor: `tl.sigmoid`);
 - fn: an autograd Function computing s = sigmoid(g) once in float32, h = g·s·u, and in
   backward du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)), rounded once to g's dtype;
-- fastmath: `aten` compiled with inductor's `use_fast_math` (its exp without libdevice).
+- fastmath: `aten` compiled with inductor's `use_fast_math` (its exp without libdevice);
+- lib: `minifloat.models.swiglu.swiglu`, the library's form whatever it is (it is `fn`'s; in
+  `silu_form_probe_s62lib_...` it was a variant that kept h's bf16 rounding in compiled code,
+  `exact.to_dtype`, not landed).
 
 Each row: the fwd+bwd step's median time (CUDA events), its GPU kernel time and the SwiGLU
 kernels' (profiler; kernels whose inductor name holds silu, sigmoid, exp or mul of the MLP's
@@ -39,8 +42,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import dump_kernel_sources, kernel_profile, probe_parser, time_ms, write_probe  # noqa: E402
 from minifloat import convert  # noqa: E402
+from minifloat.models.swiglu import swiglu  # noqa: E402
 
-FORMS = ("aten", "sigmoid", "fn", "fastmath")
+FORMS = ("aten", "sigmoid", "fn", "fastmath", "lib")
 
 
 class _SiLUMul(torch.autograd.Function):
@@ -73,6 +77,8 @@ def act(form: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         return g * torch.sigmoid(g) * u
     if form == "fn":
         return _SiLUMul.apply(g, u)
+    if form == "lib":
+        return swiglu(g, u)
     raise ValueError(f"unknown form {form!r}; choose from {FORMS}")
 
 
