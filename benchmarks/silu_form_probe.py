@@ -5,8 +5,9 @@
         [--out-dir DIR] [--date D] [--tag T] [--device cuda|cpu]
 
 Under fp8-tensorwise a 1.3B layer's SwiGLU backward runs as an amax pass (0.21 ms) and a
-four-output cast (0.39 ms) that both recompute the SiLU derivative from g, u and dh, and its
-forward as an amax pass and a cast that both recompute the SiLU (session 60's profile). bf16's
+five-output cast (h_qᵀ, dg_q, du_q and the last two transposed; 0.39 ms) that both recompute
+the SiLU derivative from g, u and dh, and its forward as an amax pass and a cast that both
+recompute the SiLU (session 60's profile). bf16's
 backward kernel does the same arithmetic and moves more bytes in 0.22 ms, so the quantized
 passes look bound by their instructions, not their bytes. This probe times the model's MLP,
 `w2(act(w1 x, w3 x))`, converted with each recipe and compiled, under forms of `act`:

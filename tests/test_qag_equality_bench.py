@@ -4,7 +4,7 @@ script the GPU calls runs, and the quantized all-gather equals the unsharded mod
 With inductor's `emulate_precision_casts`: by default inductor keeps a fused bf16 intermediate
 unrounded, so two graphs that fuse or recompute the SwiGLU's output h differently (here the
 unsharded and the FSDP2 block) quantize different values of it, whatever the all-gather does
-(docs/distributed.md, session 15; since session 62's `models/swiglu.py` the two graphs differ
+(docs/distributed.md, sessions 14-15; since session 62's `models/swiglu.py` the two graphs differ
 there for fp8-tensorwise too: w2's gradients, 4 % apart)."""
 
 from __future__ import annotations

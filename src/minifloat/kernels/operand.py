@@ -131,9 +131,9 @@ def times_multiplier(
     reads a group's multiplier would compute its float64 quotient again (the cast here, and
     the backward's folds of the scales into dy, `prescale`: that cost fp4-dge 9 ms a 1.3B step,
     docs/hopper_sessions.md, session 38), and every thread of a cast would compute a tensor's
-    single one from the amax: a float64 division and ~20 more instructions a thread in casts
-    bound by their instructions. Stored, fp8-tensorwise ran 2.0-2.8 ms a 1.3B step faster
-    (session 62)."""
+    single one from the amax: a float64 division and the zero and NaN terms of
+    `formats.inv_scales`, in every thread of casts bound by their instructions. Stored,
+    fp8-tensorwise ran 2.0-2.8 ms a 1.3B step faster (session 62)."""
     m, scale = inv_scales(amax, fmt_max)
     if torch.compiler.is_compiling():
         m, scale = written_once(m), written_once(scale)

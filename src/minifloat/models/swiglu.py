@@ -3,10 +3,11 @@
 Why not `F.silu(g) * u`: under torch.compile inductor writes ATen's SiLU as g / (1 + exp(-g))
 with libdevice's accurate exp, and its derivative (ATen's `silu_backward` decomposition) from a
 sigmoid of its own. A quantized recipe recomputes that arithmetic in four kernels a layer (the
-forward's amax and cast of h, the backward's amax and cast of dg and du: a current tensor or row
-scale needs the whole amax before any cast), and those kernels are bound by their instructions,
-not their bytes. Here the sigmoid is `torch.sigmoid` (Triton's exp2-based sigmoid once
-compiled), computed once, and the derivative is written from it:
+forward's amax and cast of h, the backward's amax and cast of dg and du; fp8-rowwise adds a
+second maxima pass in backward: a current tensor or row scale needs the whole amax before any
+cast), and those kernels are bound by their instructions, not their bytes. Here the sigmoid is
+`torch.sigmoid` (Triton's exp2-based sigmoid once compiled), computed once, and the derivative
+is written from it:
 
     h  = g·s·u                  s = sigmoid(g), all in float32, rounded once to the output dtype
     du = dh·g·s
