@@ -21,11 +21,38 @@ import torch
 __all__ = [
     "time_ms", "stream_ms", "host_ms", "kernel_ms", "kernel_profile", "kernel_times", "host_ops",
     "copy_bandwidth", "environment", "gpu_tag", "write_results", "dump_kernel_sources",
-    "RESULTS_DIR",
+    "step_fn", "RESULTS_DIR",
 ]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _STARTED = time.time()  # dump_kernel_sources prefers the files this process wrote
+
+
+def step_fn(
+    module: torch.nn.Module,
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    mode: str | None = None,
+    device: str = "cuda",
+) -> Callable[[], None]:
+    """One forward + backward of `module` (a layer or block, compiled or not) under bf16
+    autocast on `device`, from fresh gradients: accumulating into x.grad and the weights'
+    .grad would add eager adds to every step's kernels. Under CUDA graphs (compile mode
+    "reduce-overhead") each call starts a new step for cudagraph trees: the last step's outputs
+    are dead."""
+    graphs = mode is not None and "reduce-overhead" in mode
+
+    def step() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        x.grad = None
+        for p in module.parameters():
+            p.grad = None
+        with torch.autocast(device, dtype=torch.bfloat16):
+            y = module(x)
+        y.backward(dy)
+
+    return step
 
 
 def time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> float:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import probe_parser, write_probe  # noqa: E402
+from common import probe_parser, step_fn, write_probe  # noqa: E402
 from e2e_setup import parse_compile_options  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
@@ -180,14 +180,7 @@ def profiled(step, device: str, dump: Path | None) -> tuple[float, list[dict], d
 
 def measure(name: str, args, x: torch.Tensor, w: torch.Tensor, dy: torch.Tensor) -> dict:
     mod, inner = build(name, args.k, args.n, w, args.device, args.compile_options)
-
-    def step():
-        x.grad = None
-        for p in mod.parameters():
-            p.grad = None
-        with torch.autocast(args.device, dtype=torch.bfloat16):
-            y = mod(x)
-        y.backward(dy)
+    step = step_fn(mod, x, dy, device=args.device)
 
     for _ in range(3):
         step()

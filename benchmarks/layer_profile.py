@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import dump_kernel_sources, time_ms  # noqa: E402
+from common import dump_kernel_sources, step_fn, time_ms  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
 
 
@@ -43,17 +43,7 @@ def main() -> None:
     step_mod = torch.compile(layer)
     x = torch.randn(args.m, args.k, device="cuda").bfloat16().requires_grad_(True)
     dy = torch.randn(args.m, args.n, device="cuda").bfloat16()
-
-    def step():
-        # fresh gradients, as a training step has (and linear.py times): accumulating into
-        # x.grad and the weight's .grad would add two eager adds to every step's kernels
-        x.grad = None
-        for p in layer.parameters():
-            p.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = step_mod(x)
-        y.backward(dy)
-
+    step = step_fn(step_mod, x, dy)  # fresh gradients, as a training step has
     ms = time_ms(step)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step()

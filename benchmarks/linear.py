@@ -42,6 +42,7 @@ from common import (  # noqa: E402
     environment,
     host_ms,
     kernel_profile,
+    step_fn,
     stream_ms,
     time_ms,
     write_results,
@@ -102,24 +103,6 @@ def saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
         y = module(x)
     del y
     return sum(seen.values())
-
-
-def step_fn(module: nn.Module, x: torch.Tensor, dy: torch.Tensor, mode: str | None = None):
-    """One forward + backward of `module`. Under CUDA graphs (compile mode "reduce-overhead")
-    each call starts a new step for cudagraph trees: the last step's outputs are dead."""
-    graphs = mode is not None and "reduce-overhead" in mode
-
-    def step():
-        if graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        x.grad = None
-        for p in module.parameters():
-            p.grad = None
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            y = module(x)
-        y.backward(dy)
-
-    return step
 
 
 def torchao_module(

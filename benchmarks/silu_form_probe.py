@@ -15,12 +15,13 @@ passes look bound by their instructions, not their bytes. This probe times the m
 - aten: `F.silu(g) * u`, the model's form (inductor: g / (1 + exp(-g)) with libdevice's exp,
   ATen's `silu_backward` decomposition for the derivative);
 - sigmoid: `g * torch.sigmoid(g) * u` (inductor: `tl.sigmoid`);
-- fn: an autograd Function computing s = sigmoid(g) once in float32, h = g·s·u, and in
-  backward du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)), rounded once to g's dtype;
-- fastmath: `aten` compiled with inductor's `use_fast_math` (its exp without libdevice);
-- lib: `minifloat.models.swiglu.swiglu`, the library's form whatever it is (it is `fn`'s; in
-  `silu_form_probe_s62lib_...` it was a variant that kept h's bf16 rounding in compiled code,
-  `exact.to_dtype`, not landed).
+- fn: `minifloat.models.swiglu.swiglu`, the form the model landed: s = sigmoid(g) once in
+  float32, h = g·s·u, and in backward du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)), rounded once
+  to g's dtype (session 62's first runs timed this arithmetic as the probe's own copy);
+- fastmath: `aten` compiled with inductor's `use_fast_math` (its exp without libdevice).
+
+`silu_form_probe_s62lib_...` also has a form `lib`, a variant of the module that rounded h
+through `exact.to_dtype` (not landed; the form is gone).
 
 Each row: the fwd+bwd step's median time (CUDA events), its GPU kernel time and the SwiGLU
 kernels' (profiler; kernels whose inductor name holds silu, sigmoid, exp or mul of the MLP's
@@ -41,33 +42,18 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import dump_kernel_sources, kernel_profile, probe_parser, time_ms, write_probe  # noqa: E402
+from common import (  # noqa: E402
+    dump_kernel_sources,
+    kernel_profile,
+    probe_parser,
+    step_fn,
+    time_ms,
+    write_probe,
+)
 from minifloat import convert  # noqa: E402
 from minifloat.models.swiglu import swiglu  # noqa: E402
 
-FORMS = ("aten", "sigmoid", "fn", "fastmath", "lib")
-
-
-class _SiLUMul(torch.autograd.Function):
-    """h = silu(g)·u with one float32 sigmoid, rounded once to g's dtype.
-
-    Shapes: g, u, h, dh [..., F]. No GEMM; backward: du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)).
-    """
-
-    @staticmethod
-    def forward(ctx, g, u):
-        ctx.save_for_backward(g, u)
-        gf = g.float()
-        return (gf * torch.sigmoid(gf) * u.float()).to(g.dtype)
-
-    @staticmethod
-    def backward(ctx, dh):
-        g, u = ctx.saved_tensors
-        gf, uf, dhf = g.float(), u.float(), dh.float()
-        s = torch.sigmoid(gf)
-        du = dhf * gf * s
-        dg = dhf * uf * s * (1 + gf * (1 - s))
-        return dg.to(g.dtype), du.to(u.dtype)
+FORMS = ("aten", "sigmoid", "fn", "fastmath")
 
 
 def act(form: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -77,8 +63,6 @@ def act(form: str, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     if form == "sigmoid":
         return g * torch.sigmoid(g) * u
     if form == "fn":
-        return _SiLUMul.apply(g, u)
-    if form == "lib":
         return swiglu(g, u)
     raise ValueError(f"unknown form {form!r}; choose from {FORMS}")
 
@@ -139,14 +123,7 @@ def run_row(args, recipe: str, form: str) -> dict:
     step_mod = torch.compile(mlp, options=options)
     x = torch.randn(args.m, args.dim, device=args.device).bfloat16().requires_grad_(True)
     dy = torch.randn(args.m, args.dim, device=args.device).bfloat16()
-
-    def step():
-        x.grad = None
-        for p in mlp.parameters():
-            p.grad = None
-        with torch.autocast(args.device, dtype=torch.bfloat16):
-            y = step_mod(x)
-        y.backward(dy)
+    step = step_fn(step_mod, x, dy, device=args.device)
 
     row = {"recipe": recipe, "form": form, "m": args.m, "dim": args.dim, "ffn": args.ffn}
     if args.device == "cpu":
