@@ -14,8 +14,10 @@ copy of it is not counted). The cuBLAS kernel each form ran is read from the pro
 a 6-layer 1.3B profile (session 60) fp8-tensorwise's 2048 x 2048 GEMMs ran 99-158 µs a call in
 kernels of different families.
 
-Tensor- and row-scaled recipes without OCC only (others exit with a message). `--device cpu`
-runs the tiny preset once, untimed (a smoke test). Writes
+Tensor- and row-scaled recipes without OCC, and fp8-blockwise (session 63: its GEMMs are what
+keeps it under its target), whose swapped fprop and dgrad run cuBLAS's 128x128 x 1x128 kernel
+(`scaled_mm_blocks_lhs`, block-scaled GEMMs run on CUDA only); others exit with a message.
+`--device cpu` runs the tiny preset once, untimed (a smoke test). Writes
 `gemm_orientation_<model>[_<tag>]_<gpu>_<date>.{md,json}`.
 """
 
@@ -29,7 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, kernel_times, time_ms, write_results  # noqa: E402
-from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
+from minifloat.kernels.scaled_mm import (  # noqa: E402
+    pad_contraction,
+    scaled_mm_blocks,
+    scaled_mm_rowish,
+)
 from minifloat.recipes import get as get_recipe  # noqa: E402
 from step_gemms import linear_shapes  # noqa: E402
 from train_e2e import PRESETS  # noqa: E402
@@ -51,6 +57,50 @@ def _operand(rows: int, cols: int, fmt: str, per_row: bool, gen: torch.Generator
     return x, scale
 
 
+def _block_operand(rows: int, cols: int, block: tuple[int, int], gen, device: str):
+    """A row-major E4M3 operand [rows, cols] and its block scale [ceil(rows/br), ceil(cols/bc)]."""
+    x = torch.randn(rows, cols, device=device, generator=gen).to(E4M3)
+    shape = (-(-rows // block[0]), -(-cols // block[1]))
+    return x, torch.rand(*shape, device=device, generator=gen) + 0.5
+
+
+def scaled_mm_blocks_lhs(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, *, out_dtype
+) -> torch.Tensor:
+    """a @ bᵀ with a 128x128-scaled lhs (a_scale [R/128, Kc/128]) and a 1x128-scaled rhs (b_scale
+    [C, Kc/128]): the orientation `scaled_mm_blocks` does not call (cuBLAS's other DeepSeek
+    kernel). R, C and Kc multiples of 128 here (the 1.3B shapes)."""
+    a, b = pad_contraction(a, 512), pad_contraction(b, 512)
+    sb = b_scale.float().t().contiguous()  # [Kc/128, C], as scaled_mm_blocks' 1x128 rhs
+    return torch._scaled_mm(a, b.t(), scale_a=a_scale.float().contiguous(), scale_b=sb,
+                            out_dtype=out_dtype)  # fmt: skip
+
+
+def _block_gemms(r, m: int, n: int, k: int, gen, device: str) -> dict:
+    """fp8-blockwise's three GEMMs, as called (1x128 lhs) and swapped (`gemms`)."""
+    out = {}
+    out_dtype = {"fprop": torch.bfloat16, "dgrad": torch.bfloat16, "wgrad": torch.float32}
+    for name, dims in DIMS.items():
+        rows_a, rows_b, kc = dims(m, n, k)
+        spec = getattr(r, name)
+        tiles = spec.rhs.granularity == (1, 128) and not spec.rhs.reuse
+        b_block = (1, 128) if tiles else (128, 128)  # a reused rhs is fprop's 128x128 w_q
+        a, sa = _block_operand(rows_a, kc, (1, 128), gen, device)
+        b, sb = _block_operand(rows_b, kc, b_block, gen, device)
+        kw = {"out_dtype": out_dtype[name]}
+
+        def called(a=a, sa=sa, b=b, sb=sb, b_block=b_block, kw=kw):
+            return scaled_mm_blocks(a, sa, b, sb, b_block, **kw)
+
+        def swapped(a=a, sa=sa, b=b, sb=sb, b_block=b_block, kw=kw):
+            if b_block == (1, 128):
+                return scaled_mm_blocks(b, sb, a, sa, b_block, **kw).t()
+            return scaled_mm_blocks_lhs(b, sb, a, sa, **kw).t()
+
+        out[name] = (called, swapped)
+    return out
+
+
 def gemms(recipe_name: str, m: int, n: int, k: int, device: str) -> dict:
     """{gemm: (as called, swapped)}: fprop, dgrad and wgrad of one [n, k] linear as callables."""
     gen = torch.Generator(device=device).manual_seed(n * 7 + k)
@@ -66,13 +116,15 @@ def gemms(recipe_name: str, m: int, n: int, k: int, device: str) -> dict:
             "wgrad": (lambda: torch.mm(g.t(), x), lambda: torch.mm(x.t(), g).t()),
         }
     r = get_recipe(recipe_name)
+    if recipe_name == "fp8-blockwise":
+        return _block_gemms(r, m, n, k, gen, device)
     specs = [s for g in DIMS for s in (getattr(r, g).lhs, getattr(r, g).rhs)]
     if r.occ is not None or any(
         s.granularity not in ("tensor", "row") or s.hadamard for s in specs
     ):
         raise SystemExit(
-            f"gemm_orientation times tensor- and row-scaled GEMMs without OCC or rotations; "
-            f"{recipe_name} has others"
+            f"gemm_orientation times tensor- and row-scaled GEMMs without OCC or rotations, "
+            f"and fp8-blockwise's; {recipe_name} has others"
         )
     out = {}
     out_dtype = {"fprop": torch.bfloat16, "dgrad": torch.bfloat16, "wgrad": torch.float32}
@@ -108,10 +160,14 @@ def kernel_name(fn) -> str:
     return max(ms, key=ms.get) if ms else "?"
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def block_gemm_args(
+    description: str, recipes: str, argv: list[str] | None
+) -> tuple[argparse.Namespace, str, int, bool]:
+    """(args, model, M tokens, on CUDA) of a script that times one block's GEMMs: this one and
+    `tunable_gemm_probe.py`. On the CPU the tiny preset, M = 64 (a smoke test)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="1.3B", choices=sorted(PRESETS))
-    ap.add_argument("--recipes", default="bf16,fp8-tensorwise,fp8-rowwise,fp4-dge")
+    ap.add_argument("--recipes", default=recipes)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tag", default="")
@@ -119,9 +175,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--date", default=None)
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
-    model = args.model if cuda else "tiny"
     batch, seq, _ = PRESETS[args.model] if cuda else (1, 64, None)
-    m = batch * seq
+    return args, (args.model if cuda else "tiny"), batch * seq, cuda
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, model, m, cuda = block_gemm_args(
+        __doc__.splitlines()[0], "bf16,fp8-tensorwise,fp8-rowwise,fp4-dge", argv
+    )
     records = []
     for recipe in args.recipes.split(","):
         for linear, n, k in linear_shapes(model):
@@ -129,6 +190,11 @@ def main(argv: list[str] | None = None) -> None:
                 if not cuda:  # the smoke test: both forms run and agree in shape
                     assert called().shape == swapped().shape
                     continue
+                # the two forms must compute one product (a layout mistake shows here)
+                want, got = called().float(), swapped().float()
+                err = ((got - want).norm() / want.norm()).item()
+                if err > 1e-3:
+                    raise SystemExit(f"{recipe} {linear} {gemm}: swapped form differs ({err:.2e})")
                 rows_a, rows_b, kc = DIMS[gemm](m, n, k)
                 flop = 2.0 * rows_a * rows_b * kc
                 rec = {

@@ -48,7 +48,28 @@ def test_the_cpu_smoke_run(bench, capsys):
     assert "every GEMM built and run once" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("recipe", ["fp8-blockwise", "fp4", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["fp4", "nvfp4", "mxfp4"])
 def test_other_granularities_are_refused(bench, recipe):
     with pytest.raises(SystemExit, match="tensor- and row-scaled"):
         bench.gemms(recipe, 32, 48, 64, "cpu")
+
+
+def test_blockwise_operands_carry_the_recipes_block_scales(bench, monkeypatch):
+    """fp8-blockwise's forms (CUDA-only GEMMs, not run here): fprop and dgrad against a 128x128
+    weight scale, wgrad two 1x128 tile scales, and the swapped fprop/dgrad through the 128x128
+    lhs kernel with the operands exchanged."""
+    calls = []
+    monkeypatch.setattr(bench, "scaled_mm_blocks", lambda *a, **kw: calls.append(a) or a[0])
+    monkeypatch.setattr(bench, "scaled_mm_blocks_lhs", lambda *a, **kw: calls.append(a) or a[0])
+    m, n, k = 256, 384, 512
+    made = bench.gemms("fp8-blockwise", m, n, k, "cpu")
+    for gemm, (called, swapped) in made.items():
+        calls.clear()
+        called(), swapped()
+        (a, sa, b, sb, *block), (b2, sb2, a2, sa2, *_) = calls
+        rows_a, rows_b, kc = bench.DIMS[gemm](m, n, k)
+        assert a.shape == (rows_a, kc) and sa.shape == (rows_a, kc // 128)
+        want_b = (rows_b, kc // 128) if gemm == "wgrad" else (rows_b // 128, kc // 128)
+        assert b.shape == (rows_b, kc) and sb.shape == want_b
+        assert block == [(1, 128) if gemm == "wgrad" else (128, 128)]
+        assert b2 is b and a2 is a and sb2 is sb and sa2 is sa

@@ -1,0 +1,264 @@
+"""Would one pass make fp8-blockwise's SwiGLU backward pay? A Triton kernel of this probe's own
+that reads g, u and dh once and writes all five operands the MLP's backward GEMMs take, timed
+against the same arithmetic as PyTorch under torch.compile (what training runs today).
+
+    PYTHONPATH=src python benchmarks/blockwise_swiglu_probe.py [--m 16384 --ffn 5632]
+
+Why (session 63): in the 6-layer 1.3B profile (`train_e2e_1.3B_ours_s63_blockprof_l6_...`)
+fp8-blockwise's SwiGLU backward is three kernels a layer, 0.74 ms: the column-group maxima of
+h, dg and du (128 tokens x 1 column each, for wgrad), the row-group maxima of dg and du (1 x 128,
+for dgrad), and a cast writing the five operands; each reads g, u and dh (6 bytes an element).
+A 1x128 or 128x1 group's maximum needs only its own 128 values, so one pass over 128 x 128
+tiles could do all of it: 6 bytes read and 5 written an element, ~0.25 ms at copy bandwidth,
+where inductor's three passes move 23. Session 36 built such a unit for fp8-tensorwise and
+found its hand-written cast slower than inductor's in training (bound by instructions at the
+power limit's clock), so this measures before anything is built.
+
+Both sides compute, in float32 from bf16 g, u, dh [M, F]: s = sigmoid(g), h = g·s·u,
+du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)) (`models/swiglu.py`), and the recipe's E4M3 "inv"
+quantizers (`kernels/operand.quantize_operand`): dg and du in 1 x 128 groups along F (values
+[M, F]) and in 128 x 1 groups along M (written transposed, [F, M]), h in 128 x 1 groups
+(transposed). The reference keeps dg, du and h unrounded between the arithmetic and the casts,
+as inductor does in the training graph. Reported: each output's bytes that differ from the
+reference's, and the GPU kernel time of each side (profiler) with its share of copy bandwidth.
+`--device cpu` runs the reference eagerly on a small shape (a smoke test; the Triton kernel
+needs CUDA, or TRITON_INTERPRET=1). Writes `blockwise_swiglu_probe[_<tag>]_<gpu>_<date>.{md,json}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  # noqa: E402
+from minifloat.formats import _INV_MULTIPLIER_MAX  # noqa: E402 (inv_scales' clamp)
+from minifloat.kernels.operand import quantize_operand  # noqa: E402
+
+OUTPUTS = ("dg_q", "dg_s", "dgt_q", "dgt_s", "du_q", "du_s", "dut_q", "dut_s", "ht_q", "ht_s")
+E4M3_MAX = 448.0
+
+
+def reference(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The five operands and their scales (`OUTPUTS`), in the library's quantizers."""
+    gf, uf, dhf = g.float(), u.float(), dh.float()
+    s = torch.sigmoid(gf)
+    h = gf * s * uf
+    du = dhf * gf * s
+    dg = dhf * uf * s * (1 + gf * (1 - s))
+    out = []
+    for v in (dg, du):
+        q, sc = quantize_operand(v, "e4m3", (1, 128), scale_format="inv")
+        qt, sct = quantize_operand(v, "e4m3", (1, 128), transpose=True, scale_format="inv")
+        out += [q, sc, qt.contiguous(), sct]
+    qt, sct = quantize_operand(h, "e4m3", (1, 128), transpose=True, scale_format="inv")
+    return (*out, qt.contiguous(), sct)
+
+
+try:  # CUDA machines have Triton; the CPU test runs the reference only
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _inv(bits, MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr):
+        # formats.inv_scales of group maxima given as magnitude bits: (m, 1 / m)
+        amax = bits.to(tl.float32, bitcast=True)
+        a = tl.maximum(amax, MIN_AMAX).to(tl.float64)
+        m = (FMT_MAX * (1.0 / a)).to(tl.float32)
+        zero = (amax == 0.0).to(tl.float32)
+        m = m * (1.0 - zero) + zero + (amax - amax)
+        return m, (1.0 / m.to(tl.float64)).to(tl.float32)
+
+    @triton.jit
+    def _maxbits(v, AXIS: tl.constexpr):
+        return tl.max(v.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=AXIS)
+
+    @triton.jit
+    def _rows_and_cols(
+        v, rows, cols, M, F, q_ptr, s_ptr, qt_ptr, st_ptr,
+        MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr, ROWS: tl.constexpr,
+    ):  # fmt: skip
+        # 128 x 1 groups (along tokens): values transposed [F, M], scales [F, M / 128]
+        mc, sc = _inv(_maxbits(v, 0), MIN_AMAX, FMT_MAX)
+        qt = tl.trans((v * mc[None, :]).to(tl.float8e4nv))  # stored along tokens, coalesced
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :], qt)
+        tl.store(st_ptr + cols * (M // 128) + tl.program_id(0), sc)
+        if ROWS:  # 1 x 128 groups (along F): values [M, F], scales [M, F / 128]
+            mr, sr = _inv(_maxbits(v, 1), MIN_AMAX, FMT_MAX)
+            q = (v * mr[:, None]).to(tl.float8e4nv)
+            tl.store(q_ptr + rows[:, None] * F + cols[None, :], q)
+            tl.store(s_ptr + rows * (F // 128) + tl.program_id(1), sr)
+
+    @triton.jit
+    def swiglu_backward_blocks(g_ptr, u_ptr, dh_ptr, M, F,
+                               dg_q, dg_s, dgt_q, dgt_s, du_q, du_s, dut_q, dut_s, ht_q, ht_s,
+                               MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr):  # fmt: skip
+        rows = tl.program_id(0) * 128 + tl.arange(0, 128)
+        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+        offs = rows[:, None] * F + cols[None, :]
+        g = tl.load(g_ptr + offs).to(tl.float32)
+        u = tl.load(u_ptr + offs).to(tl.float32)
+        dh = tl.load(dh_ptr + offs).to(tl.float32)
+        s = tl.sigmoid(g)
+        h = g * s * u
+        _rows_and_cols(h, rows, cols, M, F, ht_q, ht_s, ht_q, ht_s, MIN_AMAX, FMT_MAX, False)
+        du = dh * g * s
+        _rows_and_cols(du, rows, cols, M, F, du_q, du_s, dut_q, dut_s, MIN_AMAX, FMT_MAX, True)
+        dg = dh * u * s * (1.0 + g * (1.0 - s))
+        _rows_and_cols(dg, rows, cols, M, F, dg_q, dg_s, dgt_q, dgt_s, MIN_AMAX, FMT_MAX, True)
+
+    @triton.jit
+    def _load(g_ptr, u_ptr, dh_ptr, offs):
+        g = tl.load(g_ptr + offs).to(tl.float32)
+        return g, tl.load(u_ptr + offs).to(tl.float32), tl.load(dh_ptr + offs).to(tl.float32)
+
+    @triton.jit
+    def _cast(v, mr, mc, rows, cols, M, F, q_ptr, qt_ptr, ROWS: tl.constexpr):
+        qt = tl.trans((v * mc[None, :]).to(tl.float8e4nv))
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :], qt)
+        if ROWS:
+            tl.store(q_ptr + rows[:, None] * F + cols[None, :], (v * mr[:, None]).to(tl.float8e4nv))
+
+    @triton.jit
+    def swiglu_backward_blocks_2phase(
+        g_ptr, u_ptr, dh_ptr, M, F, dg_q, dg_s, dgt_q, dgt_s, du_q, du_s, dut_q, dut_s, ht_q,
+        ht_s, MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr,
+    ):  # fmt: skip
+        # the maxima first, one output at a time (fewer tiles live at once), then the tile read
+        # again (from L2: this program just read it) for the casts
+        rows = tl.program_id(0) * 128 + tl.arange(0, 128)
+        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+        offs = rows[:, None] * F + cols[None, :]
+        t0, t1 = tl.program_id(0), tl.program_id(1)
+        g, u, dh = _load(g_ptr, u_ptr, dh_ptr, offs)
+        s = tl.sigmoid(g)
+        h = g * s * u
+        mh, sh = _inv(_maxbits(h, 0), MIN_AMAX, FMT_MAX)
+        du = dh * g * s
+        mdu_c, sdu_c = _inv(_maxbits(du, 0), MIN_AMAX, FMT_MAX)
+        mdu_r, sdu_r = _inv(_maxbits(du, 1), MIN_AMAX, FMT_MAX)
+        dg = dh * u * s * (1.0 + g * (1.0 - s))
+        mdg_c, sdg_c = _inv(_maxbits(dg, 0), MIN_AMAX, FMT_MAX)
+        mdg_r, sdg_r = _inv(_maxbits(dg, 1), MIN_AMAX, FMT_MAX)
+        tl.store(ht_s + cols * (M // 128) + t0, sh)
+        tl.store(dut_s + cols * (M // 128) + t0, sdu_c)
+        tl.store(dgt_s + cols * (M // 128) + t0, sdg_c)
+        tl.store(du_s + rows * (F // 128) + t1, sdu_r)
+        tl.store(dg_s + rows * (F // 128) + t1, sdg_r)
+        g, u, dh = _load(g_ptr, u_ptr, dh_ptr, offs)
+        s = tl.sigmoid(g)
+        _cast(g * s * u, mh, mh, rows, cols, M, F, ht_q, ht_q, False)
+        _cast(dh * g * s, mdu_r, mdu_c, rows, cols, M, F, du_q, dut_q, True)
+        dg = dh * u * s * (1.0 + g * (1.0 - s))
+        _cast(dg, mdg_r, mdg_c, rows, cols, M, F, dg_q, dgt_q, True)
+
+
+def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8,
+          two_phase: bool = False):  # fmt: skip
+    """`reference`'s outputs from the one-pass kernel (M and F multiples of 128)."""
+    if triton is None:
+        raise RuntimeError("the one-pass kernel needs Triton")
+    m, f = g.shape
+    if m % 128 or f % 128:
+        raise ValueError(f"the probe's kernel takes multiples of 128, got {m} x {f}")
+    e4m3, f32 = torch.float8_e4m3fn, torch.float32
+
+    def new(*shape, dtype):
+        return torch.empty(shape, dtype=dtype, device=g.device)
+
+    out = []
+    for _ in range(2):  # dg, du
+        out += [new(m, f, dtype=e4m3), new(m, f // 128, dtype=f32),
+                new(f, m, dtype=e4m3), new(f, m // 128, dtype=f32)]  # fmt: skip
+    out += [new(f, m, dtype=e4m3), new(f, m // 128, dtype=f32)]
+    kernel = swiglu_backward_blocks_2phase if two_phase else swiglu_backward_blocks
+    kernel[(m // 128, f // 128)](
+        g, u, dh, m, f, *out, MIN_AMAX=E4M3_MAX / _INV_MULTIPLIER_MAX, FMT_MAX=E4M3_MAX,
+        num_warps=num_warps,
+    )  # fmt: skip
+    return tuple(out)
+
+
+def inputs(m: int, f: int, device: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """bf16 g, u, dh [m, f] like a trained MLP's (unit-scale gate and up, small dh), with a
+    few large entries so that groups differ in their maxima."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(scale):
+        return (torch.randn(m, f, device=device, generator=gen) * scale).to(torch.bfloat16)
+
+    g, u, dh = rand(1.5), rand(1.0), rand(1e-3)
+    g.view(-1)[::9973] *= 8
+    return g, u, dh
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, default=16384, help="tokens")
+    ap.add_argument("--ffn", type=int, default=5632, help="F, the MLP's hidden width (1.3B)")
+    ap.add_argument("--warps", default="4,8,16", help="the kernel's num_warps to try")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out-dir", default=str(RESULTS_DIR))
+    ap.add_argument("--date", default=None)
+    args = ap.parse_args(argv)
+    if args.device == "cpu":
+        g, u, dh = inputs(256, 384, "cpu")
+        outs = reference(g, u, dh)
+        print("cpu smoke run:", {n: tuple(t.shape) for n, t in zip(OUTPUTS, outs, strict=True)})
+        return
+    g, u, dh = inputs(args.m, args.ffn, "cuda")
+    compiled = torch.compile(reference, fullgraph=True)
+    want = compiled(g, u, dh)
+    n = args.m * args.ffn
+    copy = copy_bandwidth()
+    records = []
+
+    def timed(name, fn):
+        prof = kernel_profile(fn, reps=10, top=6)
+        gbs = 11 * n / (prof["kernel_ms"] * 1e-3) / 1e9  # 6 bytes read, 5 written
+        rec = {"form": name, "kernel_ms": prof["kernel_ms"], "kernels": prof["kernels"],
+               "gb_s_at_11_bytes": gbs, "frac_of_copy": gbs / copy,
+               "top_kernels": prof["top_kernels"]}  # fmt: skip
+        records.append(rec)
+        print({k: v for k, v in rec.items() if k != "top_kernels"}, flush=True)
+        return rec
+
+    timed("inductor (compiled reference)", lambda: compiled(g, u, dh))
+    for w, two in ((int(x), two) for x in args.warps.split(",") for two in (False, True)):
+        got = fused(g, u, dh, num_warps=w, two_phase=two)
+        diff = {
+            name: int((a.view(torch.uint8) != b.view(torch.uint8)).sum()) if a.dtype != b.dtype
+            or a.element_size() == 1 else int((a != b).sum())
+            for name, a, b in zip(OUTPUTS, got, want, strict=True)
+        }  # fmt: skip
+        form = f"one pass{', maxima then casts' if two else ''}, num_warps={w}"
+        rec = timed(form, lambda w=w, two=two: fused(g, u, dh, num_warps=w, two_phase=two))
+        rec["differing_entries"] = diff
+        print(diff, flush=True)
+    title = "blockwise_swiglu_probe" + (f"_{args.tag}" if args.tag else "")
+    lines = [f"`{' '.join(sys.argv)}`", "", f"M = {args.m}, F = {args.ffn}; copy bandwidth "
+             f"{copy:.0f} GB/s; bandwidth at the one-pass bytes (11 an element).", "",
+             "| form | kernel ms | kernels | GB/s at 11 B | of copy | entries differing from "
+             "the reference |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        diff = r.get("differing_entries")
+        lines.append(
+            f"| {r['form']} | {r['kernel_ms']:.3f} | {r['kernels']:.0f} | "
+            f"{r['gb_s_at_11_bytes']:.0f} | {r['frac_of_copy']:.0%} | "
+            f"{'—' if diff is None else diff} |"
+        )
+    md, _ = write_results(title, records, "\n".join(lines), out_dir=Path(args.out_dir),
+                          day=args.date)  # fmt: skip
+    print(md.read_text())
+
+
+if __name__ == "__main__":
+    main()
