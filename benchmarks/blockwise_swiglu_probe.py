@@ -1,8 +1,10 @@
-"""Would one pass make fp8-blockwise's SwiGLU backward pay? A Triton kernel of this probe's own
-that reads g, u and dh once and writes all five operands the MLP's backward GEMMs take, timed
-against the same arithmetic as PyTorch under torch.compile (what training runs today).
+"""Would one pass make fp8-blockwise's SwiGLU backward pay? Triton kernels of this probe's own
+that read g, u and dh from memory once and write all five operands the MLP's backward GEMMs
+take (three forms, `fused`), timed against the same arithmetic as PyTorch under torch.compile
+(what training runs today).
 
     PYTHONPATH=src python benchmarks/blockwise_swiglu_probe.py [--m 16384 --ffn 5632]
+        [--forms tile,two-pass,bands] [--warps 4,8,16] [--bands 16,32]
 
 Why (session 63): in the 6-layer 1.3B profile (`train_e2e_1.3B_ours_s63_blockprof_l6_...`)
 fp8-blockwise's SwiGLU backward is three kernels a layer, 0.74 ms: the column-group maxima of
@@ -12,7 +14,8 @@ A 1x128 or 128x1 group's maximum needs only its own 128 values, so one pass over
 tiles could do all of it: 6 bytes read and 5 written an element, ~0.25 ms at copy bandwidth,
 where inductor's three passes move 23. Session 36 built such a unit for fp8-tensorwise and
 found its hand-written cast slower than inductor's in training (bound by instructions at the
-power limit's clock), so this measures before anything is built.
+power limit's clock), so this measures before anything is built. Session 63 timed the first two
+forms (`blockwise_swiglu_probe_s63{,_trans,_2phase}_...`): 1.24 ms and more against 0.83.
 
 Both sides compute, in float32 from bf16 g, u, dh [M, F]: s = sigmoid(g), h = g·s·u,
 du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)) (`models/swiglu.py`), and the recipe's E4M3 "inv"
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -159,10 +163,69 @@ if triton is not None:
         dg = dh * u * s * (1.0 + g * (1.0 - s))
         _cast(dg, mdg_r, mdg_c, rows, cols, M, F, dg_q, dgt_q, True)
 
+    @triton.jit
+    def _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F):
+        g, u, dh = _load(g_ptr, u_ptr, dh_ptr, rows[:, None] * F + cols[None, :])
+        s = tl.sigmoid(g)
+        return g * s * u, dh * g * s, dh * u * s * (1.0 + g * (1.0 - s))
+
+    @triton.jit
+    def _row_cast(v, rows, cols, F, q_ptr, s_ptr, t1, MIN_AMAX: tl.constexpr,
+                  FMT_MAX: tl.constexpr):  # fmt: skip
+        m, sc = _inv(_maxbits(v, 1), MIN_AMAX, FMT_MAX)
+        tl.store(q_ptr + rows[:, None] * F + cols[None, :], (v * m[:, None]).to(tl.float8e4nv))
+        tl.store(s_ptr + rows * (F // 128) + t1, sc)
+
+    @triton.jit
+    def _col_cast(v, m, rows, cols, M, qt_ptr):
+        qt = tl.trans((v * m[None, :]).to(tl.float8e4nv))
+        tl.store(qt_ptr + cols[:, None] * M + rows[None, :], qt)
+
+    @triton.jit
+    def swiglu_backward_blocks_sub(
+        g_ptr, u_ptr, dh_ptr, M, F, dg_q, dg_s, dgt_q, dgt_s, du_q, du_s, dut_q, dut_s, ht_q,
+        ht_s, MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr, SUB: tl.constexpr,
+    ):  # fmt: skip
+        # The 128 x 128 tile in bands of SUB tokens, so that few values are live at once: the
+        # first sweep finishes each band's 1 x 128 groups (maxima, casts, stores) and carries
+        # the 128 x 1 groups' maxima; the second reads the tile again (from L2) for those casts.
+        t0, t1 = tl.program_id(0), tl.program_id(1)
+        cols = t1 * 128 + tl.arange(0, 128)
+        c_h = tl.zeros([128], dtype=tl.int32)
+        c_du = tl.zeros([128], dtype=tl.int32)
+        c_dg = tl.zeros([128], dtype=tl.int32)
+        for i in tl.static_range(0, 128, SUB):
+            rows = t0 * 128 + i + tl.arange(0, SUB)
+            h, du, dg = _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F)
+            c_h = tl.maximum(c_h, _maxbits(h, 0))
+            c_du = tl.maximum(c_du, _maxbits(du, 0))
+            c_dg = tl.maximum(c_dg, _maxbits(dg, 0))
+            _row_cast(du, rows, cols, F, du_q, du_s, t1, MIN_AMAX, FMT_MAX)
+            _row_cast(dg, rows, cols, F, dg_q, dg_s, t1, MIN_AMAX, FMT_MAX)
+        m_h, s_h = _inv(c_h, MIN_AMAX, FMT_MAX)
+        m_du, s_du = _inv(c_du, MIN_AMAX, FMT_MAX)
+        m_dg, s_dg = _inv(c_dg, MIN_AMAX, FMT_MAX)
+        tl.store(ht_s + cols * (M // 128) + t0, s_h)
+        tl.store(dut_s + cols * (M // 128) + t0, s_du)
+        tl.store(dgt_s + cols * (M // 128) + t0, s_dg)
+        for i in tl.static_range(0, 128, SUB):
+            rows = t0 * 128 + i + tl.arange(0, SUB)
+            h, du, dg = _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F)
+            _col_cast(h, m_h, rows, cols, M, ht_q)
+            _col_cast(du, m_du, rows, cols, M, dut_q)
+            _col_cast(dg, m_dg, rows, cols, M, dgt_q)
+
+
+FORMS = ("tile", "two-pass", "bands")
+
 
 def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8,
-          two_phase: bool = False):  # fmt: skip
-    """`reference`'s outputs from the one-pass kernel (M and F multiples of 128)."""
+          form: str = "tile", sub: int = 32):  # fmt: skip
+    """`reference`'s outputs from a one-pass kernel (M and F multiples of 128): `form` "tile"
+    holds each 128 x 128 tile for all its maxima and casts, "two-pass" computes the maxima
+    of the whole tile, then reads it again for the casts, "bands" works through the tile in
+    bands of `sub` tokens (both group directions' maxima in the first sweep, the transposed
+    casts in a second)."""
     if triton is None:
         raise RuntimeError("the one-pass kernel needs Triton")
     m, f = g.shape
@@ -178,11 +241,15 @@ def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8
         out += [new(m, f, dtype=e4m3), new(m, f // 128, dtype=f32),
                 new(f, m, dtype=e4m3), new(f, m // 128, dtype=f32)]  # fmt: skip
     out += [new(f, m, dtype=e4m3), new(f, m // 128, dtype=f32)]
-    kernel = swiglu_backward_blocks_2phase if two_phase else swiglu_backward_blocks
-    kernel[(m // 128, f // 128)](
-        g, u, dh, m, f, *out, MIN_AMAX=E4M3_MAX / _INV_MULTIPLIER_MAX, FMT_MAX=E4M3_MAX,
-        num_warps=num_warps,
-    )  # fmt: skip
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+    kw = dict(MIN_AMAX=E4M3_MAX / _INV_MULTIPLIER_MAX, FMT_MAX=E4M3_MAX, num_warps=num_warps)
+    grid = (m // 128, f // 128)
+    if form == "bands":
+        swiglu_backward_blocks_sub[grid](g, u, dh, m, f, *out, SUB=sub, **kw)
+    else:
+        kernel = swiglu_backward_blocks if form == "tile" else swiglu_backward_blocks_2phase
+        kernel[grid](g, u, dh, m, f, *out, **kw)
     return tuple(out)
 
 
@@ -203,7 +270,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=16384, help="tokens")
     ap.add_argument("--ffn", type=int, default=5632, help="F, the MLP's hidden width (1.3B)")
-    ap.add_argument("--warps", default="4,8,16", help="the kernel's num_warps to try")
+    ap.add_argument("--warps", default="4,8,16", help="the kernels' num_warps to try")
+    ap.add_argument("--forms", default=",".join(FORMS), help=f"of {FORMS}")
+    ap.add_argument("--bands", default="16,32", help="'bands' form: tokens a band")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
@@ -232,15 +301,22 @@ def main(argv: list[str] | None = None) -> None:
         return rec
 
     timed("inductor (compiled reference)", lambda: compiled(g, u, dh))
-    for w, two in ((int(x), two) for x in args.warps.split(",") for two in (False, True)):
-        got = fused(g, u, dh, num_warps=w, two_phase=two)
+    variants = [
+        (form, int(w), int(b))
+        for form in args.forms.split(",")
+        for w in args.warps.split(",")
+        for b in (args.bands.split(",") if form == "bands" else ["0"])
+    ]
+    for form, w, b in variants:
+        got = fused(g, u, dh, num_warps=w, form=form, sub=b)
         diff = {
             name: int((a.view(torch.uint8) != b.view(torch.uint8)).sum()) if a.dtype != b.dtype
             or a.element_size() == 1 else int((a != b).sum())
             for name, a, b in zip(OUTPUTS, got, want, strict=True)
         }  # fmt: skip
-        form = f"one pass{', maxima then casts' if two else ''}, num_warps={w}"
-        rec = timed(form, lambda w=w, two=two: fused(g, u, dh, num_warps=w, two_phase=two))
+        name = f"{form}{f' of {b} tokens' if b else ''}, num_warps={w}"
+        run = partial(fused, g, u, dh, num_warps=w, form=form, sub=b)
+        rec = timed(name, run)
         rec["differing_entries"] = diff
         print(diff, flush=True)
     title = "blockwise_swiglu_probe" + (f"_{args.tag}" if args.tag else "")
