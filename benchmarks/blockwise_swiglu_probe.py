@@ -4,7 +4,7 @@ take (three forms, `fused`), timed against the same arithmetic as PyTorch under 
 (what training runs today).
 
     PYTHONPATH=src python benchmarks/blockwise_swiglu_probe.py [--m 16384 --ffn 5632]
-        [--forms tile,two-pass,bands] [--warps 4,8,16] [--bands 16,32]
+        [--forms tile,bands] [--warps 4,8,16] [--bands 16,32]
 
 Why (session 63): in the 6-layer 1.3B profile (`train_e2e_1.3B_ours_s63_blockprof_l6_...`)
 fp8-blockwise's SwiGLU backward is three kernels a layer, 0.74 ms: the column-group maxima of
@@ -15,7 +15,9 @@ tiles could do all of it: 6 bytes read and 5 written an element, ~0.25 ms at cop
 where inductor's three passes move 23. Session 36 built such a unit for fp8-tensorwise and
 found its hand-written cast slower than inductor's in training (bound by instructions at the
 power limit's clock), so this measures before anything is built. Session 63 timed the first two
-forms (`blockwise_swiglu_probe_s63{,_trans,_2phase}_...`): 1.24 ms and more against 0.83.
+forms (`blockwise_swiglu_probe_s63{,_trans,_2phase}_...`): 1.24 ms and more against 0.83; the
+second of them (the whole tile's maxima first, then the tile read again: 2.0 ms) is in git
+history (commit 0075889), not here.
 
 Both sides compute, in float32 from bf16 g, u, dh [M, F]: s = sigmoid(g), h = g·s·u,
 du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)) (`models/swiglu.py`), and the recipe's E4M3 "inv"
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, copy_bandwidth, kernel_profile, write_results  # noqa: E402
 from minifloat.formats import _INV_MULTIPLIER_MAX  # noqa: E402 (inv_scales' clamp)
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
+from minifloat.models.swiglu import swiglu_grads  # noqa: E402
 
 OUTPUTS = ("dg_q", "dg_s", "dgt_q", "dgt_s", "du_q", "du_s", "dut_q", "dut_s", "ht_q", "ht_s")
 E4M3_MAX = 448.0
@@ -48,11 +51,9 @@ E4M3_MAX = 448.0
 
 def reference(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The five operands and their scales (`OUTPUTS`), in the library's quantizers."""
-    gf, uf, dhf = g.float(), u.float(), dh.float()
-    s = torch.sigmoid(gf)
-    h = gf * s * uf
-    du = dhf * gf * s
-    dg = dhf * uf * s * (1 + gf * (1 - s))
+    gf = g.float()
+    h = gf * torch.sigmoid(gf) * u.float()  # `swiglu`'s forward, unrounded
+    dg, du = swiglu_grads(g, u, dh)
     out = []
     for v in (dg, du):
         q, sc = quantize_operand(v, "e4m3", (1, 128), scale_format="inv")
@@ -106,66 +107,18 @@ if triton is not None:
                                MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr):  # fmt: skip
         rows = tl.program_id(0) * 128 + tl.arange(0, 128)
         cols = tl.program_id(1) * 128 + tl.arange(0, 128)
+        h, du, dg = _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F)
+        _rows_and_cols(h, rows, cols, M, F, ht_q, ht_s, ht_q, ht_s, MIN_AMAX, FMT_MAX, False)
+        _rows_and_cols(du, rows, cols, M, F, du_q, du_s, dut_q, dut_s, MIN_AMAX, FMT_MAX, True)
+        _rows_and_cols(dg, rows, cols, M, F, dg_q, dg_s, dgt_q, dgt_s, MIN_AMAX, FMT_MAX, True)
+
+    @triton.jit
+    def _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F):
+        # h, du, dg of rows x cols in float32, in the compiled graph's order of operations
         offs = rows[:, None] * F + cols[None, :]
         g = tl.load(g_ptr + offs).to(tl.float32)
         u = tl.load(u_ptr + offs).to(tl.float32)
         dh = tl.load(dh_ptr + offs).to(tl.float32)
-        s = tl.sigmoid(g)
-        h = g * s * u
-        _rows_and_cols(h, rows, cols, M, F, ht_q, ht_s, ht_q, ht_s, MIN_AMAX, FMT_MAX, False)
-        du = dh * g * s
-        _rows_and_cols(du, rows, cols, M, F, du_q, du_s, dut_q, dut_s, MIN_AMAX, FMT_MAX, True)
-        dg = dh * u * s * (1.0 + g * (1.0 - s))
-        _rows_and_cols(dg, rows, cols, M, F, dg_q, dg_s, dgt_q, dgt_s, MIN_AMAX, FMT_MAX, True)
-
-    @triton.jit
-    def _load(g_ptr, u_ptr, dh_ptr, offs):
-        g = tl.load(g_ptr + offs).to(tl.float32)
-        return g, tl.load(u_ptr + offs).to(tl.float32), tl.load(dh_ptr + offs).to(tl.float32)
-
-    @triton.jit
-    def _cast(v, mr, mc, rows, cols, M, F, q_ptr, qt_ptr, ROWS: tl.constexpr):
-        qt = tl.trans((v * mc[None, :]).to(tl.float8e4nv))
-        tl.store(qt_ptr + cols[:, None] * M + rows[None, :], qt)
-        if ROWS:
-            tl.store(q_ptr + rows[:, None] * F + cols[None, :], (v * mr[:, None]).to(tl.float8e4nv))
-
-    @triton.jit
-    def swiglu_backward_blocks_2phase(
-        g_ptr, u_ptr, dh_ptr, M, F, dg_q, dg_s, dgt_q, dgt_s, du_q, du_s, dut_q, dut_s, ht_q,
-        ht_s, MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr,
-    ):  # fmt: skip
-        # the maxima first, one output at a time (fewer tiles live at once), then the tile read
-        # again (from L2: this program just read it) for the casts
-        rows = tl.program_id(0) * 128 + tl.arange(0, 128)
-        cols = tl.program_id(1) * 128 + tl.arange(0, 128)
-        offs = rows[:, None] * F + cols[None, :]
-        t0, t1 = tl.program_id(0), tl.program_id(1)
-        g, u, dh = _load(g_ptr, u_ptr, dh_ptr, offs)
-        s = tl.sigmoid(g)
-        h = g * s * u
-        mh, sh = _inv(_maxbits(h, 0), MIN_AMAX, FMT_MAX)
-        du = dh * g * s
-        mdu_c, sdu_c = _inv(_maxbits(du, 0), MIN_AMAX, FMT_MAX)
-        mdu_r, sdu_r = _inv(_maxbits(du, 1), MIN_AMAX, FMT_MAX)
-        dg = dh * u * s * (1.0 + g * (1.0 - s))
-        mdg_c, sdg_c = _inv(_maxbits(dg, 0), MIN_AMAX, FMT_MAX)
-        mdg_r, sdg_r = _inv(_maxbits(dg, 1), MIN_AMAX, FMT_MAX)
-        tl.store(ht_s + cols * (M // 128) + t0, sh)
-        tl.store(dut_s + cols * (M // 128) + t0, sdu_c)
-        tl.store(dgt_s + cols * (M // 128) + t0, sdg_c)
-        tl.store(du_s + rows * (F // 128) + t1, sdu_r)
-        tl.store(dg_s + rows * (F // 128) + t1, sdg_r)
-        g, u, dh = _load(g_ptr, u_ptr, dh_ptr, offs)
-        s = tl.sigmoid(g)
-        _cast(g * s * u, mh, mh, rows, cols, M, F, ht_q, ht_q, False)
-        _cast(dh * g * s, mdu_r, mdu_c, rows, cols, M, F, du_q, dut_q, True)
-        dg = dh * u * s * (1.0 + g * (1.0 - s))
-        _cast(dg, mdg_r, mdg_c, rows, cols, M, F, dg_q, dgt_q, True)
-
-    @triton.jit
-    def _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F):
-        g, u, dh = _load(g_ptr, u_ptr, dh_ptr, rows[:, None] * F + cols[None, :])
         s = tl.sigmoid(g)
         return g * s * u, dh * g * s, dh * u * s * (1.0 + g * (1.0 - s))
 
@@ -216,14 +169,13 @@ if triton is not None:
             _col_cast(dg, m_dg, rows, cols, M, dgt_q)
 
 
-FORMS = ("tile", "two-pass", "bands")
+FORMS = ("tile", "bands")
 
 
 def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8,
           form: str = "tile", sub: int = 32):  # fmt: skip
     """`reference`'s outputs from a one-pass kernel (M and F multiples of 128): `form` "tile"
-    holds each 128 x 128 tile for all its maxima and casts, "two-pass" computes the maxima
-    of the whole tile, then reads it again for the casts, "bands" works through the tile in
+    holds each 128 x 128 tile for all its maxima and casts, "bands" works through the tile in
     bands of `sub` tokens (both group directions' maxima in the first sweep, the transposed
     casts in a second)."""
     if triton is None:
@@ -248,8 +200,7 @@ def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8
     if form == "bands":
         swiglu_backward_blocks_sub[grid](g, u, dh, m, f, *out, SUB=sub, **kw)
     else:
-        kernel = swiglu_backward_blocks if form == "tile" else swiglu_backward_blocks_2phase
-        kernel[grid](g, u, dh, m, f, *out, **kw)
+        swiglu_backward_blocks[grid](g, u, dh, m, f, *out, **kw)
     return tuple(out)
 
 

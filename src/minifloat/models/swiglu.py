@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["swiglu"]
+__all__ = ["swiglu", "swiglu_grads"]
 
 
 class _SwiGLUFunction(torch.autograd.Function):
@@ -56,12 +56,19 @@ class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g, u = ctx.saved_tensors
-        work = torch.promote_types(torch.promote_types(g.dtype, u.dtype), torch.float32)
-        gf, uf, dhf = g.to(work), u.to(work), dh.to(work)
-        s = torch.sigmoid(gf)
-        du = dhf * gf * s
-        dg = dhf * uf * s * (1 + gf * (1 - s))
+        dg, du = swiglu_grads(g, u, dh)
         return dg.to(g.dtype), du.to(u.dtype)
+
+
+def swiglu_grads(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor):
+    """(dg, du) of h = silu(g)·u for the upstream gradient dh, unrounded: in float32 (float64
+    for float64 inputs), from one sigmoid. `swiglu`'s backward rounds them to g's and u's
+    dtypes; compiled, inductor keeps them unrounded where it fuses them into a quantizer, as
+    these are (benchmarks/blockwise_swiglu_probe.py's reference)."""
+    work = torch.promote_types(torch.promote_types(g.dtype, u.dtype), torch.float32)
+    gf, uf, dhf = g.to(work), u.to(work), dh.to(work)
+    s = torch.sigmoid(gf)
+    return dhf * uf * s * (1 + gf * (1 - s)), dhf * gf * s
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
