@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "time_ms", "stream_ms", "host_ms", "kernel_ms", "kernel_profile", "kernel_times", "host_ops",
-    "copy_bandwidth", "environment", "gpu_tag", "write_results", "dump_kernel_sources",
-    "step_fn", "RESULTS_DIR",
+    "time_ms", "alternating_ms", "stream_ms", "host_ms", "kernel_ms", "kernel_profile",
+    "kernel_times", "host_ops", "copy_bandwidth", "environment", "gpu_tag", "write_results",
+    "dump_kernel_sources", "step_fn", "RESULTS_DIR",
 ]  # fmt: skip
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -55,25 +55,45 @@ def step_fn(
     return step
 
 
+def _flushed_call_ms(fn: Callable[[], object], flush: torch.Tensor) -> float:
+    """Milliseconds of one `fn()` between CUDA events, after `flush` is overwritten (L2 cold)."""
+    flush.zero_()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _l2_flush() -> torch.Tensor:
+    return torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+
+
 def time_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> float:
     """Median milliseconds of `fn()` on the current CUDA stream (CUDA events, after warm-up).
 
     The L2 cache is flushed before each repeat (a 256 MB write), so no repeat runs on data left in
     cache by the previous one.
     """
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    flush = _l2_flush()
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    return statistics.median(_flushed_call_ms(fn, flush) for _ in range(reps))
+
+
+def alternating_ms(fns: dict[str, Callable[[], object]], *, reps: int = 20) -> dict[str, float]:
+    """Median milliseconds of each callable, as `time_ms` times one, the callables timed in
+    alternation (one call of each a round), so that a change of clock or power state between
+    rounds lands on all of them alike. One warm-up call each (compiles, autotunes)."""
+    flush = _l2_flush()
+    for fn in fns.values():
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            times[name].append(_flushed_call_ms(fn, flush))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def stream_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> float:
@@ -85,7 +105,7 @@ def stream_ms(fn: Callable[[], object], *, warmup: int = 5, reps: int = 20) -> f
     for a host-bound one, its host time. The L2 cache is flushed before each call, as there
     (the flush runs between the events that bracket the calls).
     """
-    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    flush = _l2_flush()
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
