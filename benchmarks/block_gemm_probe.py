@@ -26,9 +26,10 @@ after an L2 flush (CUDA events; the median of `--reps`), so a change of clock be
 lands on all of them. Each result but the ceiling's is checked against cuBLAS's (relative
 Frobenius error below 1e-2, the bf16 output's rounding) before it is timed. Shapes that repeat
 in a block (q, k, v, o) are timed once and counted for each linear in the block's sums.
-Session 64 (`block_gemm_probe_1.3B_s64{,_forms}_*`): `promote` ran at 540-720 TFLOPS in its best
-tile (64 x 128, 4 warps) against cuBLAS's 850-1,170 in the same call, 5.0 against 7.9 ms a
-block; `pair` at 190-280 (its three float32 tiles spill); `ceiling` at 930-1,230 in 128 x 256
+Session 64 (`block_gemm_probe_1.3B_s64{,_forms}_*`): `promote` ran at 537-720 TFLOPS in its best
+tile (64 x 128, 4 warps) against cuBLAS's 850-1,170 in the same call, 7.9 ms a block against
+cuBLAS's 5.0; `pair` at 190-280 (three float32 tiles live at once; register spills are the
+likely cause, not checked); `ceiling` at 930-1,230 in 128 x 256
 tiles, so the loads and products are not what this kernel loses on, the scaling between the
 products is (each product must be finished before it is scaled, where the ceiling chains them).
 `--device cpu` runs the tiny preset's shapes once through Triton's interpreter

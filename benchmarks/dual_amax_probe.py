@@ -21,7 +21,11 @@ keeps its rows' maxima in registers and stores each chunk's column maxima as a p
 grid, both maxima stored as partials. The partials' maximum (a small torch.amax, compiled)
 finishes them. Session 64's first run (`dual_amax_probe_s64_...`, rows form only): no faster
 than inductor's two reductions (0.046-0.162 against 0.048-0.170 ms; 0.067 against 0.048 at
-16384 x 2048), ~1 TB/s: 512 programs each walking its rows chunk by chunk. Reported per
+16384 x 2048), ~1 TB/s: 512 programs each walking its rows chunk by chunk. The tile form
+(`dual_amax_probe_s64_tile_...`, 128 x 64 tiles) took 0.034-0.064 ms against 0.048-0.170.
+Built into fp8-rowwise's backward (commit df459ce), it made the 1.3B step 3.1 ms slower on both
+GPUs of an A/B (`train_interleaved_1.3B_ours_s64_dual_*`) and was reverted: see
+docs/hopper_sessions.md, session 64. Reported per
 shape and tile: the GPU kernel time of each side (profiler, all kernels of a call) and their
 bandwidth at dy's bytes. `--device cpu` runs the reference and, with TRITON_INTERPRET=1, the
 kernel on a small shape (a smoke test). Writes `dual_amax_probe[_<tag>]_<gpu>_<date>.{md,json}`.
@@ -29,6 +33,7 @@ kernel on a small shape (a smoke test). Writes `dual_amax_probe[_<tag>]_<gpu>_<d
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -140,13 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     tiles = parse_tiles(args.tiles)
     if args.device == "cpu":
+        # Triton's kernels run on CPU tensors only in its interpreter
+        interpreted = triton is not None and os.environ.get("TRITON_INTERPRET") == "1"
         for adversarial in (False, True):
             v = inputs(300, 520, "cpu", adversarial)
             want = reference(v)
-            if triton is not None:
+            if interpreted:
                 for tile in tiles:
                     assert same_maxima(dual_amax(v, tile), want), tile
-        print("cpu smoke run:", "kernel checked" if triton else "reference only", flush=True)
+        print("cpu smoke run:", "kernel checked" if interpreted else "reference only", flush=True)
         return
     if triton is None:
         raise SystemExit("dual_amax_probe needs Triton on CUDA")

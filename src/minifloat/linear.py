@@ -30,9 +30,8 @@ from torch import nn
 from minifloat import counter_rng, delayed, occ, occ_gemm, partition_hints, recipes, recompute
 from minifloat.exact import to_dtype, written_once
 from minifloat.fsdp_weight import GatheredWeight, gathered_amax, gathered_operand
-from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend, operand
+from minifloat.kernels import BACKEND_NAMES, Backend, QOperand, get_backend
 from minifloat.kernels.backend import fp32_scaled
-from minifloat.kernels.dual_amax import row_and_column_amax
 from minifloat.kernels.operand import pack_e2m1
 from minifloat.kernels.transpose import unpack_e2m1_t
 from minifloat.recipes import QuantRecipe, Recipe
@@ -202,7 +201,6 @@ class QuantLinearFunction(torch.autograd.Function):
             if ctx.rng_state is not None:
                 counter_rng.advance(ctx.rng_state)  # once per trained step, as the history
             g_q = None
-            dy_amax = _dy_maxima(recipe, dy, need_dx and need_dw and s_g is None)
             if need_dx:
                 w_rhs = (
                     _unstash(w_rhs_data, w_rhs_scale, ctx.w_rhs_meta, w_rhs_ts)
@@ -211,18 +209,14 @@ class QuantLinearFunction(torch.autograd.Function):
                 )
                 prescale = w_scale.t() if recipe.folds("dgrad") else None
                 g_q = backend.quantize(
-                    dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g,
-                    seed=_seed(seeds, "dgrad"), amax=dy_amax[0],
-                )  # fmt: skip
+                    dy, recipe.dgrad.lhs, prescale=prescale, scale=s_g, seed=_seed(seeds, "dgrad")
+                )
                 dx = backend.scaled_mm(
                     g_q, w_rhs, out_dtype=ctx.dx_dtype, fast_accum=recipe.dgrad_fast_accum
                 ).to(ctx.x_dtype)
             if need_dw:
                 x_rhs = _unstash(x_rhs_data, x_rhs_scale, ctx.x_rhs_meta, x_rhs_ts)
-                dw = _wgrad(
-                    backend, recipe, dy, g_q, x_rhs, x_scale, s_g, _seed(seeds, "wgrad"),
-                    dy_amax[1],
-                )  # fmt: skip
+                dw = _wgrad(backend, recipe, dy, g_q, x_rhs, x_scale, s_g, _seed(seeds, "wgrad"))
                 if delta_data is not None:  # OCC's correction, unless folded into x_rhs
                     delta_rhs = _unstash(delta_data, delta_scale, ctx.delta_meta)
                     comp = occ_gemm.compensation(recipe)
@@ -355,25 +349,6 @@ def _seed(seeds: torch.Tensor | None, gemm: str) -> torch.Tensor | None:
     return None if seeds is None else seeds[0 if gemm == "dgrad" else 1]
 
 
-def _dy_maxima(
-    recipe: QuantRecipe, dy: torch.Tensor, both_gemms: bool
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """dy's row and column maxima from one read of it (kernels/dual_amax.py) where dgrad and
-    wgrad both quantize dy itself in row groups (fp8-rowwise: a scale a token for dgrad, a
-    scale a channel for wgrad), else (None, None) and each quantizer computes its own. The
-    maxima are the ones the two quantizers would compute, bit for bit."""
-    dgrad, wgrad = recipe.dgrad.lhs, recipe.wgrad.lhs
-    plain = all(
-        spec.granularity == "row"
-        and not spec.hadamard
-        and operand.supports(spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
-        for spec in (dgrad, wgrad)
-    )
-    if not (both_gemms and plain) or recipe.folds("dgrad") or recipe.folds("wgrad"):
-        return None, None
-    return row_and_column_amax(dy)
-
-
 def _wgrad(
     backend: Backend,
     recipe: QuantRecipe,
@@ -383,10 +358,8 @@ def _wgrad(
     x_scale: torch.Tensor | None,
     s_g: torch.Tensor | None,
     seed: torch.Tensor | None = None,
-    dy_col_amax: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """dw [N, K] in fp32, before OCC and DGE corrections; `dy_col_amax`: dy's column maxima
-    when `_dy_maxima` made them."""
+    """dw [N, K] in fp32, before OCC and DGE corrections."""
     lhs = recipe.wgrad.lhs
     shareable = (
         g_q is not None
@@ -399,9 +372,7 @@ def _wgrad(
         h_q = backend.transpose(g_q)
     else:
         prescale = x_scale if recipe.folds("wgrad") else None
-        h_q = backend.quantize(
-            dy, lhs, prescale=prescale, transpose=True, scale=s_g, seed=seed, amax=dy_col_amax
-        )
+        h_q = backend.quantize(dy, lhs, prescale=prescale, transpose=True, scale=s_g, seed=seed)
     return backend.scaled_mm(
         h_q, x_rhs, out_dtype=torch.float32, fast_accum=recipe.wgrad_fast_accum
     )

@@ -157,12 +157,10 @@ class Backend(Protocol):
         remainder: bool = False,
         scale: torch.Tensor | None = None,
         seed: torch.Tensor | None = None,
-        amax: torch.Tensor | None = None,
     ) -> QOperand:
         """clip -> * prescale -> transpose -> absmax-quantize (or divide by a given scale).
         `remainder`: quantize OCC's x - clamp(x) (kernels/clip.py) instead of clamp(x).
-        `seed` (0-dim int64): the random draws of stochastic rounding and Hadamard transforms.
-        `amax`: a row-scaled operand's group maxima, given (`operand.quantize_operand`)."""
+        `seed` (0-dim int64): the random draws of stochastic rounding and Hadamard transforms."""
         ...
 
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:

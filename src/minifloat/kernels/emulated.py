@@ -51,15 +51,12 @@ class EmulatedBackend:
         remainder: bool = False,
         scale: torch.Tensor | None = None,
         seed: torch.Tensor | None = None,
-        amax: torch.Tensor | None = None,
     ) -> QOperand:
         if scale is not None and spec.granularity != "tensor":
             raise ValueError("a given (delayed) scale needs tensor granularity")
         if remainder and clip is None:
             raise ValueError("quantizing OCC's remainder needs its clip bounds")
         fast = operand.supports(spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
-        if amax is not None and (not fast or microscale.supports(spec)):
-            raise ValueError(f"a given amax needs a row-scaled absmax operand, not {spec}")
         if remainder and not fast:  # the remainder itself, quantized as any operand
             x, clip = occ_clip.remainder(x.detach(), *clip), None
         if microscale.supports(spec):  # NVFP4 / MXFP4 blocks, SR, Hadamard transforms
@@ -70,7 +67,7 @@ class EmulatedBackend:
             values, s, m = self.kernel(operand.quantize_operand, x)(
                 x.detach(), spec.fmt, spec.granularity, clip=clip, remainder=remainder,
                 prescale=prescale, transpose=transpose, scale=scale,
-                scale_format=spec.scale_format, with_multiplier=True, amax=amax,
+                scale_format=spec.scale_format, with_multiplier=True,
             )  # fmt: skip
             return fp32_scaled(values, s, spec.fmt, spec.granularity, transpose, m)
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)

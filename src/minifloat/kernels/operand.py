@@ -219,7 +219,6 @@ def quantize_operand(
     scale: torch.Tensor | None = None,
     scale_format: str = "fp32",
     with_multiplier: bool = False,
-    amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Quantize a 2-D GEMM operand: clip -> * prescale -> transpose -> absmax-quantize.
 
@@ -239,19 +238,13 @@ def quantize_operand(
             m and 1 / m from `formats.inv_scales(amax, fmt.max)`).
         with_multiplier: also return the "inv" multipliers m (scale's shape; None for other
             scale formats and for blocks), for DGE (`QOperand.multiplier`).
-        amax: "row" groups only, without clip or prescale: x's group maxima, given instead of
-            computed: float32 [R, 1] (x's row maxima), or [1, C] with `transpose` (its column
-            maxima), equal to what this function would compute (`dual_amax`, which makes both
-            in one read of x).
     Returns:
         (values, scale): values on the grid in `FP8_STORAGE[fmt]`; scale float32,
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
         `with_multiplier`: (values, scale, multiplier).
     """
-    if amax is not None:
-        _check_given_amax(x, amax, granularity, clip, prescale, transpose)
     values, scale, m = _quantize(
-        x, fmt, granularity, clip, remainder, prescale, transpose, scale, scale_format, amax
+        x, fmt, granularity, clip, remainder, prescale, transpose, scale, scale_format
     )
     return (values, scale, m) if with_multiplier else (values, scale)
 
@@ -266,7 +259,6 @@ def _quantize(
     transpose: bool,
     scale: torch.Tensor | None,
     scale_format: str,
-    given_amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """`quantize_operand`'s (values, scale, "inv" multipliers or None)."""
     v = x.float()
@@ -313,8 +305,6 @@ def _quantize(
         # from x's row extrema, so that compiled, the clamped x or its remainder has the cast
         # as its only reader and is not written out (kernels/clip.py)
         amax = (occ_clip.remainder_row_amax if remainder else occ_clip.clamped_row_amax)(x, *clip)
-    elif granularity == "row" and given_amax is not None:
-        amax = given_amax
     elif granularity == "row":
         amax = (_column_amax(src) if transpose else row_amax(src)).float()
     else:
@@ -333,18 +323,6 @@ def _quantize(
     if transpose:
         s, m = s.t().contiguous(), (None if m is None else m.t().contiguous())
     return _layout(values, transpose), s, m
-
-
-def _check_given_amax(x, amax, granularity, clip, prescale, transpose) -> None:
-    """One-line errors for a given `amax` that `quantize_operand` cannot use as x's maxima."""
-    if granularity != "row" or clip is not None or prescale is not None:
-        raise ValueError("a given amax is for 'row' groups of x itself (no clip, no prescale)")
-    want = (1, x.shape[1]) if transpose else (x.shape[0], 1)
-    if tuple(amax.shape) != want or amax.dtype != torch.float32:
-        raise ValueError(
-            f"a given amax for {'transposed ' if transpose else ''}{tuple(x.shape)} must be "
-            f"float32 {want}, got {amax.dtype} {tuple(amax.shape)}"
-        )
 
 
 def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
