@@ -7,7 +7,7 @@ torch.compile (`kernels/operand.row_amax` and `_column_amax`, what training runs
         [--tiles '32,128,4;64,128,8']
 
 Why (session 64): in session 63's 6-layer 1.3B profile (`train_e2e_1.3B_ours_s63_blockprof_l6_...`)
-fp8-rowwise ran ~3.3 ms a step of kernels that do nothing but maxima, ~0.55 ms a layer; its
+fp8-rowwise ran ~1.9 ms a step of kernels that do nothing but maxima (of every operand); its
 backward quantizes each linear's dy twice, by rows for dgrad and by columns for wgrad, and
 each quantizer reads dy for its maxima. Inductor cannot fuse two reductions along different
 axes of one tensor into one read; a 2-D tile can reduce both ways at once. The maxima are
@@ -19,16 +19,16 @@ Two forms of the kernel. Rows: each program reads BLOCK_R whole rows in BLOCK_C-
 keeps its rows' maxima in registers and stores each chunk's column maxima as a partial
 ([R / BLOCK_R, C]). Tile (a fourth tile number 1): one BLOCK_R x BLOCK_C tile a program, a 2-D
 grid, both maxima stored as partials. The partials' maximum (a small torch.amax, compiled)
-finishes them. Session 64's first run (`dual_amax_probe_s64_...`, rows form only): no faster
-than inductor's two reductions (0.046-0.162 against 0.048-0.170 ms; 0.067 against 0.048 at
-16384 x 2048), ~1 TB/s: 512 programs each walking its rows chunk by chunk. The tile form
-(`dual_amax_probe_s64_tile_...`, 128 x 64 tiles) took 0.034-0.064 ms against 0.048-0.170.
-Built into fp8-rowwise's backward (commit df459ce), it made the 1.3B step 3.1 ms slower on both
-GPUs of an A/B (`train_interleaved_1.3B_ours_s64_dual_*`) and was reverted: see
-docs/hopper_sessions.md, session 64. Reported per
-shape and tile: the GPU kernel time of each side (profiler, all kernels of a call) and their
-bandwidth at dy's bytes. `--device cpu` runs the reference and, with TRITON_INTERPRET=1, the
-kernel on a small shape (a smoke test). Writes `dual_amax_probe[_<tag>]_<gpu>_<date>.{md,json}`.
+finishes them. Session 64's first run (`dual_amax_probe_s64_...`, rows form only): 0.046-0.162
+against inductor's 0.048-0.170 ms, mixed (0.067 against 0.048 at 16384 x 2048), ~1 TB/s: 512
+programs each walking its rows chunk by chunk. The tile form (`dual_amax_probe_s64_tile_...`,
+128 x 64 tiles) took 0.034-0.064 ms against 0.048-0.170. Built into fp8-rowwise's backward
+(commit df459ce), it made the 1.3B step 3.1 ms slower on both GPUs of an A/B
+(`train_interleaved_1.3B_ours_s64_dual_*`) and was reverted: docs/hopper_sessions.md, session
+64. Reported per shape and tile: the GPU kernel time of each side (profiler, all kernels of a
+call) and their bandwidth at dy's bytes. `--device cpu` runs the reference and, with
+TRITON_INTERPRET=1, the kernel on a small shape (a smoke test). Writes
+`dual_amax_probe[_<tag>]_<gpu>_<date>.{md,json}`.
 """
 
 from __future__ import annotations
