@@ -46,10 +46,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import alternating_ms, probe_parser, write_probe  # noqa: E402
+from gemm_orientation import _block_operand  # noqa: E402
 from step_gemms import linear_shapes  # noqa: E402
 from train_e2e import PRESETS  # noqa: E402
 
-E4M3 = torch.float8_e4m3fn
 # (a rows, b rows, contraction, rhs block, output dtype) of each GEMM of a linear [n, k], m tokens
 GEMMS = {
     "fprop": lambda m, n, k: (m, n, k, (128, 128), torch.bfloat16),
@@ -171,15 +171,9 @@ def parse_configs(text: str) -> list[tuple]:
 def operands(rows_a: int, rows_b: int, kc: int, b_block: tuple[int, int], device: str):
     """(a, a_scale, b, b_scale): E4M3 values and float32 scales in the recipe's layouts."""
     gen = torch.Generator(device=device).manual_seed(rows_a * 31 + rows_b * 7 + kc)
-    kb = -(-kc // 128)
-
-    def scale(rows):
-        return torch.rand(rows, kb, device=device, generator=gen) + 0.5
-
-    a = torch.randn(rows_a, kc, device=device, generator=gen).to(E4M3)
-    b = torch.randn(rows_b, kc, device=device, generator=gen).to(E4M3)
-    b_rows = -(-rows_b // 128) if b_block == (128, 128) else rows_b
-    return a, scale(rows_a), b, scale(b_rows)
+    a, sa = _block_operand(rows_a, kc, (1, 128), gen, device)
+    b, sb = _block_operand(rows_b, kc, b_block, gen, device)
+    return a, sa, b, sb
 
 
 def reference(a, sa, b, sb, b_block) -> torch.Tensor:

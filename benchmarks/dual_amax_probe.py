@@ -40,7 +40,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, kernel_profile, parse_tiles, probe_parser, write_probe  # noqa: E402
+from common import (  # noqa: E402
+    copy_bandwidth,
+    kernel_profile,
+    parse_tiles,
+    probe_parser,
+    same_bytes,
+    write_probe,
+)
 from minifloat.kernels.operand import _column_amax, row_amax  # noqa: E402
 
 TILES = "32,128,4;64,128,8;64,128,4,1;128,128,8,1;64,256,8,1;128,64,4,1"
@@ -132,10 +139,7 @@ def inputs(r: int, c: int, device: str, adversarial: bool) -> torch.Tensor:
 
 def same_maxima(got, want) -> bool:
     """Both pairs equal bit for bit (a NaN's payload included: the maxima keep one bit pattern)."""
-    return all(
-        torch.equal(a.view(torch.int32), b.view(torch.int32))
-        for a, b in zip(got, want, strict=True)
-    )
+    return same_bytes(tuple(got), tuple(want))
 
 
 def main(argv: list[str] | None = None) -> None:

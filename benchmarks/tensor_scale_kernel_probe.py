@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import alternating_ms, probe_parser, write_probe  # noqa: E402
-from gemm_orientation import DIMS, STORAGE, kernel_name  # noqa: E402
+from gemm_orientation import DIMS, _operand, kernel_name  # noqa: E402
 from minifloat.kernels.scaled_mm import scaled_mm_rowish  # noqa: E402
 from minifloat.recipes import get as get_recipe  # noqa: E402
 from step_gemms import linear_shapes  # noqa: E402
@@ -66,10 +66,8 @@ def forms(recipe_name: str, m: int, device: str) -> list[dict]:
                 continue
             spec = getattr(r, gemm)
             gen = torch.Generator(device=device).manual_seed(rows_a * 31 + rows_b * 7 + kc)
-            a = torch.randn(rows_a, kc, device=device, generator=gen).to(STORAGE[spec.lhs.fmt])
-            b = torch.randn(rows_b, kc, device=device, generator=gen).to(STORAGE[spec.rhs.fmt])
-            sa = torch.rand(1, 1, device=device, generator=gen) + 0.5
-            sb = torch.rand(1, 1, device=device, generator=gen) + 0.5
+            a, sa = _operand(rows_a, kc, spec.lhs.fmt, False, gen, device)
+            b, sb = _operand(rows_b, kc, spec.rhs.fmt, False, gen, device)
             kw = {"out_dtype": OUT_DTYPE[gemm], "use_fast_accum": getattr(r, f"{gemm}_fast_accum")}
             fns = {
                 "tensor": lambda a=a, sa=sa, b=b, sb=sb, kw=kw: mm(a, sa, b, sb, **kw),
