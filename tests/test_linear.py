@@ -25,7 +25,8 @@ from tolerances import HOPPER_VS_EMULATED_MIN_DB, RECIPE_SQNR_FLOORS
 FP32_COMPENSATION = "fp4:occ.compensation_format=fp32"
 OCC_TENSOR = "fp4-occ:scaling.input=tensor"
 OCC_TILES = "fp8-blockwise:occ=on"
-OCC_VARIANTS = [FP32_COMPENSATION, OCC_TENSOR, OCC_TILES]
+OCC_ONE_GEMM = "fp4:occ.one_gemm=on"  # fprop's two products as one GEMM over 2K
+OCC_VARIANTS = [FP32_COMPENSATION, OCC_TENSOR, OCC_TILES, OCC_ONE_GEMM]
 MICROBLOCK_RNE = ["nvfp4:rht=off:sr=off", "mxfp4:sr=off"]
 # Power-of-two scales: tensor, row, and row with OCC and DGE
 POW2 = [
@@ -93,9 +94,14 @@ def reference(
     wv, ws = _deq(w, recipe.fprop.rhs)
     y, y_err = _gemm(xv * xs, wv * ws)
     comp, comp_err, c, c_err = _compensation(recipe, delta, w, dy)
-    y_err = y_err + comp_err
     occ_cfg = recipe.occ
+    if occ_gemm.joins_products(recipe):  # one GEMM over both: its one rounding, the caller's
+        comp, comp_err = _joint_compensation(x_c, delta, w, xs, ws)
+        k = x.shape[1]  # a contraction of 2K terms: (2K + 4) u of their magnitudes' sum
+        y_err, comp_err = (2 * k + 4) / (k + 4) * y_err, (2 * k + 4) / (k + 4) * comp_err
+    y_err = y_err + comp_err
     e4m3 = occ_cfg is not None and occ_cfg.compensate and occ_cfg.compensation_format == "e4m3"
+    e4m3 = e4m3 and not occ_gemm.joins_products(recipe)
     if e4m3 and out_dtype == torch.bfloat16:  # fprop's two products each rounded to bf16
         y_err = y_err + 2.0**-8 * (y.abs() + comp.abs() + y_err)
     y = y + comp + (0 if b is None else b.double())
@@ -177,6 +183,27 @@ def _compensation(recipe: QuantRecipe, delta, w, dy):
     return comp, comp_err, *_gemm(gv * gs, tv * ts)
 
 
+def _joint_compensation(x_c, delta, w, xs, ws):
+    """OCC's fprop correction of `OCCConfig.one_gemm` (value, error bound) in float64, from its
+    definition: Δx·m_x (float32) times 2^-a, a the least in [-6, 8] with every such entry of
+    the row at most 448·2^a, rounded to E4M3; w·m_w·2^6 rounded to E4M3; the product on x_q's
+    and w_q's scales, xs·2^a and ws·2^-6 (m_x, m_w: the E2M1 "inv" multipliers of x_c's and
+    w's rows)."""
+    e4m3 = formats.get("e4m3")
+    m_x = formats.inv_scales(x_c.abs().amax(1, keepdim=True), 6.0)[0]
+    m_w = formats.inv_scales(w.abs().amax(1, keepdim=True), 6.0)[0]
+    dv = delta * m_x  # float32
+    reach = dv.abs().amax(1, keepdim=True).double()
+    a = torch.full_like(reach, -6.0)
+    while bool((reach > 448.0 * 2.0**a).any()):
+        a = torch.where((reach > 448.0 * 2.0**a) & (a < 8), a + 1, a)
+        if bool((a == 8).all()):
+            break
+    dq = e4m3.round((dv.double() * 2.0**-a).clamp(-448.0, 448.0).float()).double()
+    wq = e4m3.round(w * m_w * 64.0).double()
+    return _gemm(dq * xs * 2.0**a, wq * ws / 64.0)
+
+
 def run_layer(name: str, x, w, b, dy, **kw):
     layer = QuantLinear(
         w.shape[1], w.shape[0], bias=b is not None, recipe=name, device=x.device, **kw
@@ -232,6 +259,8 @@ SAMPLED_OCC = [
     "fp4:occ.sample_size=1024",
     "fp4-occ:occ.sample_size=1024",
     "fp4:occ.sample_size=1024:occ.compensation_format=fp32",
+    "fp4:occ.sample_size=1024:occ.one_gemm=on",
+    "fp4-occ:occ.sample_size=1024:occ.one_gemm=on",
 ]
 
 

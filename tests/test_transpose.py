@@ -250,14 +250,16 @@ def test_compiled_fp4_block_of_1p3b_width_saves_no_quantized_operand(monkeypatch
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
 
 
-def test_compiled_fp4_occ_block_saves_no_quantized_operand(monkeypatch):
+@pytest.mark.parametrize("name", ["fp4", "fp4:occ.one_gemm=on"])
+def test_compiled_fp4_occ_block_saves_no_quantized_operand(monkeypatch, name):
     """Under fp4 (OCC) too the compiled block saves no quantized operand: the partitioner
     recomputes in backward the E4M3 wgrad operands z. It saved every z (session 31; 4.3 GiB at
     1.3B) while the finite masks counted as reductions, a graph constant was shared by every
     remainder, and the quantizers read the tensor whose sample was sorted
-    (partition_hints.py)."""
+    (partition_hints.py); and again with fprop's one GEMM while its row shifts were `prod`s,
+    which the partitioner does not recompute (session 65)."""
     force_hopper_path(monkeypatch)
-    dtypes = _saved_dtypes("fp4")
+    dtypes = _saved_dtypes(name)
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
 
 

@@ -291,12 +291,19 @@ def _fprop(
     occ_input: tuple,
 ) -> torch.Tensor:
     """y = x_q w_qᵀ (+ bias) in `out_dtype`; under OCC's compensation `comp`, plus the
-    remainder's product from `occ_input` = (x, clip, weight), both partial products summed in
-    float32."""
+    remainder's product from `occ_input` = (x, clip, weight): one GEMM over both where
+    `occ_gemm.joins_products`, else both partial products summed in float32."""
     fast_accum = recipe.fprop_fast_accum
     if comp is None:
         return backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
     x, clip, weight = occ_input
+    # (an FSDP2-gathered w_q has no multiplier: two GEMMs then)
+    inv = x_q.multiplier is not None and w_q.multiplier is not None
+    if inv and occ_gemm.joins_products(recipe):
+        return occ_gemm.joint_fprop(
+            backend, x, clip, x_q, weight, w_q,
+            out_dtype=out_dtype, bias=bias, fast_accum=fast_accum,
+        )  # fmt: skip
     part = occ_gemm.partial_dtype(comp, out_dtype)
     y = backend.scaled_mm(x_q, w_q, out_dtype=part, fast_accum=fast_accum)
     corr = occ_gemm.fprop_correction(backend, comp, x, clip, weight, fast_accum, out_dtype=part)

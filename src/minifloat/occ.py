@@ -44,6 +44,8 @@ __all__ = [
     "clamp",
     "remainder",
     "fold_remainder",
+    "joint_lhs",
+    "joint_rhs",
     "occ_activation",
     "clipped_fraction",
 ]
@@ -51,6 +53,10 @@ __all__ = [
 _E4M3_MAX = 448.0
 # Power-of-two tensor scales 2^0 .. 2^63 of `fold_remainder` (float32: 448·2^63 is finite).
 _FOLD_EXPONENTS = 64
+# `joint_lhs`'s row shifts 2^a, a in [-6, 8]: E2M1 values times 2^-a stay exact in E4M3 (6·2^6 =
+# 384 <= 448; 0.5·2^-8 = 2^-9, E4M3's least subnormal); `joint_rhs` shifts by 2^6.
+_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT = -6, 8
+_JOINT_RHS_SHIFT = 64.0
 
 
 def _is_prime(n: int) -> bool:
@@ -129,6 +135,70 @@ def fold_remainder(
     # compiled form, where log2/exp2 may be approximate.
     t = torch.where(bound > bounds, 2.0, 1.0).prod().reshape(1, 1)
     return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
+
+
+def joint_lhs(
+    x: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    x_values: torch.Tensor,
+    x_multiplier: torch.Tensor,
+    x_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fprop's lhs with compensation in one operand: [x_q 2^-a | E4M3(Δx m_x 2^-a)], [M, 2K].
+
+    Args:
+        x: [M, K] the layer input; lo, hi: its clamp bounds.
+        x_values, x_multiplier, x_scale: x_q = Q(clamp(x)), an "inv" row-scaled E2M1 operand
+            (values [M, K] as E4M3 bytes; multipliers m_x and scales 1 / m_x, [M, 1]).
+    Returns:
+        (values float8_e4m3fn [M, 2K], scales float32 [M, 1] = s_x 2^a): times the rhs of
+        `joint_rhs`, one GEMM gives x_q·w_qᵀ + Δx_q·w8ᵀ, the two products of OCC's fprop.
+        a (per row, in [-6, 8]) is the least with max|Δx m_x| <= 448·2^a: x_q's E2M1 values
+        times 2^-a are exact in E4M3, and Δx is rounded to E4M3 on x_q's own scale times 2^a
+        (3 significant bits, as a row-scaled E4M3 Δx_q; entries below 2^-6 of that scale are
+        subnormal). Rows needing a > 8 (a remainder over 448·2^8 x_q's scale: not seen in
+        training) saturate at ±448.
+    """
+    reach = remainder_row_amax(x, lo, hi) * x_multiplier  # >= every |Δx m_x| (monotone)
+    steps = 448.0 * 2.0 ** torch.arange(
+        _JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT, device=x.device, dtype=torch.float32
+    )
+    # a + 6 = the number of steps the row's reach passes; 2^a and 2^-a from their exponent bits
+    # (exact in every compiled form, where exp2 may be approximate; a product of factors of 2,
+    # as fold_remainder forms t, is no op the partitioner recomputes, and z was saved again)
+    passed = (reach > steps).sum(dim=1, keepdim=True, dtype=torch.int32)
+    shift = _pow2(passed + _JOINT_MIN_SHIFT)
+    unshift = _pow2(-_JOINT_MIN_SHIFT - passed)
+    main = round_to_storage(x_values.float() * unshift, "e4m3", saturate=False)
+    delta = round_to_storage(remainder(x, lo, hi) * x_multiplier * unshift, "e4m3")
+    return torch.cat([main, delta], dim=1), x_scale * shift
+
+
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2^exponent, float32, for int32 exponents in [-126, 127] (its bits: biased exponent, zero
+    mantissa)."""
+    return ((exponent + 127) << 23).view(torch.float32)
+
+
+def joint_rhs(
+    weight: torch.Tensor,
+    w_values: torch.Tensor,
+    w_multiplier: torch.Tensor,
+    w_scale: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fprop's rhs with compensation in one operand: [w_q 2^6 | E4M3(w m_w 2^6)], [N, 2K].
+
+    w_values, w_multiplier, w_scale: w_q, an "inv" row-scaled E2M1 operand of `weight` [N, K].
+    Returns (values float8_e4m3fn [N, 2K], scales float32 [N, 1] = s_w 2^-6). Both halves are
+    on w_q's scale: the E2M1 values exactly, the weight itself rounded to E4M3 (|w m_w| <= 6, so
+    at most 384 after the shift: normal down to 2^-6 of it)."""
+    main = round_to_storage(w_values.float() * _JOINT_RHS_SHIFT, "e4m3", saturate=False)
+    exact = weight.float() * w_multiplier * _JOINT_RHS_SHIFT
+    return (
+        torch.cat([main, round_to_storage(exact, "e4m3", saturate=False)], dim=1),
+        w_scale * (1.0 / _JOINT_RHS_SHIFT),
+    )
 
 
 def occ_activation(
