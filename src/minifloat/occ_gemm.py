@@ -6,8 +6,8 @@ With compensation format "e4m3":
            products are one GEMM over 2K instead (`joins_products`):
            [x_q | Δx_q]·[w_q | w8]ᵀ [M,2K]x[2K,N], the remainder and the E4M3 weight on x_q's
            and w_q's own row scales times powers of two (occ.joint_lhs, occ.joint_rhs), so
-           that one bf16 output is written and no sum of partial products is read: ~9-11 ms a
-           1.3B step faster, 0.1-0.25 dB less SQNR of y (recipe_specs.OCCConfig;
+           that one bf16 output is written and no sum of partial products is read: ~8.5 ms a
+           1.3B step faster, 0.1-0.5 dB less SQNR of y (recipe_specs.OCCConfig;
            docs/hopper_sessions.md, session 65)
     wgrad: folded into the saved input when fprop's input is reused in wgrad (row or tensor
            scale): x_rhs = z = x_q + Δx/s_x in E4M3 (occ.fold_remainder), no extra GEMM;
