@@ -25,8 +25,8 @@ from tolerances import HOPPER_VS_EMULATED_MIN_DB, RECIPE_SQNR_FLOORS
 FP32_COMPENSATION = "fp4:occ.compensation_format=fp32"
 OCC_TENSOR = "fp4-occ:scaling.input=tensor"
 OCC_TILES = "fp8-blockwise:occ=on"
-OCC_ONE_GEMM = "fp4:occ.one_gemm=on"  # fprop's two products as one GEMM over 2K
-OCC_VARIANTS = [FP32_COMPENSATION, OCC_TENSOR, OCC_TILES, OCC_ONE_GEMM]
+OCC_TWO_GEMMS = "fp4:occ.one_gemm=off"  # fprop's two products as separate GEMMs
+OCC_VARIANTS = [FP32_COMPENSATION, OCC_TENSOR, OCC_TILES, OCC_TWO_GEMMS]
 MICROBLOCK_RNE = ["nvfp4:rht=off:sr=off", "mxfp4:sr=off"]
 # Power-of-two scales: tensor, row, and row with OCC and DGE
 POW2 = [
@@ -185,23 +185,34 @@ def _compensation(recipe: QuantRecipe, delta, w, dy):
 
 def _joint_compensation(x_c, delta, w, xs, ws):
     """OCC's fprop correction of `OCCConfig.one_gemm` (value, error bound) in float64, from its
-    definition: Δx·m_x (float32) times 2^-a, a the least in [-6, 8] with every such entry of
-    the row at most 448·2^a, rounded to E4M3; w·m_w·2^6 rounded to E4M3; the product on x_q's
-    and w_q's scales, xs·2^a and ws·2^-6 (m_x, m_w: the E2M1 "inv" multipliers of x_c's and
-    w's rows)."""
+    definition: per row g = f·2^-a, for each f in {1, 1.25, 1.5} the least a in f's range with
+    the row's largest |Δx·m_x| times f·2^-a within 448, and of those the f whose largest entry
+    rounds to E4M3 closest (ties: the smaller f); Δx·m_x·g (float32) rounded to E4M3; w·m_w·2^6
+    rounded to E4M3; the product on xs / g and ws·2^-6 (m_x, m_w: the E2M1 "inv" multipliers
+    of x_c's and w's rows). The error of the largest entry is compared as float64 here, in
+    float32 by the layer: a near tie may pick the other f (inputs here have none)."""
     e4m3 = formats.get("e4m3")
     m_x = formats.inv_scales(x_c.abs().amax(1, keepdim=True), 6.0)[0]
     m_w = formats.inv_scales(w.abs().amax(1, keepdim=True), 6.0)[0]
     dv = delta * m_x  # float32
-    reach = dv.abs().amax(1, keepdim=True).double()
-    a = torch.full_like(reach, -6.0)
-    while bool((reach > 448.0 * 2.0**a).any()):
-        a = torch.where((reach > 448.0 * 2.0**a) & (a < 8), a + 1, a)
-        if bool((a == 8).all()):
-            break
-    dq = e4m3.round((dv.double() * 2.0**-a).clamp(-448.0, 448.0).float()).double()
+    reach = dv.abs().amax(1, keepdim=True)
+    best_err = best_g = None
+    for f, least, most in ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7)):
+        top = (reach * f).double()  # float32 product, as the layer rounds it
+        a = torch.full_like(top, float(least))
+        while bool(((top * 2.0**-a > 448.0) & (a < most)).any()):
+            a = torch.where((top * 2.0**-a > 448.0) & (a < most), a + 1, a)
+        v = top * 2.0**-a
+        err = (e4m3.round(v.clamp(max=448.0).float()).double() - v).abs() * 2.0**a / f
+        g = f * 2.0**-a
+        if best_err is None:
+            best_err, best_g = err, g
+        else:
+            best_g = torch.where(err < best_err, g, best_g)
+            best_err = torch.minimum(err, best_err)
+    dq = e4m3.round((dv.double() * best_g).float().clamp(-448.0, 448.0)).double()
     wq = e4m3.round(w * m_w * 64.0).double()
-    return _gemm(dq * xs * 2.0**a, wq * ws / 64.0)
+    return _gemm(dq * xs / best_g, wq * ws / 64.0)
 
 
 def run_layer(name: str, x, w, b, dy, **kw):
@@ -259,8 +270,8 @@ SAMPLED_OCC = [
     "fp4:occ.sample_size=1024",
     "fp4-occ:occ.sample_size=1024",
     "fp4:occ.sample_size=1024:occ.compensation_format=fp32",
-    "fp4:occ.sample_size=1024:occ.one_gemm=on",
-    "fp4-occ:occ.sample_size=1024:occ.one_gemm=on",
+    "fp4:occ.sample_size=1024:occ.one_gemm=off",
+    "fp4-occ:occ.sample_size=1024:occ.one_gemm=off",
 ]
 
 
@@ -371,7 +382,7 @@ def test_from_linear_shares_parameters():
     assert QuantLinear.from_linear(lin2, "fp4").bias is None
 
 
-@pytest.mark.parametrize("name", ["fp4", "fp8-tensorwise"])
+@pytest.mark.parametrize("name", ["fp4", "fp4:occ.one_gemm=off", "fp8-tensorwise"])
 def test_autocast_bf16(name):
     x, w, b, dy = _data(32, 128, 64)
     plain = run_layer(name, x, w, b, dy)
@@ -380,7 +391,7 @@ def test_autocast_bf16(name):
     assert auto["y"].dtype == torch.bfloat16 and auto["dx"].dtype == torch.float32
     # the weight is quantized from the fp32 master, not from an autocast copy
     cfg = recipes.get(name).occ
-    if cfg is None:
+    if cfg is None or occ_gemm.joins_products(recipes.get(name)):  # one GEMM, one rounding
         assert torch.equal(auto["y"], plain["y"].to(torch.bfloat16))
     else:  # fprop's two partial products are each rounded to bf16, then their sum
         comp = occ_gemm.fprop_correction(
@@ -536,6 +547,7 @@ _DEFAULT_FAST_ACCUM = {
 }
 _FAST_ACCUM_VARIANTS = {
     "": None,
+    ":occ.one_gemm=off": None,
     ":fast_accum=off": (False, None, None),
     ":bwd_fast_accum=on": (None, True, True),
     ":bwd_fast_accum=off": (None, False, False),
@@ -544,8 +556,15 @@ _FAST_ACCUM_VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("base", sorted(_DEFAULT_FAST_ACCUM))
-@pytest.mark.parametrize("variant", sorted(_FAST_ACCUM_VARIANTS))
+@pytest.mark.parametrize(
+    ("variant", "base"),
+    [
+        (v, b)
+        for v in sorted(_FAST_ACCUM_VARIANTS)
+        for b in sorted(_DEFAULT_FAST_ACCUM)
+        if "occ" not in v or recipes.get(b).occ is not None  # (else the variant adds OCC)
+    ],
+)
 def test_fast_accumulation_reaches_the_gemms_it_names(base, variant):
     """fprop's GEMM takes `fast_accum`, dgrad's `dgrad_fast_accum` and wgrad's
     `wgrad_fast_accum` (`bwd_fast_accum` sets both); the recipe's defaults are the table's.
@@ -560,8 +579,10 @@ def test_fast_accumulation_reaches_the_gemms_it_names(base, variant):
     fprop, dgrad, wgrad = (
         d if c is None else c for d, c in zip(_DEFAULT_FAST_ACCUM[base], change, strict=True)
     )
-    # OCC compensates fprop with a second GEMM (the clipped residual), under fprop's hint
-    fprops = [((32, 48), fprop)] * (2 if recipe.occ is not None else 1)
+    # OCC compensates fprop with the clipped residual under fprop's hint: inside its one GEMM
+    # (`occ.one_gemm`, the default), else in a second GEMM
+    two = recipe.occ is not None and not occ_gemm.joins_products(recipe)
+    fprops = [((32, 48), fprop)] * (2 if two else 1)
     assert backend.calls == [*fprops, ((32, 64), dgrad), ((48, 64), wgrad)]
 
 

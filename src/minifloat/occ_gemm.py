@@ -2,18 +2,18 @@
 
 With compensation format "e4m3":
     fprop: y += Q8(Δx)·Q8(w)ᵀ           [M,K]x[K,N]  one more FP8 GEMM, both operands E4M3 per row;
-           with `OCCConfig.one_gemm` (E2M1 row-scaled "inv" operands: fp4, fp4-occ) both
-           products are one GEMM over 2K instead (`joins_products`):
+           with `OCCConfig.one_gemm` (the default; E2M1 row-scaled "inv" operands: fp4,
+           fp4-occ) both products are one GEMM over 2K instead (`joins_products`):
            [x_q | Δx_q]·[w_q | w8]ᵀ [M,2K]x[2K,N], the remainder and the E4M3 weight on x_q's
-           and w_q's own row scales times powers of two (occ.joint_lhs, occ.joint_rhs), so
-           that one bf16 output is written and no sum of partial products is read: ~8.5 ms a
-           1.3B step faster, 0.1-0.5 dB less SQNR of y (recipe_specs.OCCConfig;
-           docs/hopper_sessions.md, session 65)
+           and w_q's own row scales over per-row factors (occ.joint_lhs, occ.joint_rhs), so
+           that one bf16 output is written and no sum of partial products is read: 6-9 ms a
+           1.3B step faster, y's SQNR within 0.06 dB (recipe_specs.OCCConfig;
+           docs/hopper_sessions.md, session 66)
     wgrad: folded into the saved input when fprop's input is reused in wgrad (row or tensor
            scale): x_rhs = z = x_q + Δx/s_x in E4M3 (occ.fold_remainder), no extra GEMM;
            otherwise dw += Q8(dyᵀ)·Q8(Δxᵀ)ᵀ [N,M]x[M,K], both E4M3 per row along the tokens.
-Otherwise fprop's two products are bf16 under bf16 autocast (`partial_dtype`), summed in
-float32.
+Otherwise (`occ.one_gemm=off`, or operands of other formats) fprop's two products are bf16
+under bf16 autocast (`partial_dtype`), summed in float32.
 With "fp32" (the reference): both corrections are dense fp32 GEMMs of Δx, saved in fp32.
 Operands in fp32 are `QOperand`s with fmt "fp32" and a unit tensor scale: every backend's
 `scaled_mm` multiplies them in fp32 (no FP8 path takes them).

@@ -126,12 +126,11 @@ class OCCConfig:
     `compensation_format`: "e4m3": Δx quantized row-wise to E4M3 in a second FP8 GEMM of fprop,
     and in wgrad folded into the saved input (occ.fold_remainder); or "fp32": dense fp32 GEMMs,
     the paper's high-precision compensation, kept as the reference it is measured against.
-    `one_gemm` (E4M3 compensation of E2M1 row-scaled "inv" operands): fprop's two products as
-    one GEMM over 2K, Δx on x_q's row scale times a power of two (occ_gemm.joint_fprop): 1.3B
-    fp4 ~8.5 ms a step faster (1.01x bf16 against 0.98x), y's SQNR 0.1-0.5 dB lower
-    (Δx loses the absmax scale that makes each row's largest clipped entry exact), 0.57 dB under
-    the fp32 compensation at K = 512 where the separate GEMM is 0.34 dB under it; off by
-    default, so fp4 keeps the issue's 0.5 dB (docs/hopper_sessions.md, session 65).
+    `one_gemm` (E4M3 compensation of E2M1 row-scaled "inv" operands; the default): fprop's two
+    products as one GEMM over 2K, Δx on x_q's row scale over a per-row factor
+    (occ_gemm.joint_fprop, occ.joint_lhs): 1.3B fp4 6-9 ms a step faster than the separate
+    GEMM (off), 1.00x bf16 against 0.98x, y's SQNR within 0.06 dB of it
+    (docs/hopper_sessions.md, session 66).
     """
 
     alpha: float = 0.99
@@ -139,7 +138,7 @@ class OCCConfig:
     compensation_format: str = "e4m3"
     threshold: str = "sampled"
     sample_size: int = 65536
-    one_gemm: bool = False
+    one_gemm: bool = True
 
     def __post_init__(self) -> None:
         if not 0.5 < self.alpha < 1.0:
