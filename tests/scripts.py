@@ -1,8 +1,10 @@
-"""Load a script of benchmarks/ as a module, for the tests that drive its main()."""
+"""Scripts of benchmarks/ in tests: a Python one loaded as a module (for the tests that drive its
+main()), a shell one run in a clean environment."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,3 +19,12 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # torch.compile looks functions' modules up by name
     spec.loader.exec_module(module)
     return module
+
+
+def run_shell_benchmark(name: str, *args: str, timeout: float = 600, **env: str):
+    """`bash benchmarks/<name>.sh ARGS` from the repository's root, with only PATH and `env` in
+    its environment; the completed process, its output captured as text."""
+    return subprocess.run(
+        ["bash", str(BENCHMARKS / f"{name}.sh"), *args], env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True, text=True, cwd=BENCHMARKS.parent, timeout=timeout,
+    )  # fmt: skip

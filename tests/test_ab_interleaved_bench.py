@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from scripts import run_shell_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = str(ROOT / "benchmarks" / "ab_interleaved.sh")
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", SCRIPT, *args], env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True, text=True, cwd=ROOT, timeout=600,
-    )  # fmt: skip
+    return run_shell_benchmark("ab_interleaved", *args, timeout=600, **env)
 
 
 @pytest.mark.slow

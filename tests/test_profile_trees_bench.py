@@ -7,15 +7,13 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from scripts import run_shell_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = str(ROOT / "benchmarks" / "profile_trees.sh")
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", SCRIPT, *args], env={"PATH": "/usr/bin:/bin", **env},
-        capture_output=True, text=True, cwd=ROOT, timeout=120,
-    )  # fmt: skip
+    return run_shell_benchmark("profile_trees", *args, timeout=120, **env)
 
 
 def _patch(tmp_path: Path) -> Path:

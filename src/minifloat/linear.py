@@ -297,9 +297,7 @@ def _fprop(
     if comp is None:
         return backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
     x, clip, weight = occ_input
-    # (an FSDP2-gathered w_q has no multiplier: two GEMMs then)
-    inv = x_q.multiplier is not None and w_q.multiplier is not None
-    if inv and occ_gemm.joins_products(recipe):
+    if occ_gemm.joins_products(recipe):  # "inv" operands: x_q's and w_q's multipliers given
         return occ_gemm.joint_fprop(
             backend, x, clip, x_q, weight, w_q,
             out_dtype=out_dtype, bias=bias, fast_accum=fast_accum,

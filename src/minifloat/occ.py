@@ -194,7 +194,7 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     best = None
     for f, least, most in _JOINT_FACTORS:
         reach_f = reach * f  # rounded as every entry times g is (g / f a power of two)
-        steps = 448.0 * 2.0 ** torch.arange(least, most, device=reach.device, dtype=torch.float32)
+        steps = 448.0 * _pow2(torch.arange(least, most, device=reach.device, dtype=torch.int32))
         # a from the steps the row passes, 2^a and 2^-a from exponent bits: exact in every
         # compiled form, and ops the partitioner recomputes (a `prod` of factors of 2 was not,
         # and the compiled fp4 block saved z again; session 65)
