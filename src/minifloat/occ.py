@@ -14,7 +14,8 @@ fuses the clamp, the remainder and their quantizers into the passes that already
 Thresholds ("sampled"): the quantiles of every s-th entry of x, about `sample_size` of them. s is
 the smallest prime >= numel / sample_size that does not divide the row length K, so entry
 i·s falls in column i·s mod K and the sample visits every column equally often (a channel of
-massive activations is sampled in proportion). One sort of the sample replaces a sort of x.
+massive activations is sampled in proportion). The sample's quantiles replace x's: on CUDA by a
+radix select (kernels/quantiles.py), elsewhere by `quantize.tensor_quantiles`, the same values.
 
 Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is measured against):
 - fprop: Δx quantized per row to E4M3 and multiplied by the E4M3 row-quantized weight in a
@@ -35,7 +36,8 @@ import torch
 from minifloat.exact import div_rn, div_rn_by_scale
 from minifloat.kernels.clip import clamp, remainder, remainder_row_amax
 from minifloat.kernels.operand import round_to_storage
-from minifloat.quantize import Granularity, quantize, tensor_quantiles
+from minifloat.kernels.quantiles import clip_bounds
+from minifloat.quantize import Granularity, quantize
 from minifloat.recipes import OCCConfig
 
 __all__ = [
@@ -94,7 +96,8 @@ def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Ten
     # clamp's kernels read one buffer fewer (the remainder's zero is no longer a third), so
     # inductor no longer writes the SwiGLU output's remainder out in float32
     # (docs/hopper_sessions.md, session 33)
-    clip = torch.stack(tensor_quantiles(flat, cfg.alpha))  # float32 already
+    # on CUDA a radix select instead of a sort (kernels/quantiles.py), the same values
+    clip = clip_bounds(flat, cfg.alpha)
     return clip[0], clip[1]
 
 

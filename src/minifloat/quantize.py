@@ -38,6 +38,7 @@ __all__ = [
     "group_amax",
     "expand_scale",
     "tensor_quantiles",
+    "interpolate",
 ]
 
 Granularity = str | tuple[int, int]
@@ -172,6 +173,20 @@ def _quantiles(
     return tuple(out)
 
 
+def interpolate(v_lo: torch.Tensor, v_hi: torch.Tensor, frac: torch.Tensor) -> torch.Tensor:
+    """A quantile from its two neighbouring order statistics and float32 `frac` (the fraction
+    of the way from v_lo to v_hi), as `torch.quantile`'s linear interpolation; v_lo itself
+    where frac is 0 (v_hi - v_lo may overflow to inf, and inf · 0 is NaN). Shared by the
+    paths that find the order statistics (this module's sort, kernels/quantiles.py's select).
+
+    The product is formed in float64 (exact: 24 x 24 bits) and rounded once to float32, which
+    is float32's own product; a float32 multiply followed by the add is one that ptxas fuses
+    into an FMA in inductor's Triton code (one rounding fewer), and compiled thresholds then
+    differed from eager ones in the last bit (session 67)."""
+    step = ((v_hi - v_lo).double() * frac.double()).float()
+    return torch.where(frac == 0, v_lo, v_lo + step)
+
+
 def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch.Tensor, ...]:
     # Ascending sort puts -inf first and +inf and NaN last, so the finite entries are the slice
     # [n_neg_inf, n_neg_inf + n); the positions use the same float64 arithmetic as the selection
@@ -190,7 +205,7 @@ def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch
         # index_select with a 1-element index keeps shapes static (no .item(), no graph break)
         v_lo = ordered.index_select(0, (first + lo_i).clamp(max=last).reshape(1)).squeeze(0)
         v_hi = ordered.index_select(0, (first + hi_i).clamp(max=last).reshape(1)).squeeze(0)
-        value = torch.where(frac == 0, v_lo, v_lo + (v_hi - v_lo) * frac)
+        value = interpolate(v_lo, v_hi, frac)
         # NaN when no entry is finite, as `ordered[last] - ordered[last]` (inf - inf or NaN -
         # NaN there), not a NaN literal: NaN != NaN defeats common-subexpression elimination
         none = ordered[last] - ordered[last]

@@ -1,0 +1,156 @@
+"""Order statistics by radix select in Triton, the CUDA body of `kernels/quantiles.py`'s op.
+
+A quantile needs two order statistics of the finite entries (ranks lo and lo + 1 for linear
+interpolation), not a sorted copy. The entries' float32 bits are mapped to unsigned keys that
+order as the values do, and BITS of the key are decided per pass, from the top: a histogram of
+the digit over the entries whose higher digits match those decided so far, and the bin holding
+the wanted rank fixes the digit. 32 / BITS passes, each one kernel over chunks of the input
+(CHUNK entries a program, `tl.histogram`, then one atomic add per non-empty bin into a global
+histogram); each program of a pass re-derives the digits decided so far from the earlier
+passes' histograms (BITS-wide cumulative sums), and a last one-program kernel writes the
+values. torch.sort of a ~64K-entry threshold sample launches ~6 CUB kernels and memsets, and a
+reduction and an index kernel around them pick the two entries (docs/hopper_sessions.md,
+session 67). One program per order statistic, looping over the whole input, ran 3.4x slower
+than the sort (`tl.histogram`'s shared-memory counts of a few crowded bins serialise): hence
+the chunks.
+
+The first pass's histogram counts the finite entries n, from which the later passes compute
+each rank as the sort path does (`quantize._quantiles_by_sort`, float64): pos = (n - 1) q,
+lo = floor(pos), ranks lo and min(lo + 1, n - 1), frac = float32(pos - lo). An order statistic
+does not depend on how it is found, so the values equal the sort's, except that both zeros map
+to one key and come back as +0.0 (the sort and kthvalue paths may differ in that sign already).
+Importing this module needs Triton (CUDA builds of torch).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["order_statistics", "BITS", "CHUNK", "WARPS"]
+
+# Digit width, entries per program, warps per program: the best of seven configurations from
+# 262,144 entries up, 1.7 us behind the best at 65,536 (a threshold sample) and ~4 us at 4,096
+# to 16,384 (benchmarks/results/quantile_select_s67_chunks_*); 4-bit digits (8 passes) were
+# slower everywhere.
+BITS, CHUNK, WARPS = 8, 2048, 4
+
+
+@triton.jit
+def _key(v):  # pragma: no cover - runs on the GPU
+    """float32 -> uint32 key with the values' order (-0.0 and +0.0 share the key of +0.0):
+    negative values' magnitude bits flipped (a signed order), then the sign bit flipped."""
+    bits = tl.where(v == 0.0, 0, v.to(tl.int32, bitcast=True))
+    signed = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return (signed ^ -2147483648).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _value(key):  # pragma: no cover - runs on the GPU
+    """The inverse of `_key`."""
+    signed = key.to(tl.int32, bitcast=True) ^ -2147483648
+    return tl.where(signed < 0, signed ^ 0x7FFFFFFF, signed).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _rank(hist_ptr, stat, Q_LO_BITS, Q_HI_BITS, BITS: tl.constexpr):  # pragma: no cover - GPU
+    """Order statistic `stat` (2 j + h: rank lo (h = 0) or lo + 1 (h = 1) of quantile j, q_lo
+    for j = 0 and q_hi for j = 1, float64 given as the int64 of their bits) from pass 0's
+    histogram: (n, pos, floor(pos), rank), rank clamped into [0, n - 1]."""
+    j = stat // 2
+    q_bits = tl.where(j == 0, tl.full((), Q_LO_BITS, tl.int64), tl.full((), Q_HI_BITS, tl.int64))
+    n = tl.sum(tl.load(hist_ptr + tl.arange(0, 1 << BITS)), 0)
+    pos = (n - 1).to(tl.float64) * q_bits.to(tl.float64, bitcast=True)
+    lo = tl.floor(pos)
+    rank = tl.minimum(tl.maximum(lo.to(tl.int32) + stat % 2, 0), tl.maximum(n - 1, 0))
+    return n, pos, lo, rank
+
+
+@triton.jit
+def _descend(hist_ptr, stat, rank, PASSES: tl.constexpr, BITS: tl.constexpr):  # pragma: no cover
+    """The key digits fixed by passes 0 .. PASSES-1 for `rank` (histograms [pass, stat, bin];
+    pass 0's, over all finite entries, is stat 0's row), and the rank left within them."""
+    bins = tl.arange(0, 1 << BITS)
+    prefix = tl.full((), 0, tl.uint32)
+    for p in tl.static_range(PASSES):
+        row = 0 if p == 0 else p * 4 + stat
+        hist = tl.load(hist_ptr + row * (1 << BITS) + bins)
+        digit = tl.sum((tl.cumsum(hist, 0) <= rank).to(tl.int32), 0)
+        rank = rank - tl.sum(tl.where(bins < digit, hist, 0), 0)
+        prefix = (prefix << BITS) | digit.to(tl.uint32)
+    return prefix, rank
+
+
+@triton.jit
+def _pass_kernel(
+    x_ptr,
+    hist_ptr,
+    numel,
+    Q_LO_BITS: tl.constexpr,
+    Q_HI_BITS: tl.constexpr,
+    PASS: tl.constexpr,
+    BITS: tl.constexpr,
+    CHUNK: tl.constexpr,
+):  # pragma: no cover - runs on the GPU
+    # program (c, stat): chunk c's histogram of the digit PASS for order statistic `stat`
+    # (pass 0: one statistic, all finite entries), added into the global histogram
+    stat = tl.program_id(1)
+    prefix = tl.full((), 0, tl.uint32)
+    if PASS > 0:
+        _, _, _, rank = _rank(hist_ptr, stat, Q_LO_BITS, Q_HI_BITS, BITS)
+        prefix, _ = _descend(hist_ptr, stat, rank, PASS, BITS)
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    inside = offs < numel
+    v = tl.load(x_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+    key = _key(v)
+    keep = inside & (tl.abs(v) < float("inf"))  # finite: NaN fails the comparison too
+    shift: tl.constexpr = 32 - (PASS + 1) * BITS
+    if PASS > 0:
+        keep = keep & ((key >> (shift + BITS)) == prefix)
+    digit = ((key >> shift) & ((1 << BITS) - 1)).to(tl.int32)
+    counts = tl.histogram(digit, 1 << BITS, mask=keep)
+    row = 0 if PASS == 0 else PASS * 4 + stat
+    bins = tl.arange(0, 1 << BITS)
+    tl.atomic_add(hist_ptr + row * (1 << BITS) + bins, counts, mask=counts > 0, sem="relaxed")
+
+
+@triton.jit
+def _finish_kernel(
+    hist_ptr, out_ptr, Q_LO_BITS: tl.constexpr, Q_HI_BITS: tl.constexpr, BITS: tl.constexpr
+):  # pragma: no cover - runs on the GPU
+    # program stat = 2 j + h: out[j, h] = the order statistic, out[j, 2] = frac (h = 0)
+    stat = tl.program_id(0)
+    n, pos, lo, rank = _rank(hist_ptr, stat, Q_LO_BITS, Q_HI_BITS, BITS)
+    prefix, _ = _descend(hist_ptr, stat, rank, 32 // BITS, BITS)
+    tl.store(out_ptr + (stat // 2) * 3 + stat % 2, tl.where(n > 0, _value(prefix), float("nan")))
+    if stat % 2 == 0:
+        tl.store(out_ptr + (stat // 2) * 3 + 2, (pos - lo).to(tl.float32))
+
+
+def order_statistics(
+    flat: torch.Tensor,
+    q_lo_bits: int,
+    q_hi_bits: int,
+    *,
+    config: tuple[int, int, int] | None = None,
+) -> torch.Tensor:  # pragma: no cover - runs on the GPU
+    """[2, 3] float32 (v_lo, v_hi, frac) of the finite entries of contiguous 1-D CUDA `flat`
+    (any float dtype, read as float32) for the quantiles q_lo and q_hi, given as the int64 of
+    their float64 bits (module docstring); NaN values when no entry is finite.
+
+    `config`: (BITS, CHUNK, WARPS) in place of the defaults, BITS dividing 32."""
+    bits, chunk, warps = config or (BITS, CHUNK, WARPS)
+    passes = 32 // bits
+    # the q's are constants: an integer argument that large is one inductor cannot pass to a
+    # user kernel (torch 2.11), were the op ever traced (kernels/quantiles.py)
+    qs = {"Q_LO_BITS": q_lo_bits, "Q_HI_BITS": q_hi_bits}
+    hist = torch.zeros((passes, 4, 1 << bits), dtype=torch.int32, device=flat.device)
+    out = torch.empty((2, 3), dtype=torch.float32, device=flat.device)
+    chunks = triton.cdiv(flat.numel(), chunk)
+    for p in range(passes):
+        _pass_kernel[(chunks, 1 if p == 0 else 4)](
+            flat, hist, flat.numel(), **qs, PASS=p, BITS=bits, CHUNK=chunk, num_warps=warps
+        )
+    _finish_kernel[(4,)](hist, out, **qs, BITS=bits, num_warps=1)
+    return out
