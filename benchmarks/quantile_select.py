@@ -10,8 +10,9 @@ heavy-tailed float32 vector, alpha = 0.99, by:
   layer ran before (CUB's sort, a count, an index kernel);
 - "select B,C,W": kernels/quantiles_triton.py's kernels with digit BITS B, CHUNK C, W warps,
   then `quantize.interpolate`, eagerly;
-- "clip_bounds (compiled)": kernels/quantiles.py's entry point under torch.compile (the
-  `triton_op` path a compiled layer takes), with the default configuration.
+- "clip_bounds (compiled)": kernels/quantiles.py's entry point under torch.compile (the path
+  a compiled layer takes: the select's Library op, or a `triton_op` in session 67's first
+  results), with the default configuration.
 Each is timed by the profiler's kernel time per call (and launches) and by CUDA events; every
 result is checked equal to the sort's, bit for bit up to the sign of a zero quantile, on four
 kinds of data (heavy-tailed, many ties, bf16 values, non-finite entries mixed in).
@@ -62,12 +63,13 @@ def inputs(n: int, device: str) -> dict[str, torch.Tensor]:
 
 
 def same_up_to_zero_sign(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.abs().view(torch.int32), b.abs().view(torch.int32)) or bool(
-        a.isnan().all() and b.isnan().all()
-    )
+    """Bit for bit, except that a zero may have either sign and a NaN any payload."""
+    loose = (a.isnan() & b.isnan()) | ((a == 0) & (b == 0))
+    return bool(((a.view(torch.int32) == b.view(torch.int32)) | loose).all())
 
 
 def main() -> None:
+    """Every variant at every size: equality with the sort, kernel and event times."""
     ap = probe_parser(__doc__, TILES, "select configurations BITS,CHUNK,WARPS")
     ap.add_argument("--sizes", default=SIZES)
     args = ap.parse_args()

@@ -29,9 +29,10 @@ def test_inputs_hold_their_kinds(bench):
 def test_comparison_sees_one_bit(bench):
     a = torch.tensor([-2.5, 0.0, 3.0])
     assert bench.same_up_to_zero_sign(a, torch.tensor([-2.5, -0.0, 3.0]))
+    assert not bench.same_up_to_zero_sign(a, torch.tensor([2.5, 0.0, 3.0]))  # a sign
     assert not bench.same_up_to_zero_sign(a, torch.tensor([-2.5, 0.0, torch.nextafter(a[2], a[0])]))
     nan = torch.tensor([float("nan")] * 2)
-    assert bench.same_up_to_zero_sign(nan, nan.clone())
+    assert bench.same_up_to_zero_sign(nan, -nan)
     assert not bench.same_up_to_zero_sign(nan, torch.tensor([float("nan"), 1.0]))
 
 

@@ -15,8 +15,21 @@ import torch
 from minifloat.kernels.quantiles import SELECT_MAX_NUMEL, _q_bits, clip_bounds
 from minifloat.quantize import _quantiles, interpolate, tensor_quantiles
 
-ALPHAS = [0.99, 0.9, 0.999]
-KINDS = ["heavy", "ties", "zeros", "bf16", "nonfinite", "all_nan", "huge", "negative"]
+ALPHAS = [0.99, 0.9, 0.999, 0.75]
+KINDS = [
+    "heavy",
+    "ties",
+    "zeros",
+    "bf16",
+    "fp16",
+    "subnormal",
+    "nonfinite",
+    "negative_nan",
+    "all_nan",
+    "only_inf",
+    "huge",
+    "negative",
+]
 
 
 def _data(kind: str, n: int, device: str = "cpu") -> torch.Tensor:
@@ -29,12 +42,23 @@ def _data(kind: str, n: int, device: str = "cpu") -> torch.Tensor:
         heavy[::3] = -heavy[::3]
     elif kind == "bf16":
         heavy = heavy.bfloat16()
+    elif kind == "fp16":
+        heavy = heavy.half()
+    elif kind == "subnormal":  # float32 subnormals among small normals
+        heavy = heavy * 1e-40
     elif kind == "nonfinite":
         heavy[::7] = float("inf")
         heavy[3::11] = float("-inf")
         heavy[5::13] = float("nan")
+    elif kind == "negative_nan":  # NaNs with the sign bit set
+        heavy[2::9] = float("nan")
+        sign = torch.tensor(-(2**31), dtype=torch.int32)
+        bits = heavy.view(torch.int32)
+        heavy = torch.where(heavy.isnan(), bits | sign, bits).view(torch.float32)
     elif kind == "all_nan":
         heavy[:] = float("nan")
+    elif kind == "only_inf":  # no finite entry, and no NaN either
+        heavy = torch.where(heavy > 0, float("inf"), float("-inf"))
     elif kind == "huge":  # v_hi - v_lo overflows
         heavy = heavy.sign() * 3.0e38
     elif kind == "negative":
@@ -47,11 +71,23 @@ def _want(flat: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Bit for bit up to the sign of a zero (NaN where the other is NaN)."""
+    """Bit for bit, except that a zero may have either sign and a NaN any payload."""
     got, want = got.cpu(), want.cpu()
-    nan = got.isnan() & want.isnan()
-    a, b = got.abs().view(torch.int32), want.abs().view(torch.int32)
-    return bool(((a == b) | nan).all())
+    loose = (got.isnan() & want.isnan()) | ((got == 0) & (want == 0))
+    return bool(((got.view(torch.int32) == want.view(torch.int32)) | loose).all())
+
+
+def test_same_sees_a_sign():
+    assert _same(torch.tensor([0.0, float("nan")]), torch.tensor([-0.0, -float("nan")]))
+    assert not _same(torch.tensor([1.5]), torch.tensor([-1.5]))
+    assert not _same(torch.tensor([1.5]), torch.tensor([float("nan")]))
+
+
+def _kernel_available() -> None:
+    """On a GPU the tests below must exercise the select, not the sort they are compared with."""
+    from minifloat.kernels import quantiles
+
+    assert quantiles._triton_order_statistics is not None, "Triton is missing on the GPU"
 
 
 @pytest.mark.parametrize("q", [0.01, 0.99, 1 - 0.999, 0.5, 0.1])
@@ -99,8 +135,13 @@ def test_kernel_in_the_interpreter(kind, config):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("n", [1, 2, 4097, 65536, 65537, SELECT_MAX_NUMEL, SELECT_MAX_NUMEL + 1])
+@pytest.mark.parametrize(
+    "n", [1, 2, 1001, 4097, 30011, 65536, 65537, SELECT_MAX_NUMEL, SELECT_MAX_NUMEL + 1]
+)
 def test_bounds_equal_the_sort_on_the_gpu(kind, n):
+    """n = 1001 with alpha = 0.999 and 30011 with 0.9: a contracted (n - 1) q - lo would make a
+    zero frac tiny and non-zero there (the kernels run without FMA contraction)."""
+    _kernel_available()
     flat = _data(kind, n, "cuda")
     for alpha in ALPHAS:
         assert _same(clip_bounds(flat, alpha), _want(flat, alpha)), alpha
@@ -110,6 +151,7 @@ def test_bounds_equal_the_sort_on_the_gpu(kind, n):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("config", [(4, 2048, 4), (8, 1024, 4), (8, 8192, 16)], ids=str)
 def test_kernel_configurations_agree_on_the_gpu(config):
+    _kernel_available()
     order_statistics = _triton_order_statistics()
     for kind in KINDS:
         flat = _data(kind, 30011, "cuda")
@@ -126,6 +168,7 @@ def test_compiled_bounds_equal_eager_and_call_the_op(kind):
     code has no multiply-add to fuse (`quantize.interpolate`)."""
     from torch._inductor.utils import run_and_get_code
 
+    _kernel_available()
     flat = _data(kind, 65536, "cuda").bfloat16()
     torch._dynamo.reset()
     fn = torch.compile(lambda f: clip_bounds(f[::3].contiguous(), 0.99), fullgraph=True)

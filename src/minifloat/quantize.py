@@ -180,7 +180,7 @@ def interpolate(v_lo: torch.Tensor, v_hi: torch.Tensor, frac: torch.Tensor) -> t
     paths that find the order statistics (this module's sort, kernels/quantiles.py's select).
 
     The product is formed in float64 (exact: 24 x 24 bits) and rounded once to float32, which
-    is float32's own product; a float32 multiply followed by the add is one that ptxas fuses
+    is float32's own product; a float32 multiply followed by the add is one that ptxas may fuse
     into an FMA in inductor's Triton code (one rounding fewer), and compiled thresholds then
     differed from eager ones in the last bit (session 67)."""
     step = ((v_hi - v_lo).double() * frac.double()).float()

@@ -2,18 +2,18 @@
 
 `quantize.tensor_quantiles` defines the values (linear interpolation between two order
 statistics of the finite entries, as `torch.quantile`). On CUDA it sorts, and a 1.3B fp4 step
-spent ~1.2 ms of 71 at six layers (~4.5 ms at 24) on four thresholds a layer: CUB's sort
-kernels, memsets, a count and an index kernel (session 67's profile). Here the order statistics
-come from a radix select in Triton instead (kernels/quantiles_triton.py), for inputs of up to
-`SELECT_MAX_NUMEL` entries (OCC's threshold sample), and the interpolation is
+spent 1.25-1.31 ms of ~72 at six layers (~5 ms at 24) on four thresholds a layer: CUB's sort
+kernels, a count and an index kernel, memsets aside (session 67's profiles). Here the order
+statistics come from a radix select in Triton instead (kernels/quantiles_triton.py), for inputs
+of up to `SELECT_MAX_NUMEL` entries (OCC's threshold sample), and the interpolation is
 `quantize.interpolate`, the sort path's own. The values equal the sort's up to the sign of a
 zero quantile, as the CPU's kthvalue path already does (tests/test_quantize.py).
 
 The kernels run under a Library op, eagerly and under torch.compile alike, where inductor calls
 it as an opaque extern kernel in the sort's place. As a `triton_op` (inductor launching the
 kernels from its own code, as kernels/transpose.py does) a six-layer 1.3B fp4 step ran 3-5 ms
-slower: the q, k and v projections' identical thresholds (and gate and up's) were no longer
-merged into one (42 thresholds a step instead of 24), and the partitioner's choices around them
+slower: 42 thresholds a step instead of 24 (the q, k and v projections' identical thresholds,
+and gate and up's, apparently no longer merged into one), and inductor's kernels around them
 changed (session 67's profiles). Elsewhere, for empty tensors and above `SELECT_MAX_NUMEL`,
 `quantize.tensor_quantiles` itself.
 """
@@ -28,9 +28,9 @@ from minifloat.quantize import interpolate, tensor_quantiles
 
 __all__ = ["clip_bounds", "SELECT_MAX_NUMEL"]
 
-# Above this many entries the sort: the largest size measured, where the select still ran
-# faster (236 against 275 us of kernels; 17 against 51 at a 65,536-entry sample;
-# benchmarks/results/quantile_select_s67_chunks_*, _s67_op_*).
+# Above this many entries the sort: the largest size measured, where the select's kernels (run
+# eagerly) were still faster (236 against 275 us; 17 against 51 at a 65,536-entry sample,
+# through this op; benchmarks/results/quantile_select_s67_chunks_*, _s67_op_*).
 SELECT_MAX_NUMEL = 1 << 22
 
 try:  # Triton ships with CUDA builds of torch; CPU machines have none.

@@ -11,8 +11,8 @@ passes' histograms (BITS-wide cumulative sums), and a last one-program kernel wr
 values. torch.sort of a ~64K-entry threshold sample launches ~6 CUB kernels and memsets, and a
 reduction and an index kernel around them pick the two entries (docs/hopper_sessions.md,
 session 67). One program per order statistic, looping over the whole input, ran 3.4x slower
-than the sort (`tl.histogram`'s shared-memory counts of a few crowded bins serialise): hence
-the chunks.
+than the sort at 65,536 entries (likely: `tl.histogram`'s counts of a few crowded bins
+serialise): hence the chunks.
 
 The first pass's histogram counts the finite entries n, from which the later passes compute
 each rank as the sort path does (`quantize._quantiles_by_sort`, float64): pos = (n - 1) q,
@@ -23,6 +23,8 @@ Importing this module needs Triton (CUDA builds of torch).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import triton
@@ -41,7 +43,8 @@ BITS, CHUNK, WARPS = 8, 2048, 4
 def _key(v):  # pragma: no cover - runs on the GPU
     """float32 -> uint32 key with the values' order (-0.0 and +0.0 share the key of +0.0):
     negative values' magnitude bits flipped (a signed order), then the sign bit flipped."""
-    bits = tl.where(v == 0.0, 0, v.to(tl.int32, bitcast=True))
+    bits = v.to(tl.int32, bitcast=True)
+    bits = tl.where((bits & 0x7FFFFFFF) == 0, 0, bits)  # by bits: a flushed subnormal is no zero
     signed = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
     return (signed ^ -2147483648).to(tl.uint32, bitcast=True)
 
@@ -70,7 +73,8 @@ def _rank(hist_ptr, stat, Q_LO_BITS, Q_HI_BITS, BITS: tl.constexpr):  # pragma: 
 @triton.jit
 def _descend(hist_ptr, stat, rank, PASSES: tl.constexpr, BITS: tl.constexpr):  # pragma: no cover
     """The key digits fixed by passes 0 .. PASSES-1 for `rank` (histograms [pass, stat, bin];
-    pass 0's, over all finite entries, is stat 0's row), and the rank left within them."""
+    pass 0's, over all finite entries, is stat 0's row), and the rank left within them. With no
+    finite entry a digit comes out as 2^BITS and spoils the prefix: the callers then write NaN."""
     bins = tl.arange(0, 1 << BITS)
     prefix = tl.full((), 0, tl.uint32)
     for p in tl.static_range(PASSES):
@@ -139,18 +143,26 @@ def order_statistics(
     (any float dtype, read as float32) for the quantiles q_lo and q_hi, given as the int64 of
     their float64 bits (module docstring); NaN values when no entry is finite.
 
-    `config`: (BITS, CHUNK, WARPS) in place of the defaults, BITS dividing 32."""
+    `config`: (BITS, CHUNK, WARPS) in place of the defaults: BITS of 2, 4, 8 or 16, CHUNK a
+    power of two."""
     bits, chunk, warps = config or (BITS, CHUNK, WARPS)
+    if bits not in (2, 4, 8, 16) or chunk < 1 or chunk & (chunk - 1):
+        raise ValueError(f"config needs BITS in (2, 4, 8, 16) and a power-of-two CHUNK: {config}")
     passes = 32 // bits
-    # the q's are constants: an integer argument that large is one inductor cannot pass to a
-    # user kernel (torch 2.11), were the op ever traced (kernels/quantiles.py)
-    qs = {"Q_LO_BITS": q_lo_bits, "Q_HI_BITS": q_hi_bits}
+    # The q's are constants, so each distinct alpha compiles its own five kernels: an integer
+    # argument that large is one inductor cannot pass to a user kernel (torch 2.11), were the op
+    # ever traced (kernels/quantiles.py). No FMA contraction (Triton's default allows it): frac
+    # = pos - lo after pos = (n - 1) q must round twice, as torch's float64 ops do.
+    kw = {"Q_LO_BITS": q_lo_bits, "Q_HI_BITS": q_hi_bits, "BITS": bits, "enable_fp_fusion": False}
     hist = torch.zeros((passes, 4, 1 << bits), dtype=torch.int32, device=flat.device)
     out = torch.empty((2, 3), dtype=torch.float32, device=flat.device)
     chunks = triton.cdiv(flat.numel(), chunk)
-    for p in range(passes):
-        _pass_kernel[(chunks, 1 if p == 0 else 4)](
-            flat, hist, flat.numel(), **qs, PASS=p, BITS=bits, CHUNK=chunk, num_warps=warps
-        )
-    _finish_kernel[(4,)](hist, out, **qs, BITS=bits, num_warps=1)
+    # Triton launches on the current device (a CPU tensor: Triton's interpreter, in tests)
+    guard = torch.cuda.device(flat.device) if flat.is_cuda else contextlib.nullcontext()
+    with guard:
+        for p in range(passes):
+            _pass_kernel[(chunks, 1 if p == 0 else 4)](
+                flat, hist, flat.numel(), **kw, PASS=p, CHUNK=chunk, num_warps=warps
+            )
+        _finish_kernel[(4,)](hist, out, **kw, num_warps=1)
     return out
