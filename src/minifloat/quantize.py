@@ -163,13 +163,12 @@ def _quantiles(
     for q in qs:
         pos = q * (n - 1)
         lo = int(pos)
-        frac = pos - lo
+        frac = torch.tensor(pos - lo, dtype=torch.float32, device=flat.device)
         v_lo = torch.kthvalue(finite, lo + 1).values
-        if frac == 0.0 or lo + 1 >= n:
+        if frac == 0 or lo + 1 >= n:
             out.append(v_lo)
         else:
-            v_hi = torch.kthvalue(finite, lo + 2).values
-            out.append(v_lo + (v_hi - v_lo) * frac)
+            out.append(interpolate(v_lo, torch.kthvalue(finite, lo + 2).values, frac))
     return tuple(out)
 
 

@@ -71,6 +71,13 @@ def _rank(hist_ptr, stat, Q_LO_BITS, Q_HI_BITS, BITS: tl.constexpr):  # pragma: 
 
 
 @triton.jit
+def _row(p, stat):  # pragma: no cover - runs on the GPU
+    """Pass p's histogram row for order statistic `stat`: pass 0's (over all finite entries)
+    is one row, shared; later passes have one per statistic."""
+    return 0 if p == 0 else p * 4 + stat
+
+
+@triton.jit
 def _descend(hist_ptr, stat, rank, PASSES: tl.constexpr, BITS: tl.constexpr):  # pragma: no cover
     """The key digits fixed by passes 0 .. PASSES-1 for `rank` (histograms [pass, stat, bin];
     pass 0's, over all finite entries, is stat 0's row), and the rank left within them. With no
@@ -78,8 +85,7 @@ def _descend(hist_ptr, stat, rank, PASSES: tl.constexpr, BITS: tl.constexpr):  #
     bins = tl.arange(0, 1 << BITS)
     prefix = tl.full((), 0, tl.uint32)
     for p in tl.static_range(PASSES):
-        row = 0 if p == 0 else p * 4 + stat
-        hist = tl.load(hist_ptr + row * (1 << BITS) + bins)
+        hist = tl.load(hist_ptr + _row(p, stat) * (1 << BITS) + bins)
         digit = tl.sum((tl.cumsum(hist, 0) <= rank).to(tl.int32), 0)
         rank = rank - tl.sum(tl.where(bins < digit, hist, 0), 0)
         prefix = (prefix << BITS) | digit.to(tl.uint32)
@@ -114,9 +120,9 @@ def _pass_kernel(
         keep = keep & ((key >> (shift + BITS)) == prefix)
     digit = ((key >> shift) & ((1 << BITS) - 1)).to(tl.int32)
     counts = tl.histogram(digit, 1 << BITS, mask=keep)
-    row = 0 if PASS == 0 else PASS * 4 + stat
     bins = tl.arange(0, 1 << BITS)
-    tl.atomic_add(hist_ptr + row * (1 << BITS) + bins, counts, mask=counts > 0, sem="relaxed")
+    row_ptr = hist_ptr + _row(PASS, stat) * (1 << BITS)
+    tl.atomic_add(row_ptr + bins, counts, mask=counts > 0, sem="relaxed")
 
 
 @triton.jit
