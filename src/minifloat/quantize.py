@@ -187,10 +187,12 @@ def interpolate(v_lo: torch.Tensor, v_hi: torch.Tensor, frac: torch.Tensor) -> t
 
 
 def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch.Tensor, ...]:
-    # Ascending sort puts -inf first and +inf and NaN last, so the finite entries are the slice
-    # [n_neg_inf, n_neg_inf + n); the positions use the same float64 arithmetic as the selection
-    # path, so the results are bit-identical.
-    ordered = torch.sort(flat).values
+    # NaNs become +inf first: CPU's sort puts every NaN last, but CUDA's orders them by their
+    # bits and puts a NaN with the sign bit set first (session 68). Then the ascending sort puts
+    # -inf first and +inf last, so the finite entries are the slice [n_neg_inf, n_neg_inf + n);
+    # the positions use the same float64 arithmetic as the selection path, so the results are
+    # bit-identical.
+    ordered = torch.sort(torch.where(flat.isnan(), float("inf"), flat)).values
     n = torch.isfinite(flat).sum()
     first = (flat == float("-inf")).sum()
     last = flat.numel() - 1
