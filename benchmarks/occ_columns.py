@@ -6,7 +6,8 @@ entries than that the rest of the clipped entries land in ordinary channels. Thi
 = 4096 rows), with fp4's sampled thresholds. Measured (CPU): K = 2048 and 4096: the 128 outlier
 channels only; K = 11008 (128 channels hold 1.2 % < 2 % of the entries): every channel. The clipped
 entries of benchmarks/recipe_sqnr.py's Student-t inputs also spread over every channel: why OCC's
-compensation GEMM is dense (occ_gemm.py), not restricted to the outlier channels.
+compensation GEMM is dense (occ_gemm.py), not restricted to the outlier channels. Real inputs
+of a trained 125M model: benchmarks/occ_real_activations.py (session 68; the same answer).
 
 Second table (session 29): what restricting the compensation to the C channels that hold most of
 the remainder's energy would cost. On recipe_sqnr.py's inputs (x Student-t with outlier

@@ -21,7 +21,7 @@ from minifloat.train.checkpoint import load_checkpoint
 from minifloat.train.config import TrainConfig, current_settings
 from minifloat.train.errors import CheckpointError, ConfigError, RunWarning
 
-__all__ = ["ExportedRun", "export_run"]
+__all__ = ["ExportedRun", "LoadedRun", "export_run", "load_run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,26 +100,11 @@ def export_run(
     itself, or a directory holding files (unless ``overwrite``: then its files of the same
     names are replaced).
     """
-    from minifloat.models import Llama, export_hf
-    from minifloat.train.model import model_config
+    from minifloat.models import export_hf
 
     _check_destination(Path(run_dir), Path(out_dir), overwrite)
-    path, state = _load_newest(Path(run_dir))
-    try:
-        known = {f.name for f in dataclasses.fields(TrainConfig)}
-        stored = current_settings(state["config"])
-        config = TrainConfig.from_dict({k: v for k, v in stored.items() if k in known})
-        # The saved embedding's rows are the run's vocabulary (the tokenizer is not reopened).
-        vocab_size = int(state["model"]["tok_embeddings.weight"].shape[0])
-        model = Llama(model_config(config, vocab_size=vocab_size))
-        # fp8-delayed amax histories and the random states of recipes that draw (nvfp4, mxfp4)
-        # are the quantized layers' training state, not weights.
-        training_state = (".amax_history", ".rng_state")
-        weights = {k: v for k, v in state["model"].items() if not k.endswith(training_state)}
-        model.load_state_dict(weights)
-    except (KeyError, RuntimeError, ValueError, ConfigError) as exc:
-        reason = first_line(exc)
-        raise CheckpointError(f"checkpoint {path} does not describe a model ({reason})") from exc
+    run = load_run(run_dir)
+    model, config = run.model, run.config
     if with_tokenizer and config.tokenizer == "byte":
         raise ValueError(
             f"{run_dir} was trained with the byte tokenizer, which has no tokenizer.json: "
@@ -136,5 +121,41 @@ def export_run(
         files=tuple(sorted(p for p in out.iterdir() if p.is_file())),
         recipe=config.recipe,
         model=config.model,
-        step=int(state.get("step", 0)),
+        step=run.step,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadedRun:
+    """A run's trained model (a plain float32 ``Llama``, unconverted), its settings and step."""
+
+    model: torch.nn.Module
+    config: TrainConfig
+    path: Path
+    step: int
+
+
+def load_run(run_dir: str | Path) -> LoadedRun:
+    """The model of the newest intact full checkpoint in ``run_dir``, rebuilt from the run's
+    settings (the high-precision weights that a quantized run keeps). Raises
+    :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint."""
+    from minifloat.models import Llama
+    from minifloat.train.model import model_config
+
+    path, state = _load_newest(Path(run_dir))
+    try:
+        known = {f.name for f in dataclasses.fields(TrainConfig)}
+        stored = current_settings(state["config"])
+        config = TrainConfig.from_dict({k: v for k, v in stored.items() if k in known})
+        # The saved embedding's rows are the run's vocabulary (the tokenizer is not reopened).
+        vocab_size = int(state["model"]["tok_embeddings.weight"].shape[0])
+        model = Llama(model_config(config, vocab_size=vocab_size))
+        # fp8-delayed amax histories and the random states of recipes that draw (nvfp4, mxfp4)
+        # are the quantized layers' training state, not weights.
+        training_state = (".amax_history", ".rng_state")
+        weights = {k: v for k, v in state["model"].items() if not k.endswith(training_state)}
+        model.load_state_dict(weights)
+    except (KeyError, RuntimeError, ValueError, ConfigError) as exc:
+        reason = first_line(exc)
+        raise CheckpointError(f"checkpoint {path} does not describe a model ({reason})") from exc
+    return LoadedRun(model=model, config=config, path=path, step=int(state.get("step", 0)))
