@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +41,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS_DIR, write_results  # noqa: E402
 from minifloat import recipes  # noqa: E402
+from minifloat.errors import first_line  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
 from minifloat.occ import remainder, thresholds  # noqa: E402
+from minifloat.recipes import OCCConfig  # noqa: E402
 from minifloat.sqnr import sqnr_db  # noqa: E402
+from minifloat.train.errors import CheckpointError  # noqa: E402
 
 REFERENCE = "fp4:occ.compensation_format=fp32"
 DEFAULT = "fp4"
@@ -69,19 +74,26 @@ def capture_inputs(run_dir: Path, tokens: int | None, device: torch.device) -> t
 
     run = load_run(run_dir)
     cfg = run.config.resolved()
-    model = run.model.to(device).eval()
+    if cfg.switch_recipe is not None:  # which recipe its layers ran at run.step is not kept here
+        raise SystemExit(
+            f"{run_dir}: a run that switches recipes (to {cfg.switch_recipe}) is not supported"
+        )
+    seq = cfg.seq_len
+    if tokens is not None and tokens < seq:
+        raise SystemExit(f"--tokens {tokens} is less than one sequence of the run ({seq} tokens)")
+    model = run.model.to(device)
     if recipes.get(cfg.recipe).quantized:
         rule = SizeRule.parse(cfg.size_rule) if cfg.size_rule else None
         convert(model, cfg.recipe, size_rule=rule)
+    model.eval()
     val = load_dataset(run.config, progress=False).val_tokens
-    seq = cfg.seq_len
-    rows = max(1, (tokens or cfg.batch_size * seq) // seq)
+    rows = (tokens or cfg.batch_size * seq) // seq
     if len(val) < rows * seq:
         raise SystemExit(f"{run_dir}: {len(val)} validation tokens, fewer than {rows} x {seq}")
     batch = torch.from_numpy(np.asarray(val[: rows * seq], dtype=np.int64)).view(rows, seq)
     captured: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def keep(name: str):
+    def keep(name: str) -> Callable[[torch.nn.Module, tuple], None]:
         def hook(module: torch.nn.Module, args: tuple) -> None:
             x = args[0].detach().float()
             captured[name] = (x.reshape(-1, x.shape[-1]), module.weight.detach().float())
@@ -97,19 +109,20 @@ def capture_inputs(run_dir: Path, tokens: int | None, device: torch.device) -> t
         model(batch.to(device))
     for h in handles:
         h.remove()
-    total = cfg.steps or None
+    if not captured:
+        raise SystemExit(f"{run_dir}: its model ({cfg.recipe}) has no quantized layer to measure")
     about = {
         "run": str(run_dir),
         "recipe": cfg.recipe,
         "model": cfg.model,
         "step": run.step,
-        "steps": total,
+        "steps": cfg.total_steps(),  # as one process would run it
         "tokens_per_layer": rows * seq,
     }
     return captured, about
 
 
-def channel_stats(x: torch.Tensor, occ_cfg) -> dict:
+def channel_stats(x: torch.Tensor, occ_cfg: OCCConfig) -> dict:
     """Where OCC's clipped entries lie, and the sampled thresholds against the exact ones."""
     lo, hi = thresholds(x, occ_cfg)
     exact = thresholds(x, dataclasses.replace(occ_cfg, threshold="exact"))
@@ -142,6 +155,7 @@ def layer_y(variant: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def restricted_labels() -> tuple[str, ...]:
+    """The restricted compensation's variant names, one per share of `CHANNEL_SHARES`."""
     return tuple(f"top {100 * p:g} % channels" for p in CHANNEL_SHARES)
 
 
@@ -149,7 +163,7 @@ def restricted(x: torch.Tensor, w: torch.Tensor, y_off: torch.Tensor, ref: torch
     """{label: (y's SQNR, C)} with the remainder compensated only in the C channels of most
     remainder energy (exactly, in float64, on top of the uncompensated layer's y): what a
     compensation GEMM over [M, C] could hold at best. C: each share of K in `CHANNEL_SHARES`,
-    in multiples of 16 (an FP8 GEMM's K), at least 16; the channels are this batch's own (a
+    rounded up to a multiple of 16 (an FP8 GEMM's K); the channels are this batch's own (a
     top-k of a [K] sum, as a training step could pick them)."""
     lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
@@ -157,7 +171,7 @@ def restricted(x: torch.Tensor, w: torch.Tensor, y_off: torch.Tensor, ref: torch
     k = x.shape[1]
     out = {}
     for label, share in zip(restricted_labels(), CHANNEL_SHARES, strict=True):
-        c = min(k, max(16, round(k * share / 16) * 16))
+        c = min(k, 16 * math.ceil(k * share / 16))
         idx = order[:c]
         y = y_off.double() + delta[:, idx] @ w.double()[:, idx].t()
         out[label] = (sqnr_db(ref, y), c)
@@ -165,6 +179,8 @@ def restricted(x: torch.Tensor, w: torch.Tensor, y_off: torch.Tensor, ref: torch
 
 
 def measure(captured: dict, variants: tuple[str, ...]) -> list[dict]:
+    """One record per layer and variant (and restricted compensation, with `UNCOMPENSATED`
+    among the variants): y's SQNR against float64 and the layer's `channel_stats`."""
     occ_cfg = recipes.get(DEFAULT).occ
     records = []
     for i, (name, (x, w)) in enumerate(captured.items()):
@@ -189,10 +205,11 @@ def measure(captured: dict, variants: tuple[str, ...]) -> list[dict]:
 
 
 def summary(records: list[dict]) -> str:
+    """Markdown: each variant's mean and least y SQNR over the layers and its difference from
+    `REFERENCE`, and the issue's verdict (`DEFAULT` within `TARGET_DB` of it in every layer)."""
     variants = tuple(dict.fromkeys(r["variant"] for r in records))
     by = {(r["layer"], r["variant"]): r["y_sqnr_db"] for r in records}
     layers = list(dict.fromkeys(r["layer"] for r in records))
-    mean = lambda vals: statistics.fmean(vals)  # noqa: E731
     lines = [
         "| variant | mean y SQNR (dB) | min | vs fp32 compensation: mean | worst |",
         "|---|---|---|---|---|",
@@ -202,8 +219,8 @@ def summary(records: list[dict]) -> str:
         cell = "— | —"
         if REFERENCE in variants:
             d = [by[(n, v)] - by[(n, REFERENCE)] for n in layers]
-            cell = f"{mean(d):+.2f} | {min(d):+.2f}"
-        lines.append(f"| {v} | {mean(vals):.2f} | {min(vals):.2f} | {cell} |")
+            cell = f"{statistics.fmean(d):+.2f} | {min(d):+.2f}"
+        lines.append(f"| {v} | {statistics.fmean(vals):.2f} | {min(vals):.2f} | {cell} |")
     if REFERENCE in variants and DEFAULT in variants:
         worst = min(by[(n, DEFAULT)] - by[(n, REFERENCE)] for n in layers)
         held = sum(by[(n, DEFAULT)] >= by[(n, REFERENCE)] - TARGET_DB for n in layers)
@@ -217,6 +234,7 @@ def summary(records: list[dict]) -> str:
 
 
 def layer_table(records: list[dict]) -> str:
+    """Markdown: a row per layer, its channel statistics and every variant's y SQNR."""
     variants = tuple(dict.fromkeys(r["variant"] for r in records))
     head = (
         "| layer | M x K -> N | clipped | channels clipped | energy top 1 % / 5 % ch. | thr. err |"
@@ -241,6 +259,8 @@ def layer_table(records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """Measure the run named on the command line; returns the results .md. Bad arguments, a
+    missing or unreadable run, and a run without quantized layers exit with one line."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path, help="a `minifloat train --out` directory")
     ap.add_argument(
@@ -256,9 +276,14 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--date", default=None)
     args = ap.parse_args(argv)
     variants = tuple(v for v in args.variants.split(",") if v)
-    for v in variants:
-        recipes.get(v)  # a bad name fails here, in one line, before the model is read
-    captured, about = capture_inputs(args.run_dir, args.tokens, torch.device(args.device))
+    try:
+        if not variants:
+            raise ValueError("--variants names no recipe")
+        for v in variants:
+            recipes.get(v)  # a bad name fails here, before the run is read
+        captured, about = capture_inputs(args.run_dir, args.tokens, torch.device(args.device))
+    except (CheckpointError, ValueError) as exc:
+        raise SystemExit(first_line(exc)) from exc
     records = [{**about, **r} for r in measure(captured, variants)]
     body = (
         f"`{' '.join(sys.argv)}`\n\nRun: {about['recipe']} {about['model']}, step "

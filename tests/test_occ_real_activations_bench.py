@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minifloat.train.cli import main as cli
-from scripts import load_benchmark
-
-SMALL = ["dim=32", "n_layers=2", "n_heads=2", "ffn_dim=64"]
+from scripts import load_benchmark, train_tiny
 
 
 @pytest.fixture(scope="module")
@@ -23,14 +20,8 @@ def bench():
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("occ_real")
-    overrides = [arg for kv in SMALL for arg in ("--model-override", kv)]
-    status = cli(["train", "--recipe", "fp4", "--model", "tiny", *overrides, "--steps", "6",
-                  "--stop-after", "3", "--batch-size", "2", "--seq-len", "32",
-                  "--vocab-size", "300", "--data-max-bytes", "60000", "--eval-batches", "0",
-                  "--device", "cpu", "--cache-dir", str(root / "cache"), "--out",
-                  str(root / "run"), "--quiet"])  # fmt: skip
-    assert status == 0
-    return root / "run"
+    return train_tiny(root / "run", "fp4", "--steps", "6", "--stop-after", "3",
+                      "--vocab-size", "300", "--data-max-bytes", "60000")  # fmt: skip
 
 
 def test_every_layer_and_variant_is_measured(bench, run_dir, tmp_path):
@@ -53,16 +44,51 @@ def test_every_layer_and_variant_is_measured(bench, run_dir, tmp_path):
         assert 0 < r["channels_clipped"] <= r["channels"]
         assert 0 < r["energy_top1pct"] <= r["energy_top5pct"] <= 1
         assert r["threshold_rel_err"] == 0  # 64 x 32 entries: the sample is every entry
-        # the restricted compensation: at least 16 channels, more for larger shares
-        kept = [by[(name, label)] for label in restricted]
-        assert [k["channels_kept"] for k in kept] == sorted(k["channels_kept"] for k in kept)
-        assert min(k["channels_kept"] for k in kept) >= 16
-    assert "Target (issue 13" in md.read_text()
+    text = md.read_text()
+    assert "Target (issue 13" in text and "step 3 of 6" in text
 
 
-def test_a_bad_variant_fails_before_the_run_is_read(bench, tmp_path):
-    with pytest.raises(ValueError, match="unknown variant key 'occ.bogus'"):
+def test_bad_input_exits_with_one_line(bench, tmp_path):
+    with pytest.raises(SystemExit, match="unknown variant key 'occ.bogus'"):
         bench.main([str(tmp_path / "no_run"), "--variants", "fp4:occ.bogus=1"])
+    with pytest.raises(SystemExit, match="--variants names no recipe"):
+        bench.main([str(tmp_path / "no_run"), "--variants", ","])
+    with pytest.raises(SystemExit, match="no_run does not exist"):
+        bench.main([str(tmp_path / "no_run"), "--device", "cpu"])
+
+
+def test_a_run_without_quantized_layers_or_too_few_tokens_exits(bench, run_dir, tmp_path):
+    with pytest.raises(SystemExit, match="less than one sequence"):
+        bench.main([str(run_dir), "--tokens", "16", "--device", "cpu", "--out-dir", str(tmp_path)])
+    train_tiny(tmp_path / "bf16", "bf16", "--steps", "1", "--tokenizer", "byte",
+               "--data-max-bytes", "20000")  # fmt: skip
+    with pytest.raises(SystemExit, match=r"\(bf16\) has no quantized layer"):
+        bench.main([str(tmp_path / "bf16"), "--device", "cpu", "--out-dir", str(tmp_path)])
+    assert not list(tmp_path.glob("occ_real_activations*"))  # nothing written
+
+
+def test_the_verdict_names_a_layer_past_the_target(bench):
+    """summary() on made-up records: one layer 0.6 dB under the reference misses the 0.5 dB."""
+    rows = [("a", bench.REFERENCE, 20.0), ("a", bench.DEFAULT, 19.9),
+            ("b", bench.REFERENCE, 18.0), ("b", bench.DEFAULT, 17.4)]  # fmt: skip
+    text = bench.summary([{"layer": n, "variant": v, "y_sqnr_db": db} for n, v, db in rows])
+    assert "**missed**, 1 of 2 layers, the worst -0.60 dB" in text
+    assert f"| {bench.DEFAULT} | 18.65 | 17.40 | -0.35 | -0.60 |" in text
+    rows[-1] = ("b", bench.DEFAULT, 17.6)
+    text = bench.summary([{"layer": n, "variant": v, "y_sqnr_db": db} for n, v, db in rows])
+    assert "**met**, 2 of 2 layers, the worst -0.40 dB" in text
+
+
+def test_restricted_channel_counts_round_up_to_sixteens(bench):
+    """At K = 768 (125M's width) each share keeps its own count: 1 % -> 16, 3 % -> 32,
+    6 % -> 48, 12.5 % -> 96 channels."""
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    x, w = torch.randn(64, 768, generator=gen), torch.randn(32, 768, generator=gen)
+    ref = x.double() @ w.double().t()
+    got = bench.restricted(x, w, bench.layer_y(bench.UNCOMPENSATED, x, w), ref)
+    assert [c for _, c in got.values()] == [16, 32, 48, 96]
 
 
 def test_restricted_to_every_channel_is_the_full_compensation(bench):

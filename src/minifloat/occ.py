@@ -21,9 +21,9 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
 - fprop: Δx quantized per row to E4M3 and multiplied by the E4M3 row-quantized weight in a
   second FP8 GEMM, dense: the clipped entries of an activation spread over every channel
   (benchmarks/recipe_sqnr.py inputs; and a 125M model's real inputs mid-training, where the top
-  12.5 % of channels hold 18-57 % of the remainder's energy and compensating only them loses
-  2 dB of y on average, benchmarks/occ_real_activations.py, session 68), so restricting the
-  GEMM to a few columns cannot hold them.
+  5 % of channels hold 18-57 % of the remainder's energy and compensating only the top 12.5 %
+  loses 2 dB of y on average, benchmarks/occ_real_activations.py, session 68), so restricting
+  the GEMM to a few columns cannot hold them.
 - wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx / s_x
   (s_x: x_q's scale) is stored in E4M3 with a power-of-two tensor scale, and dw = dyᵀ · z s_x
   is the one wgrad GEMM; the saved activation is one byte per entry and no extra GEMM runs.

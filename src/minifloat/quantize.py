@@ -187,11 +187,11 @@ def interpolate(v_lo: torch.Tensor, v_hi: torch.Tensor, frac: torch.Tensor) -> t
 
 
 def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch.Tensor, ...]:
-    # NaNs become +inf first: CPU's sort puts every NaN last, but CUDA's orders them by their
-    # bits and puts a NaN with the sign bit set first (session 68). Then the ascending sort puts
-    # -inf first and +inf last, so the finite entries are the slice [n_neg_inf, n_neg_inf + n);
-    # the positions use the same float64 arithmetic as the selection path, so the results are
-    # bit-identical.
+    # NaNs become +inf first: CPU's sort puts every NaN last, but on CUDA a NaN with the sign
+    # bit set came first (observed, session 68: both bounds came out wrong). Then the ascending
+    # sort puts -inf first and +inf last, so the finite entries are the slice [n_neg_inf,
+    # n_neg_inf + n); the positions use the same float64 arithmetic as the selection path, so
+    # the results are bit-identical.
     ordered = torch.sort(torch.where(flat.isnan(), float("inf"), flat)).values
     n = torch.isfinite(flat).sum()
     first = (flat == float("-inf")).sum()
@@ -207,8 +207,9 @@ def _quantiles_by_sort(flat: torch.Tensor, qs: tuple[float, ...]) -> tuple[torch
         v_lo = ordered.index_select(0, (first + lo_i).clamp(max=last).reshape(1)).squeeze(0)
         v_hi = ordered.index_select(0, (first + hi_i).clamp(max=last).reshape(1)).squeeze(0)
         value = interpolate(v_lo, v_hi, frac)
-        # NaN when no entry is finite, as `ordered[last] - ordered[last]` (inf - inf or NaN -
-        # NaN there), not a NaN literal: NaN != NaN defeats common-subexpression elimination
+        # NaN when no entry is finite, as `ordered[last] - ordered[last]` (±inf - ±inf there:
+        # NaNs are +inf by now), not a NaN literal: NaN != NaN defeats common-subexpression
+        # elimination
         none = ordered[last] - ordered[last]
         out.append(torch.where(n > 0, value, none))
     return tuple(out)

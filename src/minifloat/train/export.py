@@ -35,7 +35,7 @@ class ExportedRun:
     step: int
 
 
-def _load_newest(run_dir: Path) -> tuple[Path, dict]:
+def _load_newest(run_dir: Path, action: str, stacklevel: int) -> tuple[Path, dict]:
     """(path, state) of the newest intact full checkpoint of ``run_dir``; an older one is used,
     with a warning, when the newer ones are damaged."""
     from minifloat.train.checkpointer import (
@@ -64,8 +64,9 @@ def _load_newest(run_dir: Path) -> tuple[Path, dict]:
             errors.append(exc)
             continue
         if errors:
-            warnings.warn(f"exporting {path}: the newer checkpoint is damaged "
-                          f"({first_line(errors[0])})", RunWarning, stacklevel=3)  # fmt: skip
+            warnings.warn(f"{action} {path}: the newer checkpoint is damaged "
+                          f"({first_line(errors[0])})", RunWarning,
+                          stacklevel=stacklevel + 2)  # this function and load_run  # fmt: skip
         return path, state
     raise errors[0]
 
@@ -103,7 +104,7 @@ def export_run(
     from minifloat.models import export_hf
 
     _check_destination(Path(run_dir), Path(out_dir), overwrite)
-    run = load_run(run_dir)
+    run = load_run(run_dir, action="exporting", stacklevel=2)
     model, config = run.model, run.config
     if with_tokenizer and config.tokenizer == "byte":
         raise ValueError(
@@ -135,14 +136,16 @@ class LoadedRun:
     step: int
 
 
-def load_run(run_dir: str | Path) -> LoadedRun:
+def load_run(run_dir: str | Path, *, action: str = "loading", stacklevel: int = 1) -> LoadedRun:
     """The model of the newest intact full checkpoint in ``run_dir``, rebuilt from the run's
-    settings (the high-precision weights that a quantized run keeps). Raises
-    :class:`CheckpointError` for a missing, unreadable or unfitting checkpoint."""
+    settings (the high-precision weights that a quantized run keeps); an older checkpoint, with
+    a warning that begins with ``action`` and names the line ``stacklevel`` frames above this
+    call (1: its caller), when the newer ones are damaged. Raises :class:`CheckpointError` for
+    a missing, unreadable or unfitting checkpoint."""
     from minifloat.models import Llama
     from minifloat.train.model import model_config
 
-    path, state = _load_newest(Path(run_dir))
+    path, state = _load_newest(Path(run_dir), action, stacklevel)
     try:
         known = {f.name for f in dataclasses.fields(TrainConfig)}
         stored = current_settings(state["config"])
