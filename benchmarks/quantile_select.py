@@ -12,8 +12,12 @@ heavy-tailed float32 vector, alpha = 0.99, by:
   then `quantize.interpolate`, eagerly;
 - "clip_bounds (compiled)": kernels/quantiles.py's entry point under torch.compile (the path
   a compiled layer takes: the select's Library op, or a `triton_op` in session 67's first
-  results), with the default configuration.
-Each is timed by the profiler's kernel time per call (and launches) and by CUDA events; every
+  results), with the default configuration;
+- "clip_bounds (eager)": the same entry point eagerly (the Library op and the interpolation's
+  eager ops): its host time is what the op costs the host in a compiled step, plus the
+  interpolation's (a 1.3B fp4 step's profile put the op at 356 us a call, session 68).
+Each is timed by the profiler's kernel time per call (and launches), by CUDA events, and by
+the host's time to enqueue one call from an idle GPU (`common.host_ms`); every
 result is checked equal to the sort's, bit for bit up to the sign of a zero quantile, on four
 kinds of data (heavy-tailed, many ties, bf16 values, non-finite entries mixed in).
 Results: benchmarks/results/quantile_select[_<tag>]_<gpu>_<date>.{md,json}.
@@ -28,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
+    host_ms,
     kernel_profile,
     parse_tiles,
     probe_parser,
@@ -87,7 +92,11 @@ def main() -> None:
     records, lines = [], []
     for n in (int(v) for v in args.sizes.split(",")):
         data = inputs(n, "cuda")
-        variants = {"sort (compiled)": sort_c, "clip_bounds (compiled)": bounds_c}
+        variants = {
+            "sort (compiled)": sort_c,
+            "clip_bounds (compiled)": bounds_c,
+            "clip_bounds (eager)": lambda f: clip_bounds(f, ALPHA),
+        }
         for cfg in parse_tiles(args.tiles):
             variants["select " + ",".join(map(str, cfg))] = lambda f, cfg=cfg: select(f, cfg)
         for name, fn in variants.items():
@@ -95,18 +104,20 @@ def main() -> None:
             x = data["heavy"]
             prof = kernel_profile(lambda fn=fn, x=x: fn(x), reps=20)
             ms = time_ms(lambda fn=fn, x=x: fn(x), reps=20)
-            rec = {"n": n, "variant": name, "equal": equal, "event_ms": ms, **prof}
+            host = host_ms(lambda fn=fn, x=x: fn(x), reps=20)
+            rec = {"n": n, "variant": name, "equal": equal, "event_ms": ms, "host_ms": host, **prof}
             records.append(rec)
             lines.append(
                 f"| {n:,} | {name} | {equal} | {1000 * (prof['kernel_ms'] or 0):.1f} "
-                f"| {prof['kernels']:.0f} | {1000 * ms:.1f} |"
+                f"| {prof['kernels']:.0f} | {1000 * ms:.1f} | {1000 * host:.1f} |"
             )
             print(lines[-1], flush=True)
     body = (
         f"alpha = {ALPHA}; kernel us: the profiler's kernel time per call; launches per call; "
-        "event us: CUDA events around one call after an L2 flush (host launch cost included).\n\n"
-        "| n | variant | equal to sort | kernel us | launches | event us |\n"
-        "|---|---|---|---|---|---|\n" + "\n".join(lines)
+        "event us: CUDA events around one call after an L2 flush (host launch cost included); "
+        "host us: the host's time to enqueue one call from an idle GPU.\n\n"
+        "| n | variant | equal to sort | kernel us | launches | event us | host us |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(lines)
     )
     write_probe("quantile_select", args, records, body)
 
