@@ -34,6 +34,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -44,7 +45,6 @@ from minifloat import recipes  # noqa: E402
 from minifloat.errors import first_line  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
 from minifloat.occ import remainder, thresholds  # noqa: E402
-from minifloat.recipes import OCCConfig  # noqa: E402
 from minifloat.sqnr import sqnr_db  # noqa: E402
 from minifloat.train.errors import CheckpointError  # noqa: E402
 
@@ -60,7 +60,7 @@ VARIANTS = (
 )
 UNCOMPENSATED = "fp4:occ.compensate=off"
 TARGET_DB = 0.5  # issue 13: within 0.5 dB of the exact fp32 compensation
-# the restricted compensation's channel counts, as shares of K (`restricted_channels`)
+# the restricted compensation's channel counts, as shares of K (`restricted`)
 CHANNEL_SHARES = (0.01, 0.03, 0.06, 0.125)
 
 
@@ -113,6 +113,7 @@ def capture_inputs(run_dir: Path, tokens: int | None, device: torch.device) -> t
         raise SystemExit(f"{run_dir}: its model ({cfg.recipe}) has no quantized layer to measure")
     about = {
         "run": str(run_dir),
+        "checkpoint": str(run.path),
         "recipe": cfg.recipe,
         "model": cfg.model,
         "step": run.step,
@@ -122,14 +123,28 @@ def capture_inputs(run_dir: Path, tokens: int | None, device: torch.device) -> t
     return captured, about
 
 
-def channel_stats(x: torch.Tensor, occ_cfg: OCCConfig) -> dict:
-    """Where OCC's clipped entries lie, and the sampled thresholds against the exact ones."""
-    lo, hi = thresholds(x, occ_cfg)
-    exact = thresholds(x, dataclasses.replace(occ_cfg, threshold="exact"))
+class Clipped(NamedTuple):
+    """OCC's clip of one input x [M, K] (fp4's thresholds), computed once per layer."""
+
+    lo: torch.Tensor
+    hi: torch.Tensor
+    delta: torch.Tensor  # the remainder x - clamp(x), float64 [M, K]
+    order: torch.Tensor  # the channels by the remainder's energy, most first [K]
+
+
+def clip(x: torch.Tensor) -> Clipped:
+    """fp4's thresholds of x, its remainder and its channels by remainder energy."""
+    lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
-    clipped = delta != 0
-    energy = delta.square().sum(dim=0)
-    share = energy.sort(descending=True).values.cumsum(0) / energy.sum().clamp(min=1e-300)
+    return Clipped(lo, hi, delta, delta.square().sum(dim=0).argsort(descending=True))
+
+
+def channel_stats(x: torch.Tensor, c: Clipped) -> dict:
+    """Where OCC's clipped entries lie, and the sampled thresholds against the exact ones."""
+    exact = thresholds(x, dataclasses.replace(recipes.get(DEFAULT).occ, threshold="exact"))
+    clipped = c.delta != 0
+    energy = c.delta.square().sum(dim=0)[c.order]
+    share = energy.cumsum(0) / energy.sum().clamp(min=1e-300)
     k = x.shape[1]
     top = {p: float(share[max(1, round(k * p / 100)) - 1]) for p in (1, 5)}
     rel = lambda got, want: abs(float(got) - float(want)) / max(abs(float(want)), 1e-30)  # noqa: E731
@@ -139,7 +154,7 @@ def channel_stats(x: torch.Tensor, occ_cfg: OCCConfig) -> dict:
         "channels": k,
         "energy_top1pct": top[1],
         "energy_top5pct": top[5],
-        "threshold_rel_err": max(rel(lo, exact[0]), rel(hi, exact[1])),
+        "threshold_rel_err": max(rel(c.lo, exact[0]), rel(c.hi, exact[1])),
     }
 
 
@@ -159,39 +174,36 @@ def restricted_labels() -> tuple[str, ...]:
     return tuple(f"top {100 * p:g} % channels" for p in CHANNEL_SHARES)
 
 
-def restricted(x: torch.Tensor, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tensor) -> dict:
+def restricted(c: Clipped, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tensor) -> dict:
     """{label: (y's SQNR, C)} with the remainder compensated only in the C channels of most
     remainder energy (exactly, in float64, on top of the uncompensated layer's y): what a
     compensation GEMM over [M, C] could hold at best. C: each share of K in `CHANNEL_SHARES`,
     rounded up to a multiple of 16 (an FP8 GEMM's K); the channels are this batch's own (a
     top-k of a [K] sum, as a training step could pick them)."""
-    lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
-    delta = remainder(x, lo, hi).double()
-    order = delta.square().sum(dim=0).argsort(descending=True)
-    k = x.shape[1]
+    k = c.delta.shape[1]
     out = {}
     for label, share in zip(restricted_labels(), CHANNEL_SHARES, strict=True):
-        c = min(k, 16 * math.ceil(k * share / 16))
-        idx = order[:c]
-        y = y_off.double() + delta[:, idx] @ w.double()[:, idx].t()
-        out[label] = (sqnr_db(ref, y), c)
+        kept = min(k, 16 * math.ceil(k * share / 16))
+        idx = c.order[:kept]
+        y = y_off.double() + c.delta[:, idx] @ w.double()[:, idx].t()
+        out[label] = (sqnr_db(ref, y), kept)
     return out
 
 
 def measure(captured: dict, variants: tuple[str, ...]) -> list[dict]:
     """One record per layer and variant (and restricted compensation, with `UNCOMPENSATED`
     among the variants): y's SQNR against float64 and the layer's `channel_stats`."""
-    occ_cfg = recipes.get(DEFAULT).occ
     records = []
     for i, (name, (x, w)) in enumerate(captured.items()):
         print(f"[{i + 1}/{len(captured)}] {name} {tuple(x.shape)}", flush=True)
         ref = x.double() @ w.double().t()
+        c = clip(x)
         row = {
             "layer": name,
             "m": x.shape[0],
             "k": x.shape[1],
             "n": w.shape[0],
-            **channel_stats(x, occ_cfg),
+            **channel_stats(x, c),
         }
         for variant in variants:
             records.append(
@@ -199,8 +211,8 @@ def measure(captured: dict, variants: tuple[str, ...]) -> list[dict]:
             )
         if UNCOMPENSATED in variants:
             y_off = layer_y(UNCOMPENSATED, x, w)
-            for label, (db, c) in restricted(x, w, y_off, ref).items():
-                records.append({**row, "variant": label, "y_sqnr_db": db, "channels_kept": c})
+            for label, (db, kept) in restricted(c, w, y_off, ref).items():
+                records.append({**row, "variant": label, "y_sqnr_db": db, "channels_kept": kept})
     return records
 
 
