@@ -38,6 +38,13 @@ def wait_for(path):
     while not path.exists():
         time.sleep(0.02)
 
+def mark(text):
+    # The test acts as soon as MARKER exists, so it must appear with its text: written aside and
+    # renamed (os.rename: the mode below patches os.replace).
+    part = marker.with_suffix(".part")
+    part.write_text(text)
+    os.rename(part, marker)
+
 if mode == "hang-in-second-save":
     # The second checkpoint save stops after writing its temporary file, before the rename.
     replace, saves = os.replace, []
@@ -45,14 +52,14 @@ if mode == "hang-in-second-save":
         if str(src).endswith(".tmp") and Path(dst).name == "checkpoint.pt":
             saves.append(dst)
             if len(saves) == 2:
-                marker.write_text(str(src))
+                mark(str(src))
                 time.sleep(600)
         replace(src, dst)
     os.replace = hanging_replace
 elif mode == "die-in-first-step":
     # SIGKILL at the first step: after the metrics log is opened, before any record.
     def die(self):
-        marker.write_text("dying")
+        mark("dying")
         os.kill(os.getpid(), signal.SIGKILL)
     trainer.Trainer.train_step = die
 elif mode == "hold-before-step-4":
@@ -60,7 +67,7 @@ elif mode == "hold-before-step-4":
     step = trainer.Trainer.train_step
     def held_step(self):
         if self.step == 3:
-            marker.write_text("at step 3")
+            mark("at step 3")
             wait_for(marker.with_suffix(".done"))
         return step(self)
     trainer.Trainer.train_step = held_step
