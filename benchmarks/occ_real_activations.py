@@ -16,7 +16,11 @@ its layer's weight it then measures, against the float64 product x·wᵀ:
 - the sampled thresholds' relative error against the exact quantiles;
 - y's SQNR with the remainder compensated only in the top 1-12.5 % of channels by remainder
   energy (float64, on top of the uncompensated y): whether a compensation GEMM over a few
-  channels, a fraction of the dense one's cost, could hold OCC's accuracy on real inputs.
+  channels, a fraction of the dense one's cost, could hold OCC's accuracy on real inputs
+  (session 68: it cannot, the clipped entries spread over the channels);
+- the same for the top 1-25 % of rows (tokens) by the remainder's largest magnitude (the row
+  maxima fprop computes anyway), and the rows' shares of its energy: whether a compensation
+  GEMM over a few rows ([R, K] · [K, N], added into y's rows) could.
 
     python benchmarks/occ_real_activations.py RUN_DIR [--tokens N] [--variants a,b,...]
         [--device cuda] [--out-dir DIR] [--tag TAG] [--date DATE]
@@ -29,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -44,7 +47,7 @@ from common import RESULTS_DIR, write_results  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.errors import first_line  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
-from minifloat.occ import remainder, thresholds  # noqa: E402
+from minifloat.occ import remainder, rows_kept, thresholds  # noqa: E402
 from minifloat.sqnr import sqnr_db  # noqa: E402
 from minifloat.train.errors import CheckpointError  # noqa: E402
 
@@ -60,8 +63,10 @@ VARIANTS = (
 )
 UNCOMPENSATED = "fp4:occ.compensate=off"
 TARGET_DB = 0.5  # issue 13: within 0.5 dB of the exact fp32 compensation
-# the restricted compensation's channel counts, as shares of K (`restricted`)
+# the restricted compensation's channel counts, as shares of K, and row counts, as shares of M
+# (`restricted`)
 CHANNEL_SHARES = (0.01, 0.03, 0.06, 0.125)
+ROW_SHARES = (0.01, 0.03, 0.06, 0.125, 0.25)
 
 
 def capture_inputs(run_dir: Path, tokens: int | None, device: torch.device) -> tuple[dict, dict]:
@@ -130,30 +135,42 @@ class Clipped(NamedTuple):
     hi: torch.Tensor
     delta: torch.Tensor  # the remainder x - clamp(x), float64 [M, K]
     order: torch.Tensor  # the channels by the remainder's energy, most first [K]
+    row_order: torch.Tensor  # the rows (tokens) by the remainder's largest |entry|, most first
 
 
 def clip(x: torch.Tensor) -> Clipped:
-    """fp4's thresholds of x, its remainder and its channels by remainder energy."""
+    """fp4's thresholds of x, its remainder, its channels by remainder energy and its rows by
+    the remainder's largest magnitude (which fprop has already: `kernels.clip`'s row maxima, so
+    a training step could pick its rows at no extra pass)."""
     lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
-    return Clipped(lo, hi, delta, delta.square().sum(dim=0).argsort(descending=True))
+    channels = delta.square().sum(dim=0).argsort(descending=True)
+    return Clipped(lo, hi, delta, channels, delta.abs().amax(dim=1).argsort(descending=True))
+
+
+def _top_shares(energy: torch.Tensor, shares: tuple[float, ...]) -> dict[float, float]:
+    """{p: the share of the total in the top p % of `energy` (sorted, most first)}."""
+    share = energy.cumsum(0) / energy.sum().clamp(min=1e-300)
+    return {p: float(share[max(1, round(len(energy) * p / 100)) - 1]) for p in shares}
 
 
 def channel_stats(x: torch.Tensor, c: Clipped) -> dict:
     """Where OCC's clipped entries lie, and the sampled thresholds against the exact ones."""
     exact = thresholds(x, dataclasses.replace(recipes.get(DEFAULT).occ, threshold="exact"))
     clipped = c.delta != 0
-    energy = c.delta.square().sum(dim=0)[c.order]
-    share = energy.cumsum(0) / energy.sum().clamp(min=1e-300)
-    k = x.shape[1]
-    top = {p: float(share[max(1, round(k * p / 100)) - 1]) for p in (1, 5)}
+    energy = c.delta.square()
+    top = _top_shares(energy.sum(dim=0)[c.order], (1, 5))
+    top_rows = _top_shares(energy.sum(dim=1).sort(descending=True).values, (1, 5))
     rel = lambda got, want: abs(float(got) - float(want)) / max(abs(float(want)), 1e-30)  # noqa: E731
     return {
         "clipped_fraction": float(clipped.float().mean()),
         "channels_clipped": int(clipped.any(dim=0).sum()),
-        "channels": k,
+        "channels": x.shape[1],
         "energy_top1pct": top[1],
         "energy_top5pct": top[5],
+        "rows_clipped": int(clipped.any(dim=1).sum()),
+        "row_energy_top1pct": top_rows[1],
+        "row_energy_top5pct": top_rows[5],
         "threshold_rel_err": max(rel(c.lo, exact[0]), rel(c.hi, exact[1])),
     }
 
@@ -170,23 +187,31 @@ def layer_y(variant: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def restricted_labels() -> tuple[str, ...]:
-    """The restricted compensation's variant names, one per share of `CHANNEL_SHARES`."""
-    return tuple(f"top {100 * p:g} % channels" for p in CHANNEL_SHARES)
+    """The restricted compensation's variant names, one per share of `CHANNEL_SHARES` and of
+    `ROW_SHARES`."""
+    return tuple(f"top {100 * p:g} % channels" for p in CHANNEL_SHARES) + tuple(
+        f"top {100 * p:g} % rows" for p in ROW_SHARES
+    )
 
 
 def restricted(c: Clipped, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tensor) -> dict:
-    """{label: (y's SQNR, C)} with the remainder compensated only in the C channels of most
-    remainder energy (exactly, in float64, on top of the uncompensated layer's y): what a
-    compensation GEMM over [M, C] could hold at best. C: each share of K in `CHANNEL_SHARES`,
-    rounded up to a multiple of 16 (an FP8 GEMM's K); the channels are this batch's own (a
-    top-k of a [K] sum, as a training step could pick them)."""
-    k = c.delta.shape[1]
+    """{label: (y's SQNR, C or R)} with the remainder compensated only in the C channels of most
+    remainder energy, or the R rows of largest remainder (exactly, in float64, on top of the
+    uncompensated layer's y): what a compensation GEMM over [M, C], or over [R, K] added into
+    y's rows, could hold at best. C and R: each share of K in `CHANNEL_SHARES` and of M in
+    `ROW_SHARES`, rounded up to a multiple of 16; the channels and rows are this batch's own
+    (a top-k, as a training step could pick them)."""
+    (m, k), w64 = c.delta.shape, w.double()
+    labels = iter(restricted_labels())
     out = {}
-    for label, share in zip(restricted_labels(), CHANNEL_SHARES, strict=True):
-        kept = min(k, 16 * math.ceil(k * share / 16))
-        idx = c.order[:kept]
-        y = y_off.double() + c.delta[:, idx] @ w.double()[:, idx].t()
-        out[label] = (sqnr_db(ref, y), kept)
+    for share in CHANNEL_SHARES:
+        idx = c.order[: rows_kept(k, share)]  # (the same rounding)
+        y = y_off.double() + c.delta[:, idx] @ w64[:, idx].t()
+        out[next(labels)] = (sqnr_db(ref, y), len(idx))
+    for share in ROW_SHARES:
+        idx = c.row_order[: rows_kept(m, share)]
+        y = y_off.double().index_add(0, idx, c.delta[idx] @ w64.t())
+        out[next(labels)] = (sqnr_db(ref, y), len(idx))
     return out
 
 
@@ -212,7 +237,8 @@ def measure(captured: dict, variants: tuple[str, ...]) -> list[dict]:
         if UNCOMPENSATED in variants:
             y_off = layer_y(UNCOMPENSATED, x, w)
             for label, (db, kept) in restricted(c, w, y_off, ref).items():
-                records.append({**row, "variant": label, "y_sqnr_db": db, "channels_kept": kept})
+                what = "rows_kept" if label.endswith("rows") else "channels_kept"
+                records.append({**row, "variant": label, "y_sqnr_db": db, what: kept})
     return records
 
 
@@ -249,9 +275,10 @@ def layer_table(records: list[dict]) -> str:
     """Markdown: a row per layer, its channel statistics and every variant's y SQNR."""
     variants = tuple(dict.fromkeys(r["variant"] for r in records))
     head = (
-        "| layer | M x K -> N | clipped | channels clipped | energy top 1 % / 5 % ch. | thr. err |"
+        "| layer | M x K -> N | clipped | channels clipped | energy top 1 % / 5 % ch. "
+        "| rows clipped | energy top 1 % / 5 % rows | thr. err |"
     )
-    lines = [head + "".join(f" {v} |" for v in variants), "|---" * (6 + len(variants)) + "|"]
+    lines = [head + "".join(f" {v} |" for v in variants), "|---" * (8 + len(variants)) + "|"]
     by_layer: dict[str, list[dict]] = {}
     for r in records:
         by_layer.setdefault(r["layer"], []).append(r)
@@ -263,6 +290,8 @@ def layer_table(records: list[dict]) -> str:
             f"{100 * r['clipped_fraction']:.2f} %",
             f"{r['channels_clipped']} / {r['channels']}",
             f"{100 * r['energy_top1pct']:.0f} / {100 * r['energy_top5pct']:.0f} %",
+            f"{r['rows_clipped']} / {r['m']}",
+            f"{100 * r['row_energy_top1pct']:.0f} / {100 * r['row_energy_top5pct']:.0f} %",
             f"{100 * r['threshold_rel_err']:.2f} %",
         ]
         cells += [f"{x['y_sqnr_db']:.2f}" for x in rs]
@@ -305,13 +334,13 @@ def main(argv: list[str] | None = None) -> Path:
         "x·wᵀ. Columns: clipped = OCC's clipped fraction; channels clipped = input "
         "channels holding a clipped entry; energy = share of the remainder's energy in the "
         "top 1 % / 5 % of channels; thr. err = the sampled thresholds' largest relative "
-        "error against the exact quantiles. 'top p % channels': the remainder compensated "
-        "exactly (float64) only in the C channels of most remainder energy, on top of "
-        f"{UNCOMPENSATED}'s y (C = p % of K in multiples of 16, at least 16): what a "
-        "compensation GEMM over [M, C] could hold at best.\n\n"
-        + summary(records)
-        + "\n\n"
-        + layer_table(records)
+        "error against the exact quantiles; rows clipped and energy: the same over rows "
+        "(tokens). 'top p % channels' ('rows'): the remainder compensated exactly (float64) "
+        "only in the C channels of most remainder energy (the R rows of largest |remainder|), "
+        "on top of "
+        f"{UNCOMPENSATED}'s y (C, R = p % of K, M in multiples of 16, at least 16): what a "
+        "compensation GEMM over [M, C] (over [R, K], scattered into y's rows) could hold at "
+        "best.\n\n" + summary(records) + "\n\n" + layer_table(records)
     )
     name = "_".join(filter(None, ("occ_real_activations", args.tag)))
     md, _ = write_results(name, records, body, out_dir=Path(args.out_dir), day=args.date)

@@ -3,6 +3,8 @@ nn.Linear drop-in contract (state_dict, batch dims, bias, autocast, saved activa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -26,7 +28,8 @@ FP32_COMPENSATION = "fp4:occ.compensation_format=fp32"
 OCC_TENSOR = "fp4-occ:scaling.input=tensor"
 OCC_TILES = "fp8-blockwise:occ=on"
 OCC_TWO_GEMMS = "fp4:occ.one_gemm=off"  # fprop's two products as separate GEMMs
-OCC_VARIANTS = [FP32_COMPENSATION, OCC_TENSOR, OCC_TILES, OCC_TWO_GEMMS]
+OCC_ROWS = "fp4:occ.rows=0.25"  # fprop's compensation in a quarter of the rows
+OCC_VARIANTS = [FP32_COMPENSATION, OCC_TENSOR, OCC_TILES, OCC_TWO_GEMMS, OCC_ROWS]
 MICROBLOCK_RNE = ["nvfp4:rht=off:sr=off", "mxfp4:sr=off"]
 # Power-of-two scales: tensor, row, and row with OCC and DGE
 POW2 = [
@@ -95,6 +98,10 @@ def reference(
     y, y_err = _gemm(xv * xs, wv * ws)
     comp, comp_err, c, c_err = _compensation(recipe, delta, w, dy)
     occ_cfg = recipe.occ
+    rows = occ_cfg is not None and occ_cfg.rows < 1.0
+    if rows:  # fprop compensates only the rows of largest |Δx| (ties: the lower row)
+        kept = _compensated_rows(delta, occ_cfg.rows)
+        comp, comp_err = comp * kept, comp_err * kept
     if occ_gemm.joins_products(recipe):  # one GEMM over both: its one rounding, the caller's
         comp, comp_err = _joint_compensation(x_c, delta, w, xs, ws)
         k = x.shape[1]  # a contraction of 2K terms: (2K + 4) u of their magnitudes' sum
@@ -102,8 +109,10 @@ def reference(
     y_err = y_err + comp_err
     e4m3 = occ_cfg is not None and occ_cfg.compensate and occ_cfg.compensation_format == "e4m3"
     e4m3 = e4m3 and not occ_gemm.joins_products(recipe)
-    if e4m3 and out_dtype == torch.bfloat16:  # fprop's two products each rounded to bf16
+    if (e4m3 or rows) and out_dtype == torch.bfloat16:  # fprop's products rounded to bf16 each
         y_err = y_err + 2.0**-8 * (y.abs() + comp.abs() + y_err)
+        if rows and b is not None:  # (the bias with the first)
+            y_err = y_err + 2.0**-8 * b.double().abs()
     y = y + comp + (0 if b is None else b.double())
     out = {"y": (y, y_err)}
 
@@ -181,6 +190,18 @@ def _compensation(recipe: QuantRecipe, delta, w, dy):
     gv, gs = _deq(dy.t().contiguous(), e4m3)
     tv, ts = _deq(delta.t().contiguous(), e4m3)
     return comp, comp_err, *_gemm(gv * gs, tv * ts)
+
+
+def _compensated_rows(delta: torch.Tensor, share: float) -> torch.Tensor:
+    """[M, 1] float64 mask of the rows `OCCConfig.rows` = share compensates: R = share·M rounded
+    up to a multiple of 16 (at most M), the rows of largest |Δx|, ties to the lower row."""
+    m = delta.shape[0]
+    r = min(m, 16 * math.ceil(m * share / 16))
+    reach = delta.abs().amax(1).tolist()
+    chosen = sorted(range(m), key=lambda i: (-reach[i], i))[:r]
+    mask = torch.zeros(m, 1, dtype=torch.float64)
+    mask[chosen] = 1.0
+    return mask
 
 
 def _joint_compensation(x_c, delta, w, xs, ws):
@@ -272,6 +293,7 @@ SAMPLED_OCC = [
     "fp4:occ.sample_size=1024:occ.compensation_format=fp32",
     "fp4:occ.sample_size=1024:occ.one_gemm=off",
     "fp4-occ:occ.sample_size=1024:occ.one_gemm=off",
+    "fp4:occ.sample_size=1024:occ.rows=0.25",
 ]
 
 

@@ -43,6 +43,9 @@ def test_every_layer_and_variant_is_measured(bench, run_dir, tmp_path):
         assert 0 < r["clipped_fraction"] <= 0.05  # alpha = 0.99 clips ~2 % of the entries
         assert 0 < r["channels_clipped"] <= r["channels"]
         assert 0 < r["energy_top1pct"] <= r["energy_top5pct"] <= 1
+        assert 0 < r["rows_clipped"] <= r["m"]
+        assert 0 < r["row_energy_top1pct"] <= r["row_energy_top5pct"] <= 1
+        assert by[(name, "top 25 % rows")]["rows_kept"] == 16  # 25 % of 64 rows
         assert r["threshold_rel_err"] == 0  # 64 x 32 entries: the sample is every entry
     text = md.read_text()
     assert "Target (issue 13" in text and "step 3 of 6" in text
@@ -79,25 +82,46 @@ def test_the_verdict_names_a_layer_past_the_target(bench):
     assert "**met**, 2 of 2 layers, the worst -0.40 dB" in text
 
 
-def test_restricted_channel_counts_round_up_to_sixteens(bench):
+def test_restricted_counts_round_up_to_sixteens(bench):
     """At K = 768 (125M's width) each share keeps its own count: 1 % -> 16, 3 % -> 32,
-    6 % -> 48, 12.5 % -> 96 channels."""
+    6 % -> 48, 12.5 % -> 96 channels; of M = 256 rows 1, 3 and 6 % keep 16, 12.5 % 32 and
+    25 % 64."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
-    x, w = torch.randn(64, 768, generator=gen), torch.randn(32, 768, generator=gen)
+    x, w = torch.randn(256, 768, generator=gen), torch.randn(32, 768, generator=gen)
     ref = x.double() @ w.double().t()
     got = bench.restricted(bench.clip(x), w, bench.layer_y(bench.UNCOMPENSATED, x, w), ref)
-    assert [c for _, c in got.values()] == [16, 32, 48, 96]
+    assert list(got) == list(bench.restricted_labels())
+    assert [c for _, c in got.values()] == [16, 32, 48, 96, 16, 16, 16, 32, 64]
 
 
-def test_restricted_to_every_channel_is_the_full_compensation(bench):
-    """With K = 16 every share keeps all 16 channels: y_off + Δx·wᵀ in float64 is the fp32
-    compensation's y up to its float32 rounding."""
+def test_rows_of_most_remainder_energy_are_compensated_first(bench):
+    """80 outliers of either sign (0.5 % of the entries, inside the 2 % that alpha = 0.99
+    clips): held in 8 of 256 rows, compensating the top 6 % of rows (16) holds the full
+    compensation's y; one in each of 80 rows, it does not."""
+    import torch
+
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(24, 64, generator=gen)
+    for spread, near in ((False, True), (True, False)):
+        x = torch.randn(256, 64, generator=gen)
+        rows = torch.arange(80) * 3 if spread else torch.arange(0, 256, 32).repeat(10)
+        sign = torch.randint(0, 2, (80,), generator=gen) * 2.0 - 1.0
+        x[rows, torch.randperm(80, generator=gen) % 64] += 40.0 * sign
+        ref = x.double() @ w.double().t()
+        got = bench.restricted(bench.clip(x), w, bench.layer_y(bench.UNCOMPENSATED, x, w), ref)
+        full = bench.sqnr_db(ref, bench.layer_y(bench.REFERENCE, x, w))
+        assert (got["top 6 % rows"][0] > full - 0.5) is near
+
+
+def test_restricted_to_every_channel_or_row_is_the_full_compensation(bench):
+    """With K = 16 and M = 16 every share keeps all 16 channels, and all 16 rows: y_off + Δx·wᵀ
+    in float64 is the fp32 compensation's y up to its float32 rounding."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(256, 16, generator=gen) * torch.linspace(0.2, 8.0, 16)
+    x = torch.randn(16, 16, generator=gen) * torch.linspace(0.2, 8.0, 16)
     w = torch.randn(24, 16, generator=gen)
     ref = x.double() @ w.double().t()
     got = bench.restricted(bench.clip(x), w, bench.layer_y(bench.UNCOMPENSATED, x, w), ref)

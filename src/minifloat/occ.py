@@ -30,9 +30,17 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
   Under torch.compile nothing is saved: z is recomputed in backward (partition_hints.py).
 - dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
   identity on x).
+
+Compensation of a share of the rows (`OCCConfig.rows` < 1, not the default): fprop adds Δx·wᵀ
+only in the R rows (tokens) of largest |Δx| (`compensated_rows`), through an E4M3 GEMM over
+[R, K] whose product is added into those rows of y; wgrad keeps the whole remainder (the fold).
+Whether the remainder of real activations concentrates in few enough rows for that is what
+benchmarks/occ_real_activations.py measures ("top p % rows").
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -51,6 +59,8 @@ __all__ = [
     "fold_remainder",
     "joint_lhs",
     "joint_rhs",
+    "rows_kept",
+    "compensated_rows",
     "occ_activation",
     "clipped_fraction",
 ]
@@ -240,6 +250,32 @@ def joint_rhs(
         torch.cat([main, round_to_storage(exact, "e4m3", saturate=False)], dim=1),
         w_scale * (1.0 / _JOINT_RHS_SHIFT),
     )
+
+
+def rows_kept(m: int, share: float) -> int:
+    """R, the rows of an [m, K] input whose remainder fprop compensates under
+    `OCCConfig.rows` = share: share·m rounded up to a multiple of 16, at most m."""
+    return min(m, 16 * math.ceil(m * share / 16))
+
+
+def compensated_rows(
+    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, share: float
+) -> torch.Tensor:
+    """The rows of 2-D x whose remainder fprop compensates: the `rows_kept` rows of largest
+    |Δx| (`remainder_row_amax`, which fprop's quantizers take from x's row extrema anyway),
+    ties to the lower row; int64 [R] in no particular order.
+
+    A static count (a top-k, not a threshold) keeps shapes static under torch.compile. Ties are
+    broken by row through a unique int64 key per row (the maximum's float32 bits, all >= 0,
+    above the row's rank from the end), so that every top-k implementation picks the same set:
+    a row without a clipped entry (|Δx| = 0) that is picked adds zeros, and a zero of y could
+    change sign there."""
+    m = x.shape[0]
+    reach = remainder_row_amax(x, lo, hi).reshape(-1)
+    reach = torch.where(reach.isnan(), float("inf"), reach)  # (finite by its definition)
+    order = torch.arange(m - 1, -1, -1, device=x.device, dtype=torch.int64)
+    key = (reach.view(torch.int32).to(torch.int64) << 32) | order
+    return key.topk(rows_kept(m, share), sorted=False).indices
 
 
 def occ_activation(
