@@ -140,8 +140,8 @@ class Clipped(NamedTuple):
 
 def clip(x: torch.Tensor) -> Clipped:
     """fp4's thresholds of x, its remainder, its channels by remainder energy and its rows by
-    the remainder's largest magnitude (which fprop has already: `kernels.clip`'s row maxima, so
-    a training step could pick its rows at no extra pass)."""
+    the remainder's largest magnitude (as `occ.compensated_rows` picks them in training, from
+    the row extrema of x that fprop's quantizers read)."""
     lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
     channels = delta.square().sum(dim=0).argsort(descending=True)

@@ -3,27 +3,24 @@ nn.Linear drop-in contract (state_dict, batch dims, bias, autocast, saved activa
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn
 
-from minifloat import formats, occ, occ_gemm, recipes
+from linear_reference import U, _scaled, reference
+from minifloat import occ, occ_gemm, recipes
 from minifloat.dge import dge_derivative
 from minifloat.kernels import Backend, EmulatedBackend, backend_for, get_backend
 from minifloat.linear import QuantLinear, QuantLinearFunction
-from minifloat.occ import clamp
 from minifloat.quantize import quantize, tensor_quantiles
-from minifloat.recipes import OperandSpec, QuantRecipe
 from minifloat.sqnr import sqnr_db
 from tolerances import HOPPER_VS_EMULATED_MIN_DB, RECIPE_SQNR_FLOORS
 
 # The registered quantized recipes, plus OCC variants: the fp32 reference compensation, a tensor
 # scaled input (the remainder folds into a scaled, not unit-scaled, wgrad operand) and tiles
 # (no fold: wgrad adds the remainder through its own E4M3 GEMM); the micro-block recipes
-# without random draws (the float64 reference below cannot draw; the drawing ones have their own
-# reference in tests/test_microblock_linear.py); power-of-two and fp32 scales.
+# without random draws (the float64 reference, tests/linear_reference.py, cannot draw; the
+# drawing ones have their own in tests/test_microblock_linear.py); power-of-two and fp32 scales.
 FP32_COMPENSATION = "fp4:occ.compensation_format=fp32"
 OCC_TENSOR = "fp4-occ:scaling.input=tensor"
 OCC_TILES = "fp8-blockwise:occ=on"
@@ -48,192 +45,6 @@ FP32_SCALES = [
 ]
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + OCC_VARIANTS
 QUANT_RECIPES += MICROBLOCK_RNE + POW2 + FP32_SCALES
-U = 2.0**-24  # fp32 unit roundoff
-
-
-# ---------------------------------------------------------------------------------------------
-# Float64 reference of the recipe's math, written directly against minifloat.quantize
-# ---------------------------------------------------------------------------------------------
-
-
-def _deq(t: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, per-element scale) of quantize(t) as float64."""
-    q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
-    return q.values.double(), q.expand_scale().double()
-
-
-def _scaled(t: torch.Tensor, spec) -> torch.Tensor:
-    """t as quantize() scales it before rounding (row or tensor groups): t * m with "inv"
-    scales, m = max / amax per group (formats.inv_scales), else t / scale, in float32."""
-    q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
-    if spec.scale_format != "inv":
-        return t / q.expand_scale()
-    amax = t.abs().amax(1, keepdim=True) if spec.granularity == "row" else t.abs().amax()
-    return t * formats.inv_scales(amax, formats.get(spec.fmt).max)[0]
-
-
-def _gemm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a @ bᵀ in float64, and a bound on an fp32 computation's rounding error."""
-    kc = a.shape[1]
-    return a @ b.t(), (kc + 4) * U * (a.abs() @ b.abs().t())
-
-
-def reference(
-    recipe: QuantRecipe, x, w, b, dy, *, clip=None
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """{name: (float64 value, fp32 error bound)} for y, dx, dw, db.
-
-    `clip`: OCC's (lo, hi) clamp bounds; None takes the exact quantiles of x.
-    """
-    out_dtype = x.dtype
-    x, w, dy = x.float(), w.float(), dy.float()
-    x_c, delta = x, torch.zeros_like(x)
-    if recipe.occ is not None:
-        lo, hi = tensor_quantiles(x, recipe.occ.alpha) if clip is None else clip
-        x_c = clamp(x, lo, hi)
-        if recipe.occ.compensate:
-            delta = x - x_c
-    xv, xs = _deq(x_c, recipe.fprop.lhs)
-    wv, ws = _deq(w, recipe.fprop.rhs)
-    y, y_err = _gemm(xv * xs, wv * ws)
-    comp, comp_err, c, c_err = _compensation(recipe, delta, w, dy)
-    occ_cfg = recipe.occ
-    rows = occ_cfg is not None and occ_cfg.rows < 1.0
-    if rows:  # fprop compensates only the rows of largest |Δx| (ties: the lower row)
-        kept = _compensated_rows(delta, occ_cfg.rows)
-        comp, comp_err = comp * kept, comp_err * kept
-    if occ_gemm.joins_products(recipe):  # one GEMM over both: its one rounding, the caller's
-        comp, comp_err = _joint_compensation(x_c, delta, w, xs, ws)
-        k = x.shape[1]  # a contraction of 2K terms: (2K + 4) u of their magnitudes' sum
-        y_err, comp_err = (2 * k + 4) / (k + 4) * y_err, (2 * k + 4) / (k + 4) * comp_err
-    y_err = y_err + comp_err
-    e4m3 = occ_cfg is not None and occ_cfg.compensate and occ_cfg.compensation_format == "e4m3"
-    e4m3 = e4m3 and not occ_gemm.joins_products(recipe)
-    if (e4m3 or rows) and out_dtype == torch.bfloat16:  # fprop's products rounded to bf16 each
-        y_err = y_err + 2.0**-8 * (y.abs() + comp.abs() + y_err)
-        if rows and b is not None:  # (the bias with the first)
-            y_err = y_err + 2.0**-8 * b.double().abs()
-    y = y + comp + (0 if b is None else b.double())
-    out = {"y": (y, y_err)}
-
-    if recipe.folds("dgrad"):  # scale dy's columns by w's row scale, quantize, x unit-scaled w_q
-        gv, gs = _deq(dy * ws[:, :1].float().t(), recipe.dgrad.lhs)
-        out["dx"] = _gemm(gv * gs, wv.t())
-    elif recipe.dgrad.rhs.reuse:
-        gv, gs = _deq(dy, recipe.dgrad.lhs)
-        out["dx"] = _gemm(gv * gs, (wv * ws).t())
-    else:
-        gv, gs = _deq(dy, recipe.dgrad.lhs)
-        tv, ts = _deq(w.t().contiguous(), recipe.dgrad.rhs)
-        out["dx"] = _gemm(gv * gs, tv * ts)
-
-    if _folds_remainder(recipe):  # wgrad's x_q carries OCC's remainder: z = x_q + Δx / s_x
-        xv = _folded_remainder(xv, xs, delta, formats.get(recipe.fprop.lhs.fmt).max)
-    if recipe.folds("wgrad"):  # scale dy's rows by x's row scale, quantize dyᵀ, x unit-scaled x_q
-        hv, hs = _deq((dy * xs[:, :1].float()).t().contiguous(), recipe.wgrad.lhs)
-        dw, dw_err = _gemm(hv * hs, xv.t())
-    elif recipe.wgrad.rhs.reuse:
-        hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
-        dw, dw_err = _gemm(hv * hs, (xv * xs).t())
-    else:
-        hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
-        tv, ts = _deq(x_c.t().contiguous(), recipe.wgrad.rhs)
-        dw, dw_err = _gemm(hv * hs, tv * ts)
-    dw, dw_err = dw + c, dw_err + c_err
-    if recipe.dge is not None:  # f' at the scaled w that the quantizer rounded
-        f = dge_derivative(_scaled(w, recipe.fprop.rhs), k=recipe.dge.k, cap=recipe.dge.cap)
-        f = f.double()
-        dw, dw_err = dw * f, dw_err * f
-    out["dw"] = (dw, dw_err)
-    out["db"] = (dy.double().sum(0), dy.shape[0] * U * dy.double().abs().sum(0))
-    return out
-
-
-def _folds_remainder(recipe: QuantRecipe) -> bool:
-    """E4M3 compensation with fprop's row- or tensor-scaled input reused in wgrad."""
-    occ_cfg = recipe.occ
-    return (
-        occ_cfg is not None
-        and occ_cfg.compensate
-        and occ_cfg.compensation_format == "e4m3"
-        and recipe.wgrad.rhs.reuse
-        and recipe.fprop.lhs.granularity in ("row", "tensor")
-    )
-
-
-def _folded_remainder(xv, xs, delta, values_max):
-    """z = x_q + Δx / s_x (float32 quotient and sum) on E4M3 times the least power of two t >= 1
-    that keeps B / t <= 448, B = max over rows of values_max + max|Δx| / s_x (a bound on |z|),
-    as float64 z_q·t."""
-    xs = xs.float()  # x_q's scale at every entry
-    z = xv.float() + delta.float() / xs
-    bound = values_max + (delta.float().abs() / xs).max().item()
-    t = 1.0
-    while bound / t > 448.0:
-        t *= 2.0
-    return formats.get("e4m3").round(z / t).double() * t
-
-
-def _compensation(recipe: QuantRecipe, delta, w, dy):
-    """OCC's fprop and wgrad corrections (value, error bound) in float64, dense: exact products
-    ("fp32"), or E4M3 operands quantized per row along each GEMM's contraction ("e4m3"; the
-    wgrad one is zero where the remainder folds into wgrad's input)."""
-    zero = torch.zeros(w.shape, dtype=torch.float64)
-    if recipe.occ is None or recipe.occ.compensation_format == "fp32":
-        return (*_gemm(delta.double(), w.double()), *_gemm(dy.double().t(), delta.double().t()))
-    e4m3 = OperandSpec(fmt="e4m3", granularity="row")
-    dv, ds = _deq(delta, e4m3)
-    wv, ws = _deq(w, e4m3)
-    comp, comp_err = _gemm(dv * ds, wv * ws)
-    if _folds_remainder(recipe):
-        return comp, comp_err, zero, zero
-    gv, gs = _deq(dy.t().contiguous(), e4m3)
-    tv, ts = _deq(delta.t().contiguous(), e4m3)
-    return comp, comp_err, *_gemm(gv * gs, tv * ts)
-
-
-def _compensated_rows(delta: torch.Tensor, share: float) -> torch.Tensor:
-    """[M, 1] float64 mask of the rows `OCCConfig.rows` = share compensates: R = share·M rounded
-    up to a multiple of 16 (at most M), the rows of largest |Δx|, ties to the lower row."""
-    m = delta.shape[0]
-    r = min(m, 16 * math.ceil(m * share / 16))
-    reach = delta.abs().amax(1).tolist()
-    chosen = sorted(range(m), key=lambda i: (-reach[i], i))[:r]
-    mask = torch.zeros(m, 1, dtype=torch.float64)
-    mask[chosen] = 1.0
-    return mask
-
-
-def _joint_compensation(x_c, delta, w, xs, ws):
-    """OCC's fprop correction of `OCCConfig.one_gemm` (value, error bound) in float64, from its
-    definition: per row g = f·2^-a, for each f in {1, 1.25, 1.5} the least a in f's range with
-    the row's largest |Δx·m_x| times f·2^-a within 448, and of those the f whose largest entry
-    rounds to E4M3 closest (ties: the smaller f); Δx·m_x·g (float32) rounded to E4M3; w·m_w·2^6
-    rounded to E4M3; the product on xs / g and ws·2^-6 (m_x, m_w: the E2M1 "inv" multipliers
-    of x_c's and w's rows). The error of the largest entry is compared as float64 here, in
-    float32 by the layer: a near tie may pick the other f (inputs here have none)."""
-    e4m3 = formats.get("e4m3")
-    m_x = formats.inv_scales(x_c.abs().amax(1, keepdim=True), 6.0)[0]
-    m_w = formats.inv_scales(w.abs().amax(1, keepdim=True), 6.0)[0]
-    dv = delta * m_x  # float32
-    reach = dv.abs().amax(1, keepdim=True)
-    best_err = best_g = None
-    for f, least, most in ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7)):
-        top = (reach * f).double()  # float32 product, as the layer rounds it
-        a = torch.full_like(top, float(least))
-        while bool(((top * 2.0**-a > 448.0) & (a < most)).any()):
-            a = torch.where((top * 2.0**-a > 448.0) & (a < most), a + 1, a)
-        v = top * 2.0**-a
-        err = (e4m3.round(v.clamp(max=448.0).float()).double() - v).abs() * 2.0**a / f
-        g = f * 2.0**-a
-        if best_err is None:
-            best_err, best_g = err, g
-        else:
-            best_g = torch.where(err < best_err, g, best_g)
-            best_err = torch.minimum(err, best_err)
-    dq = e4m3.round((dv.double() * best_g).float().clamp(-448.0, 448.0)).double()
-    wq = e4m3.round(w * m_w * 64.0).double()
-    return _gemm(dq * xs / best_g, wq * ws / 64.0)
 
 
 def run_layer(name: str, x, w, b, dy, **kw):
@@ -294,6 +105,7 @@ SAMPLED_OCC = [
     "fp4:occ.sample_size=1024:occ.one_gemm=off",
     "fp4-occ:occ.sample_size=1024:occ.one_gemm=off",
     "fp4:occ.sample_size=1024:occ.rows=0.25",
+    "fp4:occ.sample_size=1024:occ.rows=0.25:occ.compensation_format=fp32",
 ]
 
 

@@ -14,13 +14,14 @@ from torch import nn
 
 from bits import bits_equal
 from gloo_ranks import spawn
+from linear_reference import U, _gemm
 from minifloat import convert, counter_rng, hadamard, recipes
 from minifloat.diagnostics import measure_layer_sqnr
 from minifloat.linear import QuantLinear
 from minifloat.models.llama import Llama, get_config
 from minifloat.quantize import quantize
 from minifloat.recipes import QuantRecipe
-from test_linear import U, _data, _gemm, run_layer
+from test_linear import _data, run_layer
 from tolerances import NVFP4_GRAD_OUTPUT_DB
 
 CPU = torch.device("cpu")

@@ -299,10 +299,10 @@ def _fprop(
         return backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
     x, clip, weight = occ_input
     if recipe.occ.rows < 1.0:  # the compensation in the rows of largest remainder only
-        y = backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
         return occ_gemm.row_restricted_fprop(
-            backend, comp, x, clip, weight, y, recipe.occ.rows, fast_accum
-        )
+            backend, comp, x, clip, x_q, weight, w_q,
+            share=recipe.occ.rows, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum,
+        )  # fmt: skip
     if occ_gemm.joins_products(recipe):  # "inv" operands: x_q's and w_q's multipliers given
         return occ_gemm.joint_fprop(
             backend, x, clip, x_q, weight, w_q,

@@ -32,8 +32,8 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
   identity on x).
 
 Compensation of a share of the rows (`OCCConfig.rows` < 1, not the default): fprop adds Δx·wᵀ
-only in the R rows (tokens) of largest |Δx| (`compensated_rows`), through an E4M3 GEMM over
-[R, K] whose product is added into those rows of y; wgrad keeps the whole remainder (the fold).
+only in the R rows (tokens) of largest |Δx| (`compensated_rows`), through the compensation GEMM
+over [R, K] whose product is added into those rows of y; wgrad keeps the whole remainder.
 Whether the remainder of real activations concentrates in few enough rows for that is what
 benchmarks/occ_real_activations.py measures ("top p % rows").
 """
@@ -254,28 +254,30 @@ def joint_rhs(
 
 def rows_kept(m: int, share: float) -> int:
     """R, the rows of an [m, K] input whose remainder fprop compensates under
-    `OCCConfig.rows` = share: share·m rounded up to a multiple of 16, at most m."""
-    return min(m, 16 * math.ceil(m * share / 16))
+    `OCCConfig.rows` = share: share·m rounded up to a multiple of 16, at most m (the product
+    first rounded to 9 decimals: 1600 x 0.07 is 112.00000000000001 in float64, and 112 rows)."""
+    return min(m, 16 * math.ceil(round(m * share, 9) / 16))
 
 
 def compensated_rows(
     x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, share: float
 ) -> torch.Tensor:
     """The rows of 2-D x whose remainder fprop compensates: the `rows_kept` rows of largest
-    |Δx| (`remainder_row_amax`, which fprop's quantizers take from x's row extrema anyway),
-    ties to the lower row; int64 [R] in no particular order.
+    |Δx| (`remainder_row_amax`, from x's row extrema, which the compiled graph shares with the
+    fold's bound), ties to the lower row; int64 [R], ascending.
 
     A static count (a top-k, not a threshold) keeps shapes static under torch.compile. Ties are
     broken by row through a unique int64 key per row (the maximum's float32 bits, all >= 0,
-    above the row's rank from the end), so that every top-k implementation picks the same set:
-    a row without a clipped entry (|Δx| = 0) that is picked adds zeros, and a zero of y could
-    change sign there."""
+    above the row's rank from the end), so that every top-k implementation picks the same set
+    (a row without a clipped entry, |Δx| = 0, that is picked adds zeros, and a zero of y could
+    change sign there); sorted, so that the gathered rows come in one order everywhere."""
     m = x.shape[0]
     reach = remainder_row_amax(x, lo, hi).reshape(-1)
-    reach = torch.where(reach.isnan(), float("inf"), reach)  # (finite by its definition)
+    # NaN only where the bounds are (a sample without a finite entry): first, as +inf is
+    reach = torch.where(reach.isnan(), float("inf"), reach)
     order = torch.arange(m - 1, -1, -1, device=x.device, dtype=torch.int64)
     key = (reach.view(torch.int32).to(torch.int64) << 32) | order
-    return key.topk(rows_kept(m, share), sorted=False).indices
+    return key.topk(rows_kept(m, share), sorted=False).indices.sort().values
 
 
 def occ_activation(

@@ -115,21 +115,27 @@ def row_restricted_fprop(
     fmt: str,
     x: torch.Tensor,
     clip: Clip,
+    x_q: QOperand,
     weight: torch.Tensor,
-    y: torch.Tensor,
+    w_q: QOperand,
+    *,
     share: float,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None,
     fast_accum: bool,
 ) -> torch.Tensor:
-    """y [M, N] (x_q·w_qᵀ + bias) with Δx·wᵀ added in the rows of largest remainder only
+    """y = x_q·w_qᵀ + bias [M, N], with Δx·wᵀ added in the rows of largest remainder only
     (occ.compensated_rows, `share` of them): `fprop_correction` over those R rows of x, [R, K]
-    x [K, N], summed with y's rows in float32 and rounded to y's dtype once more."""
+    x [K, N]. Both products in `partial_dtype` (bf16 for E4M3 compensation under bf16: the
+    compensated rows are rounded twice, the others once), a row's two summed in float32."""
+    part = partial_dtype(fmt, out_dtype)
+    y = backend.scaled_mm(x_q, w_q, out_dtype=part, bias=bias, fast_accum=fast_accum)
     rows = occ.compensated_rows(x, *clip, share)
-    part = partial_dtype(fmt, y.dtype)
     corr = fprop_correction(
         backend, fmt, x.index_select(0, rows), clip, weight, fast_accum, out_dtype=part
     )
     summed = y.index_select(0, rows).float() + corr.float()
-    return y.index_copy(0, rows, to_dtype(summed, y.dtype))
+    return to_dtype(y.index_copy_(0, rows, to_dtype(summed, part)), out_dtype)
 
 
 def _fp32_operand(t: torch.Tensor, transposed: bool = False) -> QOperand:
