@@ -65,8 +65,8 @@ __all__ = [
     "clipped_fraction",
 ]
 
-_E4M3_MAX = 448.0
-# Power-of-two tensor scales 2^0 .. 2^63 of `fold_remainder` (float32: 448·2^63 is finite).
+# The steps 448·2^0 .. 448·2^63 of `fold_remainder`'s power-of-two tensor scale t (float32:
+# 448·2^63 is finite), so t in 2^0 .. 2^64.
 _FOLD_EXPONENTS = 64
 # `joint_lhs`'s row multipliers f·2^-a, as (f, least a, greatest a): the factors f whose
 # products with every E2M1 value have at most 4 significant bits, each over the shifts that keep
@@ -149,10 +149,10 @@ def fold_remainder(
     delta = remainder(x, lo, hi)
     z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
     bound = (values_max + delta_max).amax()
-    bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
-    # A product of exact factors of 2 (a comparison per exponent): the same bits in every
-    # compiled form, where log2/exp2 may be approximate.
-    t = torch.where(bound > bounds, 2.0, 1.0).prod().reshape(1, 1)
+    # 2 to the steps 448·2^i bound passes, from its bits: the same in every compiled form (where
+    # log2/exp2 may be approximate), and pointwise (a product over the steps was a kernel of its
+    # own; session 69)
+    t = _pow2(_steps_passed(bound, 0, _FOLD_EXPONENTS)).reshape(1, 1)
     return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
 
 
@@ -182,48 +182,51 @@ def joint_lhs(
         remainder passes 448·2^8 of x_q's scale (not seen in training) saturates at ±448.
     """
     reach = remainder_row_amax(x, lo, hi) * x_multiplier  # >= every |Δx m_x| (monotone)
-    f, f_inv = _joint_factor(reach)
-    least = torch.zeros_like(reach, dtype=torch.int32)
-    most = torch.zeros_like(reach, dtype=torch.int32)
-    for f_c, least_c, most_c in _JOINT_FACTORS:  # f's range of a
-        least = torch.where(f == f_c, least_c, least)
-        most = torch.where(f == f_c, most_c, most)
-    # j >= a for j in f's range: the steps 448·2^j that reach·f does not pass, and `most`
+    f, f_inv, a = _joint_factor(reach)
+    # g = f·2^-a as a reduction's own output (f·2^-j at j = a, over the j a may take): main and
+    # delta read it in one load. Built from f and a in pointwise ops, g's ops pushed theirs past
+    # inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass over x and
+    # copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
     j = torch.arange(_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT + 1, device=x.device, dtype=torch.int32)
-    passes = reach * f > 448.0 * _pow2(j)  # False for NaN, as a's least (`_joint_factor`)
-    at_or_above = (j >= least) & (j <= most) & ((j == most) | ~passes)
-    a = most + 1 - at_or_above.sum(dim=1, keepdim=True, dtype=torch.int32)
-    # g = f·2^-a as a reduction's own output (the largest f·2^-j over j >= a): main and delta
-    # read it in one load. Built from f, a and f's range after the reductions, g's ops pushed
-    # theirs past inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass
-    # over x and copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
-    gain = torch.where(at_or_above, f * _pow2(-j), 0.0).amax(dim=1, keepdim=True)
+    gain = torch.where(j == a, f * _pow2(-j), 0.0).amax(dim=1, keepdim=True)
     main = round_to_storage(x_values.float() * gain, "e4m3", saturate=False)
     delta = round_to_storage(remainder(x, lo, hi) * x_multiplier * gain, "e4m3")
     return torch.cat([main, delta], dim=1), x_scale * (_pow2(a) * f_inv)
 
 
-def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """joint_lhs's factor f per row and 1 / f, float32 [M, 1]: of `_JOINT_FACTORS`, the one whose
-    g = f·2^-a (a: the least in f's range with reach·g <= 448) rounds the row's largest
-    remainder `reach` (in x_q's scale) to E4M3 closest; ties: the smaller f."""
+def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """joint_lhs's factor f per row, 1 / f (float32 [M, 1]) and a (int32 [M, 1]): of
+    `_JOINT_FACTORS`, the f whose g = f·2^-a (a: the least in f's range with reach·g <= 448,
+    else its greatest) rounds the row's largest remainder `reach` (in x_q's scale) to E4M3
+    closest; ties: the smaller f. NaN reach: f = 1 and a = its least."""
     best = None
     for f, least, most in _JOINT_FACTORS:
         reach_f = reach * f  # rounded as every entry times g is (g / f a power of two)
-        steps = 448.0 * _pow2(torch.arange(least, most, device=reach.device, dtype=torch.int32))
-        # a from the steps the row passes, 2^a and 2^-a from exponent bits: exact in every
-        # compiled form, and ops the partitioner recomputes (a `prod` of factors of 2 was not,
-        # and the compiled fp4 block saved z again; session 65)
-        a = (reach_f > steps).sum(dim=1, keepdim=True, dtype=torch.int32) + least
+        # a from the steps 448·2^j (j in [least, most)) the row passes, 2^a and 2^-a from
+        # exponent bits: exact in every compiled form, pointwise (a sum over the steps was a
+        # kernel of its own a factor; session 69), and ops the partitioner recomputes (a `prod`
+        # of factors of 2 was not, and the compiled fp4 block saved z again; session 65)
+        a = _steps_passed(reach_f, least, most) + least
         top = reach_f * _pow2(-a)
         err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
-        cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f))
+        cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f), a)
         if best is None:
             best = cand
         else:
             closer = cand[0] < best[0]
             best = tuple(torch.where(closer, c, b) for c, b in zip(cand, best, strict=True))
-    return best[1], best[2]
+    return best[1], best[2], best[3]
+
+
+def _steps_passed(v: torch.Tensor, least: int, most: int) -> torch.Tensor:
+    """int32 #{j in [least, most): v > 448·2^j} for float32 v >= 0, from v's bits (0 for NaN,
+    most - least for +inf; least > -120). v = m·2^e with m in [1, 2) passes 448·2^j =
+    1.75·2^(j+8) exactly when j < e - 8, or j = e - 8 and m > 1.75 (mantissa bits > 0x600000);
+    a subnormal v has e = -127 here and passes none of those steps, as it should."""
+    bits = v.view(torch.int32)
+    e = ((bits >> 23) & 0xFF) - 127
+    c = e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
+    return torch.where(v.isnan(), 0, (c - least).clamp(0, most - least)).to(torch.int32)
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
