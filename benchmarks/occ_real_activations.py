@@ -18,9 +18,10 @@ its layer's weight it then measures, against the float64 product x·wᵀ:
   energy (float64, on top of the uncompensated y): whether a compensation GEMM over a few
   channels, a fraction of the dense one's cost, could hold OCC's accuracy on real inputs
   (session 68: it cannot, the clipped entries spread over the channels);
-- the same for the top 1-25 % of rows (tokens) by the remainder's largest magnitude (the row
-  maxima fprop computes anyway), and the rows' shares of its energy: whether a compensation
-  GEMM over a few rows ([R, K] · [K, N], added into y's rows) could.
+- the same for the top 1-25 % of rows (tokens) by the remainder's largest magnitude (as
+  `occ.rows` picks them), and for the top 3 and 12.5 % by its energy, and the rows' shares of
+  its energy: whether a compensation GEMM over a few rows ([R, K] · [K, N], added into y's
+  rows) could.
 
     python benchmarks/occ_real_activations.py RUN_DIR [--tokens N] [--variants a,b,...]
         [--device cuda] [--out-dir DIR] [--tag TAG] [--date DATE]
@@ -67,6 +68,8 @@ TARGET_DB = 0.5  # issue 13: within 0.5 dB of the exact fp32 compensation
 # (`restricted`)
 CHANNEL_SHARES = (0.01, 0.03, 0.06, 0.125)
 ROW_SHARES = (0.01, 0.03, 0.06, 0.125, 0.25)
+# ... and the rows by the remainder's energy instead (what a pass over x could rank them by)
+ENERGY_ROW_SHARES = (0.03, 0.125)
 
 
 def capture_inputs(run_dir: Path, tokens: int | None, device: torch.device) -> tuple[dict, dict]:
@@ -136,16 +139,25 @@ class Clipped(NamedTuple):
     delta: torch.Tensor  # the remainder x - clamp(x), float64 [M, K]
     order: torch.Tensor  # the channels by the remainder's energy, most first [K]
     row_order: torch.Tensor  # the rows (tokens) by the remainder's largest |entry|, most first
+    row_energy_order: torch.Tensor  # the rows by the remainder's energy, most first
 
 
 def clip(x: torch.Tensor) -> Clipped:
     """fp4's thresholds of x, its remainder, its channels by remainder energy and its rows by
     the remainder's largest magnitude (as `occ.compensated_rows` picks them in training, from
-    the row extrema of x that fprop's quantizers read)."""
+    the row extrema of x that fprop's quantizers read) and by its energy."""
     lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
-    channels = delta.square().sum(dim=0).argsort(descending=True)
-    return Clipped(lo, hi, delta, channels, delta.abs().amax(dim=1).argsort(descending=True))
+    energy = delta.square()
+    most_first = lambda v: v.argsort(descending=True)  # noqa: E731
+    return Clipped(
+        lo,
+        hi,
+        delta,
+        most_first(energy.sum(dim=0)),
+        most_first(delta.abs().amax(dim=1)),
+        most_first(energy.sum(dim=1)),
+    )
 
 
 def _top_shares(energy: torch.Tensor, shares: tuple[float, ...]) -> dict[float, float]:
@@ -188,9 +200,11 @@ def layer_y(variant: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def restricted_labels() -> tuple[str, ...]:
     """The restricted compensation's variant names, one per share of `CHANNEL_SHARES` and of
-    `ROW_SHARES`."""
-    return tuple(f"top {100 * p:g} % channels" for p in CHANNEL_SHARES) + tuple(
-        f"top {100 * p:g} % rows" for p in ROW_SHARES
+    `ROW_SHARES` (rows by their largest remainder) and of `ENERGY_ROW_SHARES` (by its energy)."""
+    return (
+        tuple(f"top {100 * p:g} % channels" for p in CHANNEL_SHARES)
+        + tuple(f"top {100 * p:g} % rows" for p in ROW_SHARES)
+        + tuple(f"top {100 * p:g} % rows by energy" for p in ENERGY_ROW_SHARES)
     )
 
 
@@ -208,10 +222,11 @@ def restricted(c: Clipped, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tens
         idx = c.order[: rows_kept(k, share)]  # (the same rounding)
         y = y_off.double() + c.delta[:, idx] @ w64[:, idx].t()
         out[next(labels)] = (sqnr_db(ref, y), len(idx))
-    for share in ROW_SHARES:
-        idx = c.row_order[: rows_kept(m, share)]
-        y = y_off.double().index_add(0, idx, c.delta[idx] @ w64.t())
-        out[next(labels)] = (sqnr_db(ref, y), len(idx))
+    for order, shares in ((c.row_order, ROW_SHARES), (c.row_energy_order, ENERGY_ROW_SHARES)):
+        for share in shares:
+            idx = order[: rows_kept(m, share)]
+            y = y_off.double().index_add(0, idx, c.delta[idx] @ w64.t())
+            out[next(labels)] = (sqnr_db(ref, y), len(idx))
     return out
 
 
@@ -237,7 +252,7 @@ def measure(captured: dict, variants: tuple[str, ...]) -> list[dict]:
         if UNCOMPENSATED in variants:
             y_off = layer_y(UNCOMPENSATED, x, w)
             for label, (db, kept) in restricted(c, w, y_off, ref).items():
-                what = "rows_kept" if label.endswith("rows") else "channels_kept"
+                what = "channels_kept" if label.endswith("channels") else "rows_kept"
                 records.append({**row, "variant": label, "y_sqnr_db": db, what: kept})
     return records
 
@@ -336,10 +351,10 @@ def main(argv: list[str] | None = None) -> Path:
         "top 1 % / 5 % of channels; thr. err = the sampled thresholds' largest relative "
         "error against the exact quantiles; rows clipped and energy: the same over rows "
         "(tokens). 'top p % channels' ('rows'): the remainder compensated exactly (float64) "
-        "only in the C channels of most remainder energy (the R rows of largest |remainder|), "
-        "on top of "
+        "only in the C channels of most remainder energy (the R rows of largest |remainder|, "
+        "or of most remainder energy: 'rows by energy'), on top of "
         f"{UNCOMPENSATED}'s y (C, R = p % of K, M in multiples of 16, at least 16): what a "
-        "compensation GEMM over [M, C] (over [R, K], scattered into y's rows) could hold at "
+        "compensation GEMM over [M, C] (over [R, K], added into y's rows) could hold at "
         "best.\n\n" + summary(records) + "\n\n" + layer_table(records)
     )
     name = "_".join(filter(None, ("occ_real_activations", args.tag)))

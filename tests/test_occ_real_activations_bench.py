@@ -85,7 +85,7 @@ def test_the_verdict_names_a_layer_past_the_target(bench):
 def test_restricted_counts_round_up_to_sixteens(bench):
     """At K = 768 (125M's width) each share keeps its own count: 1 % -> 16, 3 % -> 32,
     6 % -> 48, 12.5 % -> 96 channels; of M = 256 rows 1, 3 and 6 % keep 16, 12.5 % 32 and
-    25 % 64."""
+    25 % 64 (by energy: 3 % 16, 12.5 % 32)."""
     import torch
 
     gen = torch.Generator().manual_seed(1)
@@ -93,7 +93,7 @@ def test_restricted_counts_round_up_to_sixteens(bench):
     ref = x.double() @ w.double().t()
     got = bench.restricted(bench.clip(x), w, bench.layer_y(bench.UNCOMPENSATED, x, w), ref)
     assert list(got) == list(bench.restricted_labels())
-    assert [c for _, c in got.values()] == [16, 32, 48, 96, 16, 16, 16, 32, 64]
+    assert [c for _, c in got.values()] == [16, 32, 48, 96, 16, 16, 16, 32, 64, 16, 32]
 
 
 def test_rows_of_largest_remainder_are_compensated_first(bench):
@@ -126,7 +126,7 @@ def test_restricted_to_every_channel_or_row_is_the_full_compensation(bench, m, k
     w = torch.randn(24, k, generator=gen)
     ref = x.double() @ w.double().t()
     got = bench.restricted(bench.clip(x), w, bench.layer_y(bench.UNCOMPENSATED, x, w), ref)
-    got = {label: v for label, v in got.items() if label.endswith(kind)}
+    got = {label: v for label, v in got.items() if kind in label}
     full = bench.sqnr_db(ref, bench.layer_y(bench.REFERENCE, x, w))
     assert len(got) >= 4 and {c for _, c in got.values()} == {16}
     assert all(db == pytest.approx(full, abs=0.05) for db, _ in got.values())
