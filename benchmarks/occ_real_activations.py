@@ -149,15 +149,11 @@ def clip(x: torch.Tensor) -> Clipped:
     lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
     energy = delta.square()
-    most_first = lambda v: v.argsort(descending=True)  # noqa: E731
-    return Clipped(
-        lo,
-        hi,
-        delta,
-        most_first(energy.sum(dim=0)),
-        most_first(delta.abs().amax(dim=1)),
-        most_first(energy.sum(dim=1)),
+    channels, rows, rows_by_energy = (
+        v.argsort(descending=True)
+        for v in (energy.sum(dim=0), delta.abs().amax(dim=1), energy.sum(dim=1))
     )
+    return Clipped(lo, hi, delta, channels, rows, rows_by_energy)
 
 
 def _top_shares(energy: torch.Tensor, shares: tuple[float, ...]) -> dict[float, float]:

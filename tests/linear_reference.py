@@ -71,7 +71,7 @@ def reference(
     y_err = y_err + comp_err
     e4m3 = occ_cfg is not None and occ_cfg.compensate and occ_cfg.compensation_format == "e4m3"
     e4m3 = e4m3 and not occ_gemm.joins_products(recipe)
-    if (e4m3 or rows) and out_dtype == torch.bfloat16:  # fprop's products rounded to bf16 each
+    if e4m3 and out_dtype == torch.bfloat16:  # fprop's two products each rounded to bf16
         y_err = y_err + 2.0**-8 * (y.abs() + comp.abs() + y_err)
         if rows and b is not None:  # (the bias with the first)
             y_err = y_err + 2.0**-8 * b.double().abs()

@@ -216,7 +216,15 @@ def test_from_linear_shares_parameters():
     assert QuantLinear.from_linear(lin2, "fp4").bias is None
 
 
-@pytest.mark.parametrize("name", ["fp4", "fp4:occ.one_gemm=off", "fp8-tensorwise"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fp4",
+        "fp4:occ.one_gemm=off",
+        "fp4:occ.rows=0.25:occ.compensation_format=fp32",
+        "fp8-tensorwise",
+    ],
+)
 def test_autocast_bf16(name):
     x, w, b, dy = _data(32, 128, 64)
     plain = run_layer(name, x, w, b, dy)
@@ -225,7 +233,9 @@ def test_autocast_bf16(name):
     assert auto["y"].dtype == torch.bfloat16 and auto["dx"].dtype == torch.float32
     # the weight is quantized from the fp32 master, not from an autocast copy
     cfg = recipes.get(name).occ
-    if cfg is None or occ_gemm.joins_products(recipes.get(name)):  # one GEMM, one rounding
+    # one GEMM, or float32 products (the fp32 compensation of a share of the rows): one rounding
+    once = cfg is None or cfg.compensation_format == "fp32"
+    if once or occ_gemm.joins_products(recipes.get(name)):
         assert torch.equal(auto["y"], plain["y"].to(torch.bfloat16))
     else:  # fprop's two partial products are each rounded to bf16, then their sum
         comp = occ_gemm.fprop_correction(

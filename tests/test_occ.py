@@ -373,12 +373,13 @@ def test_row_compensation_holds_outlier_tokens():
 def test_steps_passed_counts_the_steps_from_the_bits(least, most):
     """occ._steps_passed (the joint factor's a and the fold's t, pointwise) against its
     definition, #{j in [least, most): v > 448·2^j} in float64, at every exponent's 1.75 boundary
-    and its float32 neighbours, zero, subnormals, +inf and NaN."""
+    and its float32 neighbours, both zeros, subnormals, +inf and NaN (also with the sign bit)."""
     m = torch.tensor([1.0, 1.25, 1.5, 1.75, 1.875, 1.9999999])
     v = (m[:, None] * 2.0 ** torch.arange(-140, 130.0)).reshape(-1)
     inf = torch.tensor(float("inf"))
-    v = torch.cat([v, v.nextafter(inf), v.nextafter(torch.tensor(0.0)),
-                   torch.tensor([0.0, 1e-45, float("inf"), float("nan")])])  # fmt: skip
+    nan_signed = torch.tensor(-1, dtype=torch.int32).view(torch.float32).reshape(1)  # 0xFFFFFFFF
+    v = torch.cat([v, v.nextafter(inf), v.nextafter(torch.tensor(0.0)), nan_signed,
+                   torch.tensor([0.0, -0.0, 1e-45, float("inf"), float("nan")])])  # fmt: skip
     j = torch.arange(least, most, dtype=torch.float64)
     want = (v.double()[:, None] > 448.0 * 2.0**j).sum(1).int()
     got = occ_module._steps_passed(v, least, most)

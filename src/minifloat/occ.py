@@ -65,15 +65,16 @@ __all__ = [
     "clipped_fraction",
 ]
 
-# The steps 448·2^0 .. 448·2^63 of `fold_remainder`'s power-of-two tensor scale t (float32:
-# 448·2^63 is finite), so t in 2^0 .. 2^64.
+# The steps 448·2^0 .. 448·2^63 of `fold_remainder`'s power-of-two tensor scale t, so t in
+# 2^0 .. 2^64.
 _FOLD_EXPONENTS = 64
 # `joint_lhs`'s row multipliers f·2^-a, as (f, least a, greatest a): the factors f whose
 # products with every E2M1 value have at most 4 significant bits, each over the shifts that keep
 # those products exact in E4M3 (at most 448: 6·2^6 = 384; multiples of 2^-9, its least
 # subnormal: 0.5·2^-8, 0.625·2^-6, 0.75·2^-7). `joint_rhs` shifts by 2^6.
 _JOINT_FACTORS = ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7))
-_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT = -6, 8  # the union of those ranges
+_JOINT_MIN_SHIFT = min(least for _, least, _ in _JOINT_FACTORS)  # the union of those ranges
+_JOINT_MAX_SHIFT = max(most for _, _, most in _JOINT_FACTORS)
 _JOINT_RHS_SHIFT = 64.0
 
 
@@ -184,9 +185,9 @@ def joint_lhs(
     reach = remainder_row_amax(x, lo, hi) * x_multiplier  # >= every |Δx m_x| (monotone)
     f, f_inv, a = _joint_factor(reach)
     # g = f·2^-a as a reduction's own output (f·2^-j at j = a, over the j a may take): main and
-    # delta read it in one load. Built from f and a in pointwise ops, g's ops pushed theirs past
-    # inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass over x and
-    # copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
+    # delta read it in one load. Built from f, a and f's range after reductions, g's ops pushed
+    # theirs past inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass over
+    # x and copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
     j = torch.arange(_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT + 1, device=x.device, dtype=torch.int32)
     gain = torch.where(j == a, f * _pow2(-j), 0.0).amax(dim=1, keepdim=True)
     main = round_to_storage(x_values.float() * gain, "e4m3", saturate=False)
@@ -219,10 +220,13 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def _steps_passed(v: torch.Tensor, least: int, most: int) -> torch.Tensor:
-    """int32 #{j in [least, most): v > 448·2^j} for float32 v >= 0, from v's bits (0 for NaN,
-    most - least for +inf; least > -120). v = m·2^e with m in [1, 2) passes 448·2^j =
-    1.75·2^(j+8) exactly when j < e - 8, or j = e - 8 and m > 1.75 (mantissa bits > 0x600000);
-    a subnormal v has e = -127 here and passes none of those steps, as it should."""
+    """int32 #{j in [least, most): v > 448·2^j} for float32 v >= 0 (or NaN: 0), from v's bits,
+    for -120 < least <= most <= 120 (+inf: most - least). v = m·2^e with m in [1, 2) passes
+    448·2^j = 1.75·2^(j+8) exactly when j < e - 8, or j = e - 8 and m > 1.75 (mantissa bits >
+    0x600000); a subnormal v or -0.0 has e = -127 here and passes none of those steps, as it
+    should. A negative v would count as its magnitude: the callers' maxima have none."""
+    if v.dtype != torch.float32:
+        raise TypeError(f"_steps_passed reads float32 bits, got {v.dtype}")
     bits = v.view(torch.int32)
     e = ((bits >> 23) & 0xFF) - 127
     c = e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
