@@ -90,7 +90,7 @@ def _expected_fp4(t: dict, cfg: recipes.OCCConfig) -> dict[str, float]:
     s_x = quantize(occ.clamp(x, lo, hi), "e2m1", "row").scale  # [M, 1]
     s_w = quantize(w, "e2m1", "row").scale.t()  # [1, N]
     bias = None if t["b"] is None else t["b"].detach()
-    x_eff = occ.occ_activation(x, "e2m1", "row", cfg)
+    x_eff = occ.occ_activation(x, "e2m1", "row", dataclasses.replace(cfg, rows=1.0))
     if cfg.rows < 1.0:  # the remainder only in the rows fprop compensates
         delta = x - occ.clamp(x, lo, hi)
         x_eff = x_eff - delta * (1.0 - compensated_rows_mask(delta, cfg.rows).float())

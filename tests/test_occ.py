@@ -384,3 +384,18 @@ def test_steps_passed_counts_the_steps_from_the_bits(least, most):
     want = (v.double()[:, None] > 448.0 * 2.0**j).sum(1).int()
     got = occ_module._steps_passed(v, least, most)
     assert got.dtype == torch.int32 and torch.equal(got, want)
+
+
+def test_occ_activation_compensates_the_rows_of_largest_remainder_only():
+    """Under occ.rows the activation fprop sees is Q(x_c) plus Δx in the compensated rows:
+    the 16 rows holding outliers get their remainder back, the others only the clamp."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(256, 64, generator=gen)
+    x[:16] *= 3.0  # most of the clipped entries, and each of these rows' largest
+    cfg = dataclasses.replace(recipes.get("fp4").occ, rows=0.0625)  # 16 of 256 rows
+    lo, hi = occ_module.thresholds(x, cfg)
+    clamped = quantize(occ_module.clamp(x, lo, hi), "e2m1", "row").dequantize()
+    delta = occ_module.remainder(x, lo, hi)
+    got = occ_activation(x, "e2m1", "row", cfg)
+    assert torch.equal(got[:16], clamped[:16] + delta[:16])
+    assert torch.equal(got[16:], clamped[16:]) and delta[16:].abs().sum() > 0

@@ -93,13 +93,7 @@ class _LayerProbe:
             x_q = _BACKEND.quantize(x2, r.fprop.lhs, clip=clip, scale=s_x)
             x_eff = x_q.dequantize()
             if clip is not None and r.occ.compensate:
-                xf = x2.float()
-                delta = torch.where(xf.isfinite(), xf - occ.clamp(xf, *clip), 0.0)
-                if r.occ.rows < 1.0:  # fprop compensates only these rows
-                    kept = torch.zeros(len(xf), 1, dtype=torch.bool, device=xf.device)
-                    kept[occ.compensated_rows(x2, *clip, r.occ.rows)] = True
-                    delta = torch.where(kept, delta, 0.0)
-                x_eff = x_eff + delta
+                x_eff = x_eff + occ.compensated_remainder(x2, *clip, r.occ.rows)
             w_q = _BACKEND.quantize(
                 w, r.fprop.rhs, scale=self._delayed(delayed.WEIGHT, w, r.fprop.rhs.fmt)
             )

@@ -61,6 +61,7 @@ __all__ = [
     "joint_rhs",
     "rows_kept",
     "compensated_rows",
+    "compensated_remainder",
     "occ_activation",
     "clipped_fraction",
 ]
@@ -287,13 +288,27 @@ def compensated_rows(
     return key.topk(rows_kept(m, share), sorted=False).indices.sort().values
 
 
+def compensated_remainder(
+    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, share: float
+) -> torch.Tensor:
+    """The part of the remainder Δx [M, K] that fprop adds back under `OCCConfig.rows` = share:
+    all of it at 1, else Δx in the `compensated_rows` and 0 in the others (float32)."""
+    delta = remainder(x, lo, hi)
+    if share == 1.0:
+        return delta
+    kept = torch.zeros(x.shape[0], 1, dtype=torch.bool, device=x.device)
+    kept[compensated_rows(x, lo, hi, share)] = True
+    return torch.where(kept, delta, 0.0)
+
+
 def occ_activation(
     x: torch.Tensor,
     fmt: str,
     granularity: Granularity,
     cfg: OCCConfig | None,
 ) -> torch.Tensor:
-    """The activation the fprop GEMM effectively sees, float32: Q(x_c) (+ Δx if compensated).
+    """The activation the fprop GEMM effectively sees, float32: Q(x_c) (+ Δx if compensated,
+    in the compensated rows under `OCCConfig.rows`).
 
     With `cfg=None` this is plain Q(x). Used to measure activation fidelity (paper's Table 1).
     """
@@ -305,7 +320,7 @@ def occ_activation(
     lo, hi = thresholds(x2, cfg)
     out = quantize(clamp(x2, lo, hi), fmt, granularity).dequantize()
     if cfg.compensate:
-        out = out + remainder(x2, lo, hi)
+        out = out + compensated_remainder(x2, lo, hi, cfg.rows)
     return out.reshape(x.shape)
 
 
