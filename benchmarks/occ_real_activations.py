@@ -18,10 +18,10 @@ its layer's weight it then measures, against the float64 product x·wᵀ:
   energy (float64, on top of the uncompensated y): whether a compensation GEMM over a few
   channels, a fraction of the dense one's cost, could hold OCC's accuracy on real inputs
   (session 68: it cannot, the clipped entries spread over the channels);
-- the same for the top 1-25 % of rows (tokens) by the remainder's largest magnitude (as
-  `occ.rows` picks them), and for the top 3 and 12.5 % by its energy, and the rows' shares of
-  its energy: whether a compensation GEMM over a few rows ([R, K] · [K, N], added into y's
-  rows) could.
+- the same for the top 1-25 % of rows (tokens) by the remainder's largest magnitude, and for
+  the top 3 and 12.5 % by its energy, and the rows' shares of its energy: whether a
+  compensation GEMM over a few rows ([R, K] · [K, N], added into y's rows) could (session 70:
+  it cannot either; the `occ.rows` option that tried it in training was removed).
 
     python benchmarks/occ_real_activations.py RUN_DIR [--tokens N] [--variants a,b,...]
         [--device cuda] [--out-dir DIR] [--tag TAG] [--date DATE]
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -48,7 +49,7 @@ from common import RESULTS_DIR, write_results  # noqa: E402
 from minifloat import recipes  # noqa: E402
 from minifloat.errors import first_line  # noqa: E402
 from minifloat.linear import QuantLinear  # noqa: E402
-from minifloat.occ import remainder, rows_kept, thresholds  # noqa: E402
+from minifloat.occ import remainder, thresholds  # noqa: E402
 from minifloat.sqnr import sqnr_db  # noqa: E402
 from minifloat.train.errors import CheckpointError  # noqa: E402
 
@@ -144,16 +145,19 @@ class Clipped(NamedTuple):
 
 def clip(x: torch.Tensor) -> Clipped:
     """fp4's thresholds of x, its remainder, its channels by remainder energy and its rows by
-    the remainder's largest magnitude (as `occ.compensated_rows` picks them in training, from
-    the row extrema of x that fprop's quantizers read) and by its energy."""
+    the remainder's largest magnitude and by its energy."""
     lo, hi = thresholds(x, recipes.get(DEFAULT).occ)
     delta = remainder(x, lo, hi).double()
     energy = delta.square()
-    channels, rows, rows_by_energy = (
-        v.argsort(descending=True)
-        for v in (energy.sum(dim=0), delta.abs().amax(dim=1), energy.sum(dim=1))
+    most_first = lambda v: v.argsort(descending=True)  # noqa: E731
+    return Clipped(
+        lo,
+        hi,
+        delta,
+        most_first(energy.sum(dim=0)),
+        most_first(delta.abs().amax(dim=1)),
+        most_first(energy.sum(dim=1)),
     )
-    return Clipped(lo, hi, delta, channels, rows, rows_by_energy)
 
 
 def _top_shares(energy: torch.Tensor, shares: tuple[float, ...]) -> dict[float, float]:
@@ -204,6 +208,12 @@ def restricted_labels() -> tuple[str, ...]:
     )
 
 
+def _kept(n: int, share: float) -> int:
+    """share·n rounded up to a multiple of 16 (a GEMM's tile), at most n (the product first
+    rounded to 9 decimals: 1600 x 0.07 is 112.00000000000001 in float64, and 112 rows)."""
+    return min(n, 16 * math.ceil(round(n * share, 9) / 16))
+
+
 def restricted(c: Clipped, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tensor) -> dict:
     """{label: (y's SQNR, C or R)} with the remainder compensated only in the C channels of most
     remainder energy, or the R rows of largest remainder (exactly, in float64, on top of the
@@ -215,12 +225,12 @@ def restricted(c: Clipped, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tens
     labels = iter(restricted_labels())
     out = {}
     for share in CHANNEL_SHARES:
-        idx = c.order[: rows_kept(k, share)]  # (the same rounding)
+        idx = c.order[: _kept(k, share)]
         y = y_off.double() + c.delta[:, idx] @ w64[:, idx].t()
         out[next(labels)] = (sqnr_db(ref, y), len(idx))
     for order, shares in ((c.row_order, ROW_SHARES), (c.row_energy_order, ENERGY_ROW_SHARES)):
         for share in shares:
-            idx = order[: rows_kept(m, share)]
+            idx = order[: _kept(m, share)]
             y = y_off.double().index_add(0, idx, c.delta[idx] @ w64.t())
             out[next(labels)] = (sqnr_db(ref, y), len(idx))
     return out

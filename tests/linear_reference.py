@@ -5,8 +5,6 @@ tests/test_microblock_linear.py."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from minifloat import formats, occ_gemm
@@ -60,10 +58,6 @@ def reference(
     y, y_err = _gemm(xv * xs, wv * ws)
     comp, comp_err, c, c_err = _compensation(recipe, delta, w, dy)
     occ_cfg = recipe.occ
-    rows = occ_cfg is not None and occ_cfg.rows < 1.0
-    if rows:  # fprop compensates only the rows of largest |Δx| (ties: the lower row)
-        kept = compensated_rows_mask(delta, occ_cfg.rows)
-        comp, comp_err = comp * kept, comp_err * kept
     if occ_gemm.joins_products(recipe):  # one GEMM over both: its one rounding, the caller's
         comp, comp_err = _joint_compensation(x_c, delta, w, xs, ws)
         k = x.shape[1]  # a contraction of 2K terms: (2K + 4) u of their magnitudes' sum
@@ -73,8 +67,6 @@ def reference(
     e4m3 = e4m3 and not occ_gemm.joins_products(recipe)
     if e4m3 and out_dtype == torch.bfloat16:  # fprop's two products each rounded to bf16
         y_err = y_err + 2.0**-8 * (y.abs() + comp.abs() + y_err)
-        if rows and b is not None:  # (the bias with the first)
-            y_err = y_err + 2.0**-8 * b.double().abs()
     y = y + comp + (0 if b is None else b.double())
     out = {"y": (y, y_err)}
 
@@ -152,18 +144,6 @@ def _compensation(recipe: QuantRecipe, delta, w, dy):
     gv, gs = _deq(dy.t().contiguous(), e4m3)
     tv, ts = _deq(delta.t().contiguous(), e4m3)
     return comp, comp_err, *_gemm(gv * gs, tv * ts)
-
-
-def compensated_rows_mask(delta: torch.Tensor, share: float) -> torch.Tensor:
-    """[M, 1] float64 mask of the rows `OCCConfig.rows` = share compensates: R = share·M rounded
-    up to a multiple of 16 (at most M), the rows of largest |Δx|, ties to the lower row."""
-    m = delta.shape[0]
-    r = min(m, 16 * math.ceil(round(m * share, 9) / 16))
-    reach = delta.abs().amax(1).tolist()
-    chosen = sorted(range(m), key=lambda i: (-reach[i], i))[:r]
-    mask = torch.zeros(m, 1, dtype=torch.float64)
-    mask[chosen] = 1.0
-    return mask
 
 
 def _joint_compensation(x_c, delta, w, xs, ws):

@@ -26,7 +26,6 @@ RECIPES = [n for n in recipes.names() if recipes.get(n).quantized] + [
     "fp4:occ.sample_size=1024",
     "fp4:occ.compensation_format=fp32",
     "fp4:occ.sample_size=1024:occ.one_gemm=off",
-    "fp4:occ.sample_size=1024:occ.rows=0.25",
     "fp8-tensorwise:scale_format=pow2",
     "fp4:scale_format=pow2",
     "fp8-tensorwise:scale_format=fp32",

@@ -93,7 +93,8 @@ class _LayerProbe:
             x_q = _BACKEND.quantize(x2, r.fprop.lhs, clip=clip, scale=s_x)
             x_eff = x_q.dequantize()
             if clip is not None and r.occ.compensate:
-                x_eff = x_eff + occ.compensated_remainder(x2, *clip, r.occ.rows)
+                xf = x2.float()
+                x_eff = x_eff + torch.where(xf.isfinite(), xf - occ.clamp(xf, *clip), 0.0)
             w_q = _BACKEND.quantize(
                 w, r.fprop.rhs, scale=self._delayed(delayed.WEIGHT, w, r.fprop.rhs.fmt)
             )

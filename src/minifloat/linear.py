@@ -65,8 +65,7 @@ class QuantLinearFunction(torch.autograd.Function):
     Every GEMM is `a @ bᵀ` computed by `backend.scaled_mm` as (acc * b_scaleᵀ) * a_scale.
 
         fprop: y  = Q(x_c)·Q(w)ᵀ            [M,K]x[K,N]  (+ Q8(Δx)·Q8(w)ᵀ with OCC; each
-                                                          product bf16 under bf16 autocast;
-                                                          occ.rows < 1: in R rows, [R,K]x[K,N])
+                                                          product bf16 under bf16 autocast)
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
         wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
                     (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w·m_w) with DGE,
@@ -298,11 +297,6 @@ def _fprop(
     if comp is None:
         return backend.scaled_mm(x_q, w_q, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
     x, clip, weight = occ_input
-    if recipe.occ.rows < 1.0:  # the compensation in the rows of largest remainder only
-        return occ_gemm.row_restricted_fprop(
-            backend, comp, x, clip, x_q, weight, w_q,
-            share=recipe.occ.rows, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum,
-        )  # fmt: skip
     if occ_gemm.joins_products(recipe):  # "inv" operands: x_q's and w_q's multipliers given
         return occ_gemm.joint_fprop(
             backend, x, clip, x_q, weight, w_q,

@@ -30,17 +30,9 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
   Under torch.compile nothing is saved: z is recomputed in backward (partition_hints.py).
 - dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
   identity on x).
-
-Compensation of a share of the rows (`OCCConfig.rows` < 1, not the default): fprop adds Δx·wᵀ
-only in the R rows (tokens) of largest |Δx| (`compensated_rows`), through the compensation GEMM
-over [R, K] whose product is added into those rows of y; wgrad keeps the whole remainder.
-Whether the remainder of real activations concentrates in few enough rows for that is what
-benchmarks/occ_real_activations.py measures ("top p % rows").
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -59,23 +51,19 @@ __all__ = [
     "fold_remainder",
     "joint_lhs",
     "joint_rhs",
-    "rows_kept",
-    "compensated_rows",
-    "compensated_remainder",
     "occ_activation",
     "clipped_fraction",
 ]
 
-# The steps 448·2^0 .. 448·2^63 of `fold_remainder`'s power-of-two tensor scale t, so t in
-# 2^0 .. 2^64.
+_E4M3_MAX = 448.0
+# Power-of-two tensor scales 2^0 .. 2^63 of `fold_remainder` (float32: 448·2^63 is finite).
 _FOLD_EXPONENTS = 64
 # `joint_lhs`'s row multipliers f·2^-a, as (f, least a, greatest a): the factors f whose
 # products with every E2M1 value have at most 4 significant bits, each over the shifts that keep
 # those products exact in E4M3 (at most 448: 6·2^6 = 384; multiples of 2^-9, its least
 # subnormal: 0.5·2^-8, 0.625·2^-6, 0.75·2^-7). `joint_rhs` shifts by 2^6.
 _JOINT_FACTORS = ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7))
-_JOINT_MIN_SHIFT = min(least for _, least, _ in _JOINT_FACTORS)  # the union of those ranges
-_JOINT_MAX_SHIFT = max(most for _, _, most in _JOINT_FACTORS)
+_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT = -6, 8  # the union of those ranges
 _JOINT_RHS_SHIFT = 64.0
 
 
@@ -151,10 +139,10 @@ def fold_remainder(
     delta = remainder(x, lo, hi)
     z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
     bound = (values_max + delta_max).amax()
-    # 2 to the steps 448·2^i bound passes, from its bits: the same in every compiled form (where
-    # log2/exp2 may be approximate), and pointwise (a product over the steps was a kernel of its
-    # own; session 69)
-    t = _pow2(_steps_passed(bound, 0, _FOLD_EXPONENTS)).reshape(1, 1)
+    bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
+    # A product of exact factors of 2 (a comparison per exponent): the same bits in every
+    # compiled form, where log2/exp2 may be approximate.
+    t = torch.where(bound > bounds, 2.0, 1.0).prod().reshape(1, 1)
     return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
 
 
@@ -184,54 +172,48 @@ def joint_lhs(
         remainder passes 448·2^8 of x_q's scale (not seen in training) saturates at ±448.
     """
     reach = remainder_row_amax(x, lo, hi) * x_multiplier  # >= every |Δx m_x| (monotone)
-    f, f_inv, a = _joint_factor(reach)
-    # g = f·2^-a as a reduction's own output (f·2^-j at j = a, over the j a may take): main and
-    # delta read it in one load. Built from f, a and f's range after reductions, g's ops pushed
-    # theirs past inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass over
-    # x and copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
+    f, f_inv = _joint_factor(reach)
+    least = torch.zeros_like(reach, dtype=torch.int32)
+    most = torch.zeros_like(reach, dtype=torch.int32)
+    for f_c, least_c, most_c in _JOINT_FACTORS:  # f's range of a
+        least = torch.where(f == f_c, least_c, least)
+        most = torch.where(f == f_c, most_c, most)
+    # j >= a for j in f's range: the steps 448·2^j that reach·f does not pass, and `most`
     j = torch.arange(_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT + 1, device=x.device, dtype=torch.int32)
-    gain = torch.where(j == a, f * _pow2(-j), 0.0).amax(dim=1, keepdim=True)
+    passes = reach * f > 448.0 * _pow2(j)  # False for NaN, as a's least (`_joint_factor`)
+    at_or_above = (j >= least) & (j <= most) & ((j == most) | ~passes)
+    a = most + 1 - at_or_above.sum(dim=1, keepdim=True, dtype=torch.int32)
+    # g = f·2^-a as a reduction's own output (the largest f·2^-j over j >= a): main and delta
+    # read it in one load. Built from f, a and f's range after the reductions, g's ops pushed
+    # theirs past inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass
+    # over x and copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
+    gain = torch.where(at_or_above, f * _pow2(-j), 0.0).amax(dim=1, keepdim=True)
     main = round_to_storage(x_values.float() * gain, "e4m3", saturate=False)
     delta = round_to_storage(remainder(x, lo, hi) * x_multiplier * gain, "e4m3")
     return torch.cat([main, delta], dim=1), x_scale * (_pow2(a) * f_inv)
 
 
-def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """joint_lhs's factor f per row, 1 / f (float32 [M, 1]) and a (int32 [M, 1]): of
-    `_JOINT_FACTORS`, the f whose g = f·2^-a (a: the least in f's range with reach·g <= 448,
-    else its greatest) rounds the row's largest remainder `reach` (in x_q's scale) to E4M3
-    closest; ties: the smaller f. NaN reach: f = 1 and a = its least."""
+def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """joint_lhs's factor f per row and 1 / f, float32 [M, 1]: of `_JOINT_FACTORS`, the one whose
+    g = f·2^-a (a: the least in f's range with reach·g <= 448) rounds the row's largest
+    remainder `reach` (in x_q's scale) to E4M3 closest; ties: the smaller f."""
     best = None
     for f, least, most in _JOINT_FACTORS:
         reach_f = reach * f  # rounded as every entry times g is (g / f a power of two)
-        # a from the steps 448·2^j (j in [least, most)) the row passes, 2^a and 2^-a from
-        # exponent bits: exact in every compiled form, pointwise (a sum over the steps was a
-        # kernel of its own a factor; session 69), and ops the partitioner recomputes (a `prod`
-        # of factors of 2 was not, and the compiled fp4 block saved z again; session 65)
-        a = _steps_passed(reach_f, least, most) + least
+        steps = 448.0 * _pow2(torch.arange(least, most, device=reach.device, dtype=torch.int32))
+        # a from the steps the row passes, 2^a and 2^-a from exponent bits: exact in every
+        # compiled form, and ops the partitioner recomputes (a `prod` of factors of 2 was not,
+        # and the compiled fp4 block saved z again; session 65)
+        a = (reach_f > steps).sum(dim=1, keepdim=True, dtype=torch.int32) + least
         top = reach_f * _pow2(-a)
         err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
-        cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f), a)
+        cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f))
         if best is None:
             best = cand
         else:
             closer = cand[0] < best[0]
             best = tuple(torch.where(closer, c, b) for c, b in zip(cand, best, strict=True))
-    return best[1], best[2], best[3]
-
-
-def _steps_passed(v: torch.Tensor, least: int, most: int) -> torch.Tensor:
-    """int32 #{j in [least, most): v > 448·2^j} for float32 v >= 0 (or NaN: 0), from v's bits,
-    for -120 < least <= most <= 120 (+inf: most - least). v = m·2^e with m in [1, 2) passes
-    448·2^j = 1.75·2^(j+8) exactly when j < e - 8, or j = e - 8 and m > 1.75 (mantissa bits >
-    0x600000); a subnormal v or -0.0 has e = -127 here and passes none of those steps, as it
-    should. A negative v would count as its magnitude: the callers' maxima have none."""
-    if v.dtype != torch.float32:
-        raise TypeError(f"_steps_passed reads float32 bits, got {v.dtype}")
-    bits = v.view(torch.int32)
-    e = ((bits >> 23) & 0xFF) - 127
-    c = e - 8 + ((bits & 0x7FFFFF) > 0x600000).to(torch.int32)
-    return torch.where(v.isnan(), 0, (c - least).clamp(0, most - least)).to(torch.int32)
+    return best[1], best[2]
 
 
 def _pow2(exponent: torch.Tensor) -> torch.Tensor:
@@ -260,55 +242,13 @@ def joint_rhs(
     )
 
 
-def rows_kept(m: int, share: float) -> int:
-    """R, the rows of an [m, K] input whose remainder fprop compensates under
-    `OCCConfig.rows` = share: share·m rounded up to a multiple of 16, at most m (the product
-    first rounded to 9 decimals: 1600 x 0.07 is 112.00000000000001 in float64, and 112 rows)."""
-    return min(m, 16 * math.ceil(round(m * share, 9) / 16))
-
-
-def compensated_rows(
-    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, share: float
-) -> torch.Tensor:
-    """The rows of 2-D x whose remainder fprop compensates: the `rows_kept` rows of largest
-    |Δx| (`remainder_row_amax`, from x's row extrema, which the compiled graph shares with the
-    fold's bound), ties to the lower row; int64 [R], ascending.
-
-    A static count (a top-k, not a threshold) keeps shapes static under torch.compile. Ties are
-    broken by row through a unique int64 key per row (the maximum's float32 bits, all >= 0,
-    above the row's rank from the end), so that every top-k implementation picks the same set
-    (a row without a clipped entry, |Δx| = 0, that is picked adds zeros, and a zero of y could
-    change sign there); sorted, so that the gathered rows come in one order everywhere."""
-    m = x.shape[0]
-    reach = remainder_row_amax(x, lo, hi).reshape(-1)
-    # NaN only where the bounds are (a sample without a finite entry): first, as +inf is
-    reach = torch.where(reach.isnan(), float("inf"), reach)
-    order = torch.arange(m - 1, -1, -1, device=x.device, dtype=torch.int64)
-    key = (reach.view(torch.int32).to(torch.int64) << 32) | order
-    return key.topk(rows_kept(m, share), sorted=False).indices.sort().values
-
-
-def compensated_remainder(
-    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, share: float
-) -> torch.Tensor:
-    """The part of the remainder Δx [M, K] that fprop adds back under `OCCConfig.rows` = share:
-    all of it at 1, else Δx in the `compensated_rows` and 0 in the others (float32)."""
-    delta = remainder(x, lo, hi)
-    if share == 1.0:
-        return delta
-    kept = torch.zeros(x.shape[0], 1, dtype=torch.bool, device=x.device)
-    kept[compensated_rows(x, lo, hi, share)] = True
-    return torch.where(kept, delta, 0.0)
-
-
 def occ_activation(
     x: torch.Tensor,
     fmt: str,
     granularity: Granularity,
     cfg: OCCConfig | None,
 ) -> torch.Tensor:
-    """The activation the fprop GEMM effectively sees, float32: Q(x_c) (+ Δx if compensated,
-    in the compensated rows under `OCCConfig.rows`).
+    """The activation the fprop GEMM effectively sees, float32: Q(x_c) (+ Δx if compensated).
 
     With `cfg=None` this is plain Q(x). Used to measure activation fidelity (paper's Table 1).
     """
@@ -320,7 +260,7 @@ def occ_activation(
     lo, hi = thresholds(x2, cfg)
     out = quantize(clamp(x2, lo, hi), fmt, granularity).dequantize()
     if cfg.compensate:
-        out = out + compensated_remainder(x2, lo, hi, cfg.rows)
+        out = out + remainder(x2, lo, hi)
     return out.reshape(x.shape)
 
 

@@ -13,9 +13,7 @@ With compensation format "e4m3":
            scale): x_rhs = z = x_q + Δx/s_x in E4M3 (occ.fold_remainder), no extra GEMM;
            otherwise dw += Q8(dyᵀ)·Q8(Δxᵀ)ᵀ [N,M]x[M,K], both E4M3 per row along the tokens.
 Otherwise (`occ.one_gemm=off`, or operands of other formats) fprop's two products are bf16
-under bf16 autocast (`partial_dtype`), summed in float32. With `OCCConfig.rows` < 1 the second
-product covers only the rows of largest remainder, [R,K]x[K,N], added into those rows of y
-(`row_restricted_fprop`).
+under bf16 autocast (`partial_dtype`), summed in float32.
 With "fp32" (the reference): both corrections are dense fp32 GEMMs of Δx, saved in fp32.
 Operands in fp32 are `QOperand`s with fmt "fp32" and a unit tensor scale: every backend's
 `scaled_mm` multiplies them in fp32 (no FP8 path takes them).
@@ -26,7 +24,6 @@ from __future__ import annotations
 import torch
 
 from minifloat import formats, occ
-from minifloat.exact import to_dtype
 from minifloat.kernels import Backend, QOperand
 from minifloat.kernels.backend import fp32_scaled
 from minifloat.recipes import OperandSpec, QuantRecipe
@@ -36,7 +33,6 @@ __all__ = [
     "folds_remainder",
     "joins_products",
     "joint_fprop",
-    "row_restricted_fprop",
     "fprop_correction",
     "partial_dtype",
     "folded_wgrad_operand",
@@ -72,7 +68,6 @@ def joins_products(recipe: QuantRecipe) -> bool:
     return (
         compensation(recipe) == "e4m3"
         and recipe.occ.one_gemm
-        and recipe.occ.rows == 1.0
         and recipe.delayed is None
         and all(
             s.fmt == "e2m1"
@@ -108,34 +103,6 @@ def joint_fprop(
     lhs = fp32_scaled(lhs_values, lhs_scale, "e4m3", "row", False)
     rhs = fp32_scaled(rhs_values, rhs_scale, "e4m3", "row", False)
     return backend.scaled_mm(lhs, rhs, out_dtype=out_dtype, bias=bias, fast_accum=fast_accum)
-
-
-def row_restricted_fprop(
-    backend: Backend,
-    fmt: str,
-    x: torch.Tensor,
-    clip: Clip,
-    x_q: QOperand,
-    weight: torch.Tensor,
-    w_q: QOperand,
-    *,
-    share: float,
-    out_dtype: torch.dtype,
-    bias: torch.Tensor | None,
-    fast_accum: bool,
-) -> torch.Tensor:
-    """y = x_q·w_qᵀ + bias [M, N], with Δx·wᵀ added in the rows of largest remainder only
-    (occ.compensated_rows, `share` of them): `fprop_correction` over those R rows of x, [R, K]
-    x [K, N]. Both products in `partial_dtype` (bf16 for E4M3 compensation under bf16: the
-    compensated rows are rounded twice, the others once), a row's two summed in float32."""
-    part = partial_dtype(fmt, out_dtype)
-    y = backend.scaled_mm(x_q, w_q, out_dtype=part, bias=bias, fast_accum=fast_accum)
-    rows = occ.compensated_rows(x, *clip, share)
-    corr = fprop_correction(
-        backend, fmt, x.index_select(0, rows), clip, weight, fast_accum, out_dtype=part
-    )
-    summed = y.index_select(0, rows).float() + corr.float()
-    return to_dtype(y.index_copy_(0, rows, to_dtype(summed, part)), out_dtype)
 
 
 def _fp32_operand(t: torch.Tensor, transposed: bool = False) -> QOperand:

@@ -131,10 +131,6 @@ class OCCConfig:
     (occ_gemm.joint_fprop, occ.joint_lhs): 1.3B fp4 6-9 ms a step faster than the separate
     GEMM (off), 1.00x bf16 against 0.98x, y's SQNR within 0.06 dB of it
     (docs/hopper_sessions.md, session 66).
-    `rows` in (0, 1]: the share of the rows (tokens) whose remainder fprop compensates, those
-    of largest |Δx| (occ.compensated_rows), through a GEMM over [R, K] added into those rows of
-    y (occ_gemm.row_restricted_fprop); 1 (the default): every row. wgrad's fold keeps the whole
-    remainder either way. Below 1 fprop's products are never one GEMM (`one_gemm` is ignored).
     """
 
     alpha: float = 0.99
@@ -143,7 +139,6 @@ class OCCConfig:
     threshold: str = "sampled"
     sample_size: int = 65536
     one_gemm: bool = True
-    rows: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.5 < self.alpha < 1.0:
@@ -154,8 +149,6 @@ class OCCConfig:
             raise ValueError(f"OCC compensation_format must be one of {OCC_COMPENSATION_FORMATS}")
         if not (isinstance(self.sample_size, int) and self.sample_size >= 1024):
             raise ValueError(f"OCC sample_size must be an integer >= 1024, got {self.sample_size}")
-        if not 0.0 < self.rows <= 1.0:  # NaN fails too
-            raise ValueError(f"OCC rows must lie in (0, 1], got {self.rows}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,10 +46,6 @@ VARIANT_KEYS: dict[str, str] = {
     "occ.compensation_format": "e4m3|fp32: precision of the compensation (fp32: reference)",
     "occ.sample_size": "entries of the strided threshold sample, an integer >= 1024",
     "occ.one_gemm": "on|off: fprop's two compensated products as one GEMM over 2K (default on)",
-    "occ.rows": (
-        "share in (0, 1] of the rows (tokens) whose remainder fprop compensates, those of "
-        "largest |remainder| (default 1: all)"
-    ),
     "scaling": "row|tensor: scale granularity of both input and weight, in every GEMM",
     "scaling.input": "row|tensor: scale granularity of the input x (per token or per tensor)",
     "scaling.weight": "row|tensor: scale granularity of the weight w (per channel or per tensor)",

@@ -155,8 +155,6 @@ class QuantRecipe(Recipe):
             words["wgrad"] = words["wgrad"].replace(")", ", x x_scale)", 1)
         if self.occ is not None:
             comp = "compensated" if self.occ.compensate else "no compensation"
-            if self.occ.compensate and self.occ.rows < 1.0:
-                comp += f" in {100 * self.occ.rows:g} % of the rows"
             words["fprop"] += f" + OCC (alpha={self.occ.alpha}, {comp})"
         if self.dge is not None:
             words["wgrad"] += f" + DGE (k={self.dge.k:g}, cap={self.dge.cap:g})"
