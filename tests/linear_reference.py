@@ -16,13 +16,13 @@ from minifloat.recipes import OperandSpec, QuantRecipe
 U = 2.0**-24  # fp32 unit roundoff
 
 
-def _deq(t: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor]:
+def _deq(t: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, per-element scale) of quantize(t) as float64."""
     q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
     return q.values.double(), q.expand_scale().double()
 
 
-def _scaled(t: torch.Tensor, spec) -> torch.Tensor:
+def _scaled(t: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     """t as quantize() scales it before rounding (row or tensor groups): t * m with "inv"
     scales, m = max / amax per group (formats.inv_scales), else t / scale, in float32."""
     q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
@@ -39,7 +39,13 @@ def _gemm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def reference(
-    recipe: QuantRecipe, x, w, b, dy, *, clip=None
+    recipe: QuantRecipe,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    dy: torch.Tensor,
+    *,
+    clip: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{name: (float64 value, fp32 error bound)} for y, dx, dw, db.
 
@@ -115,7 +121,9 @@ def _folds_remainder(recipe: QuantRecipe) -> bool:
     )
 
 
-def _folded_remainder(xv, xs, delta, values_max):
+def _folded_remainder(
+    xv: torch.Tensor, xs: torch.Tensor, delta: torch.Tensor, values_max: float
+) -> torch.Tensor:
     """z = x_q + Δx / s_x (float32 quotient and sum) on E4M3 times the least power of two t >= 1
     that keeps B / t <= 448, B = max over rows of values_max + max|Δx| / s_x (a bound on |z|),
     as float64 z_q·t."""
@@ -128,7 +136,9 @@ def _folded_remainder(xv, xs, delta, values_max):
     return formats.get("e4m3").round(z / t).double() * t
 
 
-def _compensation(recipe: QuantRecipe, delta, w, dy):
+def _compensation(
+    recipe: QuantRecipe, delta: torch.Tensor, w: torch.Tensor, dy: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
     """OCC's fprop and wgrad corrections (value, error bound) in float64, dense: exact products
     ("fp32"), or E4M3 operands quantized per row along each GEMM's contraction ("e4m3"; the
     wgrad one is zero where the remainder folds into wgrad's input)."""
@@ -146,7 +156,9 @@ def _compensation(recipe: QuantRecipe, delta, w, dy):
     return comp, comp_err, *_gemm(gv * gs, tv * ts)
 
 
-def _joint_compensation(x_c, delta, w, xs, ws):
+def _joint_compensation(
+    x_c: torch.Tensor, delta: torch.Tensor, w: torch.Tensor, xs: torch.Tensor, ws: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """OCC's fprop correction of `OCCConfig.one_gemm` (value, error bound) in float64, from its
     definition: per row g = f·2^-a, for each f in {1, 1.25, 1.5} the least a in f's range with
     the row's largest |Δx·m_x| times f·2^-a within 448, and of those the f whose largest entry
