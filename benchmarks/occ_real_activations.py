@@ -221,17 +221,17 @@ def restricted(c: Clipped, w: torch.Tensor, y_off: torch.Tensor, ref: torch.Tens
     y's rows, could hold at best. C and R: each share of K in `CHANNEL_SHARES` and of M in
     `ROW_SHARES`, rounded up to a multiple of 16; the channels and rows are this batch's own
     (a top-k, as a training step could pick them)."""
-    (m, k), w64 = c.delta.shape, w.double()
+    (m, k), w64, y64 = c.delta.shape, w.double(), y_off.double()
     labels = iter(restricted_labels())
     out = {}
     for share in CHANNEL_SHARES:
         idx = c.order[: _kept(k, share)]
-        y = y_off.double() + c.delta[:, idx] @ w64[:, idx].t()
+        y = y64 + c.delta[:, idx] @ w64[:, idx].t()
         out[next(labels)] = (sqnr_db(ref, y), len(idx))
     for order, shares in ((c.row_order, ROW_SHARES), (c.row_energy_order, ENERGY_ROW_SHARES)):
         for share in shares:
             idx = order[: _kept(m, share)]
-            y = y_off.double().index_add(0, idx, c.delta[idx] @ w64.t())
+            y = y64.index_add(0, idx, c.delta[idx] @ w64.t())
             out[next(labels)] = (sqnr_db(ref, y), len(idx))
     return out
 

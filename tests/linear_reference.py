@@ -22,7 +22,7 @@ def _deq(t: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor
     return q.values.double(), q.expand_scale().double()
 
 
-def _scaled(t: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
+def scaled_operand(t: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     """t as quantize() scales it before rounding (row or tensor groups): t * m with "inv"
     scales, m = max / amax per group (formats.inv_scales), else t / scale, in float32."""
     q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
@@ -32,7 +32,7 @@ def _scaled(t: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     return t * formats.inv_scales(amax, formats.get(spec.fmt).max)[0]
 
 
-def _gemm(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gemm_with_bound(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a @ bᵀ in float64, and a bound on an fp32 computation's rounding error."""
     kc = a.shape[1]
     return a @ b.t(), (kc + 4) * U * (a.abs() @ b.abs().t())
@@ -61,7 +61,7 @@ def reference(
             delta = x - x_c
     xv, xs = _deq(x_c, recipe.fprop.lhs)
     wv, ws = _deq(w, recipe.fprop.rhs)
-    y, y_err = _gemm(xv * xs, wv * ws)
+    y, y_err = gemm_with_bound(xv * xs, wv * ws)
     comp, comp_err, c, c_err = _compensation(recipe, delta, w, dy)
     occ_cfg = recipe.occ
     if occ_gemm.joins_products(recipe):  # one GEMM over both: its one rounding, the caller's
@@ -78,30 +78,30 @@ def reference(
 
     if recipe.folds("dgrad"):  # scale dy's columns by w's row scale, quantize, x unit-scaled w_q
         gv, gs = _deq(dy * ws[:, :1].float().t(), recipe.dgrad.lhs)
-        out["dx"] = _gemm(gv * gs, wv.t())
+        out["dx"] = gemm_with_bound(gv * gs, wv.t())
     elif recipe.dgrad.rhs.reuse:
         gv, gs = _deq(dy, recipe.dgrad.lhs)
-        out["dx"] = _gemm(gv * gs, (wv * ws).t())
+        out["dx"] = gemm_with_bound(gv * gs, (wv * ws).t())
     else:
         gv, gs = _deq(dy, recipe.dgrad.lhs)
         tv, ts = _deq(w.t().contiguous(), recipe.dgrad.rhs)
-        out["dx"] = _gemm(gv * gs, tv * ts)
+        out["dx"] = gemm_with_bound(gv * gs, tv * ts)
 
     if _folds_remainder(recipe):  # wgrad's x_q carries OCC's remainder: z = x_q + Δx / s_x
         xv = _folded_remainder(xv, xs, delta, formats.get(recipe.fprop.lhs.fmt).max)
     if recipe.folds("wgrad"):  # scale dy's rows by x's row scale, quantize dyᵀ, x unit-scaled x_q
         hv, hs = _deq((dy * xs[:, :1].float()).t().contiguous(), recipe.wgrad.lhs)
-        dw, dw_err = _gemm(hv * hs, xv.t())
+        dw, dw_err = gemm_with_bound(hv * hs, xv.t())
     elif recipe.wgrad.rhs.reuse:
         hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
-        dw, dw_err = _gemm(hv * hs, (xv * xs).t())
+        dw, dw_err = gemm_with_bound(hv * hs, (xv * xs).t())
     else:
         hv, hs = _deq(dy.t().contiguous(), recipe.wgrad.lhs)
         tv, ts = _deq(x_c.t().contiguous(), recipe.wgrad.rhs)
-        dw, dw_err = _gemm(hv * hs, tv * ts)
+        dw, dw_err = gemm_with_bound(hv * hs, tv * ts)
     dw, dw_err = dw + c, dw_err + c_err
     if recipe.dge is not None:  # f' at the scaled w that the quantizer rounded
-        f = dge_derivative(_scaled(w, recipe.fprop.rhs), k=recipe.dge.k, cap=recipe.dge.cap)
+        f = dge_derivative(scaled_operand(w, recipe.fprop.rhs), k=recipe.dge.k, cap=recipe.dge.cap)
         f = f.double()
         dw, dw_err = dw * f, dw_err * f
     out["dw"] = (dw, dw_err)
@@ -144,16 +144,19 @@ def _compensation(
     wgrad one is zero where the remainder folds into wgrad's input)."""
     zero = torch.zeros(w.shape, dtype=torch.float64)
     if recipe.occ is None or recipe.occ.compensation_format == "fp32":
-        return (*_gemm(delta.double(), w.double()), *_gemm(dy.double().t(), delta.double().t()))
+        return (
+            *gemm_with_bound(delta.double(), w.double()),
+            *gemm_with_bound(dy.double().t(), delta.double().t()),
+        )
     e4m3 = OperandSpec(fmt="e4m3", granularity="row")
     dv, ds = _deq(delta, e4m3)
     wv, ws = _deq(w, e4m3)
-    comp, comp_err = _gemm(dv * ds, wv * ws)
+    comp, comp_err = gemm_with_bound(dv * ds, wv * ws)
     if _folds_remainder(recipe):
         return comp, comp_err, zero, zero
     gv, gs = _deq(dy.t().contiguous(), e4m3)
     tv, ts = _deq(delta.t().contiguous(), e4m3)
-    return comp, comp_err, *_gemm(gv * gs, tv * ts)
+    return comp, comp_err, *gemm_with_bound(gv * gs, tv * ts)
 
 
 def _joint_compensation(
@@ -187,4 +190,4 @@ def _joint_compensation(
             best_err = torch.minimum(err, best_err)
     dq = e4m3.round((dv.double() * best_g).float().clamp(-448.0, 448.0)).double()
     wq = e4m3.round(w * m_w * 64.0).double()
-    return _gemm(dq * xs / best_g, wq * ws / 64.0)
+    return gemm_with_bound(dq * xs / best_g, wq * ws / 64.0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from linear_reference import U, _scaled, reference
+from linear_reference import U, reference, scaled_operand
 from minifloat import occ, occ_gemm, recipes
 from minifloat.dge import dge_derivative
 from minifloat.kernels import Backend, EmulatedBackend, backend_for, get_backend
@@ -173,7 +173,7 @@ def test_sqnr_floors_and_fp8_beats_fp4():
         got = run_layer(name, x, w, b, dy, backend="emulated")
         dge = recipes.get(name).dge
         if dge is not None:  # f' at the scaled w the quantizer rounded, as in `reference`
-            f = dge_derivative(_scaled(w, recipes.get(name).fprop.rhs), k=dge.k, cap=dge.cap)
+            f = dge_derivative(scaled_operand(w, recipes.get(name).fprop.rhs), k=dge.k, cap=dge.cap)
             exact["dw"] = layer.weight.grad * f
         else:
             exact["dw"] = layer.weight.grad

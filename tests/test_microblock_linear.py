@@ -14,7 +14,7 @@ from torch import nn
 
 from bits import bits_equal
 from gloo_ranks import spawn
-from linear_reference import U, _gemm
+from linear_reference import U, gemm_with_bound
 from minifloat import convert, counter_rng, hadamard, recipes
 from minifloat.diagnostics import measure_layer_sqnr
 from minifloat.linear import QuantLinear
@@ -47,11 +47,11 @@ def reference(recipe: QuantRecipe, x, w, b, dy, seeds):
     """{name: (float64 value, fp32 error bound)}; `seeds` = layer_seeds of the step."""
     x, w, dy = x.float(), w.float(), dy.float()
     wq = _deq(w, recipe.fprop.rhs)
-    y, y_err = _gemm(_deq(x, recipe.fprop.lhs), wq)
+    y, y_err = gemm_with_bound(_deq(x, recipe.fprop.lhs), wq)
     out = {"y": (y + b.double(), y_err)}
     g = _deq(dy, recipe.dgrad.lhs, _noise(recipe.dgrad.lhs, seeds[0], dy.shape))
     w_t = wq.t() if recipe.dgrad.rhs.reuse else _deq(w.t().contiguous(), recipe.dgrad.rhs)
-    out["dx"] = _gemm(g, w_t)
+    out["dx"] = gemm_with_bound(g, w_t)
     lhs, rhs = recipe.wgrad.lhs, recipe.wgrad.rhs
     dy_t, x_t = dy.t().contiguous(), x.t().contiguous()
     if lhs.hadamard:  # both operands rotated along M with the step's signs
@@ -59,7 +59,7 @@ def reference(recipe: QuantRecipe, x, w, b, dy, seeds):
         signs = counter_rng.random_signs(key, lhs.hadamard, CPU)
         dy_t, x_t = hadamard.rotate(dy_t, signs, dim=1), hadamard.rotate(x_t, signs, dim=1)
     h = _deq(dy_t, lhs, _noise(lhs, seeds[1], dy_t.shape))
-    out["dw"] = _gemm(h, _deq(x_t, rhs))
+    out["dw"] = gemm_with_bound(h, _deq(x_t, rhs))
     out["db"] = (dy.double().sum(0), dy.shape[0] * U * dy.double().abs().sum(0))
     return out
 
@@ -116,7 +116,7 @@ def test_stochastic_rounding_is_unbiased_through_the_layer():
     x, w, _, dy = _data(16, 64, 64, seed=3)
     layer = _layer("mxfp4", w)
     layer.weight.requires_grad_(False)  # dgrad only
-    want = _gemm(dy.double(), _deq(w.t().contiguous(), layer.recipe.dgrad.rhs))[0]
+    want = gemm_with_bound(dy.double(), _deq(w.t().contiguous(), layer.recipe.dgrad.rhs))[0]
     total, errors = torch.zeros_like(want), {}
     for step in range(1, 65):
         total += _step(layer, x, dy)[0].double()
