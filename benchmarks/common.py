@@ -136,6 +136,24 @@ def host_ms(fn: Callable[[], object], *, reps: int = 20) -> float:
     return statistics.median(times)
 
 
+def loop_host_ms(fn: Callable[[], object], *, calls: int = 100, reps: int = 5) -> float:
+    """Median over `reps` rounds of the host milliseconds per call of `calls` back-to-back calls
+    of `fn` (no sync between them): the steady-state cost of enqueueing it, as in a training
+    step whose host runs behind the GPU (`host_ms` starts each call from an idle GPU). Keep
+    `calls` times the call's launches under the launch queue's ~1,000 entries, or the host
+    waits for the GPU and this measures the GPU."""
+    fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) * 1000.0 / calls)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def kernel_ms(fn: Callable[[], object], *, reps: int = 10) -> float | None:
     """GPU kernel milliseconds per call of `fn`: the sum of its kernels' durations (profiler).
 

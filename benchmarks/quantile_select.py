@@ -9,15 +9,19 @@ heavy-tailed float32 vector, alpha = 0.99, by:
 - "sort (compiled)": `quantize.tensor_quantiles` under torch.compile, what a compiled OCC
   layer ran before (CUB's sort, a count, an index kernel);
 - "select B,C,W": kernels/quantiles_triton.py's kernels with digit BITS B, CHUNK C, W warps,
-  then `quantize.interpolate`, eagerly;
+  then `quantize.interpolate`, eagerly, launched as compiled kernels after the first call;
+  "select B,C,W (JIT)" the same with every launch through Triton's JIT (before session 71);
+- "op": the Library op alone (`torch.ops.minifloat.order_statistics`), what a compiled
+  step's code calls;
 - "clip_bounds (compiled)": kernels/quantiles.py's entry point under torch.compile (the path
   a compiled layer takes: the select's Library op, or a `triton_op` in session 67's first
   results), with the default configuration;
 - "clip_bounds (eager)": the same entry point eagerly (the Library op and the interpolation's
   eager ops): its host time is what the op costs the host in a compiled step, plus the
   interpolation's (a 1.3B fp4 step's profile put the op at 356 us a call, session 68).
-Each is timed by the profiler's kernel time per call (and launches), by CUDA events, and by
-the host's time to enqueue one call from an idle GPU (`common.host_ms`); every
+Each is timed by the profiler's kernel time per call (and launches), by CUDA events, by
+the host's time to enqueue one call from an idle GPU (`common.host_ms`) and by the host's time
+a call in a loop of 100 calls (`common.loop_host_ms`, the steady state); every
 result is checked equal to the sort's, bit for bit up to the sign of a zero quantile, on four
 kinds of data (heavy-tailed, many ties, bf16 values, non-finite entries mixed in).
 Results: benchmarks/results/quantile_select[_<tag>]_<gpu>_<date>.{md,json}.
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     host_ms,
     kernel_profile,
+    loop_host_ms,
     parse_tiles,
     probe_parser,
     require_cuda,
@@ -85,8 +90,12 @@ def main() -> None:
     sort_c = torch.compile(lambda f: torch.stack(tensor_quantiles(f, ALPHA)), dynamic=False)
     bounds_c = torch.compile(lambda f: clip_bounds(f, ALPHA), dynamic=False)
 
-    def select(f: torch.Tensor, cfg: tuple[int, ...]) -> torch.Tensor:
-        s = order_statistics(f, *q_bits, config=cfg)
+    def select(f: torch.Tensor, cfg: tuple[int, ...], cached: bool = True) -> torch.Tensor:
+        s = order_statistics(f, *q_bits, config=cfg, cached=cached)
+        return interpolate(s[:, 0], s[:, 1], s[:, 2])
+
+    def op(f: torch.Tensor) -> torch.Tensor:
+        s = torch.ops.minifloat.order_statistics.default(f, *q_bits)
         return interpolate(s[:, 0], s[:, 1], s[:, 2])
 
     records, lines = [], []
@@ -96,28 +105,42 @@ def main() -> None:
             "sort (compiled)": sort_c,
             "clip_bounds (compiled)": bounds_c,
             "clip_bounds (eager)": lambda f: clip_bounds(f, ALPHA),
+            "op": op,
         }
         for cfg in parse_tiles(args.tiles):
-            variants["select " + ",".join(map(str, cfg))] = lambda f, cfg=cfg: select(f, cfg)
+            name = "select " + ",".join(map(str, cfg))
+            variants[name] = lambda f, cfg=cfg: select(f, cfg)
+            variants[name + " (JIT)"] = lambda f, cfg=cfg: select(f, cfg, cached=False)
         for name, fn in variants.items():
             equal = all(same_up_to_zero_sign(fn(x), sort_c(x)) for x in data.values())
             x = data["heavy"]
             prof = kernel_profile(lambda fn=fn, x=x: fn(x), reps=20)
             ms = time_ms(lambda fn=fn, x=x: fn(x), reps=20)
             host = host_ms(lambda fn=fn, x=x: fn(x), reps=20)
-            rec = {"n": n, "variant": name, "equal": equal, "event_ms": ms, "host_ms": host, **prof}
+            loop = loop_host_ms(lambda fn=fn, x=x: fn(x))
+            rec = {
+                "n": n,
+                "variant": name,
+                "equal": equal,
+                "event_ms": ms,
+                "host_ms": host,
+                "loop_host_ms": loop,
+                **prof,
+            }
             records.append(rec)
             lines.append(
                 f"| {n:,} | {name} | {equal} | {1000 * (prof['kernel_ms'] or 0):.1f} "
-                f"| {prof['kernels']:.0f} | {1000 * ms:.1f} | {1000 * host:.1f} |"
+                f"| {prof['kernels']:.0f} | {1000 * ms:.1f} | {1000 * host:.1f} "
+                f"| {1000 * loop:.1f} |"
             )
             print(lines[-1], flush=True)
     body = (
         f"alpha = {ALPHA}; kernel us: the profiler's kernel time per call; launches per call; "
         "event us: CUDA events around one call after an L2 flush (host launch cost included); "
-        "host us: the host's time to enqueue one call from an idle GPU.\n\n"
-        "| n | variant | equal to sort | kernel us | launches | event us | host us |\n"
-        "|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+        "host us: the host's time to enqueue one call from an idle GPU; loop us: the host's time "
+        "a call in a loop of 100 calls.\n\n"
+        "| n | variant | equal to sort | kernel us | launches | event us | host us | loop us |\n"
+        "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines)
     )
     write_probe("quantile_select", args, records, body)
 

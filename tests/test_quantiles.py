@@ -201,3 +201,28 @@ def test_op_passes_opcheck():
     torch.library.opcheck(
         torch.ops.minifloat.order_statistics.default, (flat, _q_bits(0.01), _q_bits(0.99))
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cached_launches_equal_the_jit_ones_on_the_gpu():
+    """After a configuration's first call its compiled kernels are launched directly
+    (`quantiles_triton._LAUNCHERS`), nothing in them specialised on the entry count or the
+    pointers' alignment: on every kind, on unaligned views and at entry counts a specialising
+    JIT would compile apart (1, 16, 17), the values equal the JIT launches' bit for bit, and the
+    sort's."""
+    from minifloat.kernels import quantiles_triton
+
+    _kernel_available()
+    order_statistics = _triton_order_statistics()
+    qs = (_q_bits(0.01), _q_bits(0.99))
+    for kind in KINDS:
+        data = _data(kind, 30011, "cuda")
+        order_statistics(data, *qs)
+        assert any(k[:2] == (data.device, data.dtype) for k in quantiles_triton._LAUNCHERS)
+        for flat in (data, data[1:], data[3:], data[:1], data[:16], data[5:22]):
+            cached = order_statistics(flat, *qs)
+            jit = order_statistics(flat, *qs, cached=False)
+            assert torch.equal(cached.view(torch.int32), jit.view(torch.int32)), kind
+            got = interpolate(cached[:, 0], cached[:, 1], cached[:, 2])
+            assert _same(got, _want(flat, 0.99)), kind
