@@ -141,11 +141,10 @@ def _finish_kernel(
         tl.store(out_ptr + (stat // 2) * 3 + 2, (pos - lo).to(tl.float32))
 
 
-# The compiled kernels of one configuration, by (device, dtype, int64 entry count, q bits, config):
-# launched directly (`CompiledKernel[grid]`), a call skips Triton's argument binding and cache
-# lookup, five times, which made the select's op cost a 1.3B fp4 step ~200 us of host a call,
-# 96 calls a step, in the forward where the host is behind the GPU (docs/hopper_sessions.md,
-# sessions 70 and 71).
+# The compiled kernels of one configuration, by (device, dtype, int64 entry count, q bits, config),
+# launched directly (`CompiledKernel[grid]`) from the second call on: Triton's argument binding
+# and cache lookup, five times a call, took ~100 of the ~450 us of host a call on session 71's
+# machine (benchmarks/results/quantile_select_s71_host_*), 96 calls a 1.3B fp4 step.
 _LAUNCHERS: dict[tuple, tuple] = {}
 
 
