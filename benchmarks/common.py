@@ -139,9 +139,9 @@ def host_ms(fn: Callable[[], object], *, reps: int = 20) -> float:
 def loop_host_ms(fn: Callable[[], object], *, calls: int = 100, reps: int = 5) -> float:
     """Median over `reps` rounds of the host milliseconds per call of `calls` back-to-back calls
     of `fn` (no sync between them): the steady-state cost of enqueueing it, as in a training
-    step whose host runs behind the GPU (`host_ms` starts each call from an idle GPU). Keep
-    `calls` times the call's launches under the launch queue's ~1,000 entries, or the host
-    waits for the GPU and this measures the GPU."""
+    step whose host runs behind the GPU (`host_ms` starts each call from an idle GPU). Where
+    the GPU's time a call exceeds the host's, the launch queue (~1,000 entries) fills and the
+    host waits: then this measures the GPU."""
     fn()
     times = []
     for _ in range(reps):

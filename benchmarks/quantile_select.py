@@ -10,15 +10,17 @@ heavy-tailed float32 vector, alpha = 0.99, by:
   layer ran before (CUB's sort, a count, an index kernel);
 - "select B,C,W": kernels/quantiles_triton.py's kernels with digit BITS B, CHUNK C, W warps,
   then `quantize.interpolate`, eagerly, launched as compiled kernels after the first call;
-  "select B,C,W (JIT)" the same with every launch through Triton's JIT (before session 71);
-- "op": the Library op alone (`torch.ops.minifloat.order_statistics`), what a compiled
-  step's code calls;
+  "select B,C,W (JIT)" the same kernels with every launch through Triton's JIT, as before
+  session 71 (whose kernels were also specialised on the entry count and alignment);
+- "op": the Library op (`torch.ops.minifloat.order_statistics`, what a compiled step's code
+  calls) and the eager interpolation;
 - "clip_bounds (compiled)": kernels/quantiles.py's entry point under torch.compile (the path
   a compiled layer takes: the select's Library op, or a `triton_op` in session 67's first
   results), with the default configuration;
 - "clip_bounds (eager)": the same entry point eagerly (the Library op and the interpolation's
   eager ops): its host time is what the op costs the host in a compiled step, plus the
-  interpolation's (a 1.3B fp4 step's profile put the op at 356 us a call, session 68).
+  interpolation's (a 1.3B fp4 step's profile put the op at 356 us a call in session 68,
+  111 in session 71).
 Each is timed by the profiler's kernel time per call (and launches), by CUDA events, by
 the host's time to enqueue one call from an idle GPU (`common.host_ms`) and by the host's time
 a call in a loop of 100 calls (`common.loop_host_ms`, the steady state); every

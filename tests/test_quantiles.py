@@ -207,10 +207,10 @@ def test_op_passes_opcheck():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cached_launches_equal_the_jit_ones_on_the_gpu():
     """After a configuration's first call its compiled kernels are launched directly
-    (`quantiles_triton._LAUNCHERS`), nothing in them specialised on the entry count or the
-    pointers' alignment: on every kind, on unaligned views and at entry counts a specialising
-    JIT would compile apart (1, 16, 17), the values equal the JIT launches' bit for bit, and the
-    sort's."""
+    (`quantiles_triton._LAUNCHERS`), with the arguments the JIT would bind: on every kind, on
+    unaligned views and at 1, 16 and 17 entries (nothing in the kernels is specialised on
+    either, so one compiled set serves them all), the values equal the JIT launches' bit for
+    bit, and the sort's."""
     from minifloat.kernels import quantiles_triton
 
     _kernel_available()

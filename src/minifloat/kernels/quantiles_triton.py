@@ -141,10 +141,13 @@ def _finish_kernel(
         tl.store(out_ptr + (stat // 2) * 3 + 2, (pos - lo).to(tl.float32))
 
 
-# The compiled kernels of one configuration, by (device, dtype, int64 entry count, q bits, config),
-# launched directly (`CompiledKernel[grid]`) from the second call on: Triton's argument binding
-# and cache lookup, five times a call, took ~100 of the ~450 us of host a call on session 71's
-# machine (benchmarks/results/quantile_select_s71_host_*), 96 calls a 1.3B fp4 step.
+# The compiled kernels of one configuration, by (device, dtype, whether the entry count needs
+# int64, q bits, config), launched directly (`CompiledKernel[grid]`) from the second call on:
+# Triton's argument binding and cache lookup, once a launch (five with 8-bit digits), took ~100
+# of the ~450 us of host a call on session 71's machine (benchmarks/results/
+# quantile_select_s71_host_*), 96 calls a 1.3B fp4 step. Triton's debug and instrumentation
+# settings are those of the first call. Kept only where the launcher takes every parameter in
+# order, constexprs included (Triton 3.6's convention; `_launchable`); else the JIT launches.
 _LAUNCHERS: dict[tuple, tuple] = {}
 
 
@@ -174,7 +177,7 @@ def order_statistics(
     launchers = _LAUNCHERS.get(key) if cached and flat.is_cuda else None
     if launchers is None:
         kernels = _jit_launch(flat, hist, out, q_lo_bits, q_hi_bits, grids, chunk, warps)
-        if flat.is_cuda and all(isinstance(k, CompiledKernel) for k in kernels):
+        if flat.is_cuda and all(map(_launchable, kernels, (8,) * passes + (5,))):
             _LAUNCHERS[key] = kernels
         return out
     # the launches go to the current stream of the current device, flat's (as Triton's own)
@@ -190,6 +193,13 @@ def order_statistics(
             )
         launchers[-1][(4, 1, 1)](hist, out, q_lo_bits, q_hi_bits, bits, stream=stream)
     return out
+
+
+def _launchable(kernel: object, params: int) -> bool:
+    """Whether `kernel`, returned by a JIT launch, is a `CompiledKernel` whose launcher takes
+    all `params` parameters of its function positionally (its signature lists them all)."""
+    signature = getattr(getattr(kernel, "src", None), "signature", None)
+    return isinstance(kernel, CompiledKernel) and len(signature or ()) == params
 
 
 def _jit_launch(
