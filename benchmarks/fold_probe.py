@@ -1,7 +1,7 @@
 """What does fp4's forward pass over x cost beyond its bytes? (issue 13, the fp4 layer at 7B shapes)
 
     PYTHONPATH=src python benchmarks/fold_probe.py [--out-dir DIR] [--date D] [--tag T]
-        [--shapes M:K,...] [--device cuda|cpu]
+        [--shapes M:K,...] [--device cuda|cpu] [--variants NAME;NAME...]
 
 Under fp4 (OCC, E4M3 compensation) one compiled kernel reads the layer input x (bf16 [M, K])
 and writes three FP8 operands: x_q = Q_E2M1(clamp(x)) (fprop), Δx_q = Q_E4M3(Δx) (the
@@ -26,6 +26,10 @@ the `x_q only, E4M3 cast` floor, runs at 56-59 % of copy bandwidth and three at 
 floor clamps to OCC's bounds first, and the clamp's instructions are what cost: a scaled cast
 without it runs at 90-100 % (session 58, `benchmarks/cast_probe.py`).
 E2M1 by two additions was 1-2 % faster than by products in every shape.
+- `fold_remainder` and `fold_remainder before session 71`: z alone as backward recomputes it
+  (x_q again from x, then occ.fold_remainder), the library's function against its form before
+  session 71, which divided z by t in float64 (`div_rn_by_scale`) where it now multiplies by
+  1 / t in float32, the same bytes (the column "same bytes as before").
 Bits: every exact row is checked compiled against eager, and `library`'s z against
 occ.fold_remainder. Bandwidth = (2 bytes read + 1 per output) / kernel time, as a share of the
 measured copy bandwidth. Writes `fold_probe[_<tag>]_<gpu>_<date>.{md,json}`.
@@ -44,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from common import copy_bandwidth, kernel_profile, probe_parser, same_bytes, write_probe  # noqa: E402
 from minifloat import formats, occ  # noqa: E402
+from minifloat.exact import div_rn, div_rn_by_scale  # noqa: E402
 from minifloat.formats import inv_scales  # noqa: E402
-from minifloat.kernels.clip import clamp, remainder  # noqa: E402
+from minifloat.kernels.clip import clamp, remainder, remainder_row_amax  # noqa: E402
 from minifloat.kernels.operand import round_to_storage  # noqa: E402
 
 E2M1_MAX, E4M3_MAX = 6.0, 448.0
@@ -133,6 +138,21 @@ def three_casts(x, lo, hi, m_x, r_x, m_d, r_d, inv_t):
     return tuple(e4m3(xf * s) for s in (m_x, m_d, inv_t))
 
 
+def fold_before_s71(x, lo, hi, x_values, x_scale, values_max):
+    """occ.fold_remainder as it was before session 71: z / t as a float64 quotient."""
+    delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
+    z = x_values.float() + div_rn_by_scale(remainder(x, lo, hi), x_scale.float())
+    bound = (values_max + delta_max).amax()
+    bounds = E4M3_MAX * 2.0 ** torch.arange(64, device=z.device, dtype=torch.float32)
+    t = torch.where(bound > bounds, 2.0, 1.0).prod().reshape(1, 1)
+    return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
+
+
+def backward_z(x, lo, hi, m_x, s_x, fold=occ.fold_remainder):
+    """z as fp4's backward recomputes it: x_q from x, then the fold (values only)."""
+    return (fold(x, lo, hi, _xq(x.float(), lo, hi, m_x), s_x, E2M1_MAX)[0],)
+
+
 VARIANTS: list[tuple[str, Callable, bool]] = [  # (name, function, exact: compiled == eager)
     ("library", library, True),
     ("library, z transposed", lambda *a: library(*a, transposed=True), True),
@@ -163,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = probe_parser(__doc__)
     ap.add_argument("--shapes", default="16384:4096,16384:11008,16384:2048")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--variants", default=None, help="';'-separated names (default: all)")
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -180,14 +201,26 @@ def main(argv: list[str] | None = None) -> None:
         )
         library_is_fold = same_bytes(folded, eager_lib[2])
         products_is_library = same_bytes(library(*call_args, rounding=e2m1_by_products), eager_lib)
-        for name, fn, exact in VARIANTS:
+        fold_args = (inp["x"], inp["lo"], inp["hi"], inp["m_x"], inp["s_x"])
+        folds = {
+            "fold_remainder": lambda *_, a=fold_args: backward_z(*a),
+            "fold_remainder before session 71": lambda *_, a=fold_args: backward_z(
+                *a, fold=fold_before_s71
+            ),
+        }
+        same_as_before = same_bytes(*(fn() for fn in folds.values()))
+        variants = VARIANTS + [(name, fn, True) for name, fn in folds.items()]
+        if args.variants:
+            variants = [v for v in variants if v[0] in args.variants.split(";")]
+        for name, fn, exact in variants:
             torch._dynamo.reset()
             compiled = torch.compile(fn)
             out = compiled(*call_args)
             diff = _differing_bytes(out, fn(*call_args))
             rec = {"m": m, "k": k, "variant": name, "exact": exact, "compiled_vs_eager_bytes": diff,
                    "library_z_is_fold_remainder": library_is_fold,
-                   "products_is_library": products_is_library}  # fmt: skip
+                   "products_is_library": products_is_library,
+                   "fold_same_bytes_as_before": same_as_before}  # fmt: skip
             if cuda:
                 prof = kernel_profile(functools.partial(compiled, *call_args), reps=10, top=3)
                 nbytes = m * k * (2 + len(out))
@@ -204,7 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     body = (
         f"copy bandwidth {copy_gbs:.0f} GB/s; `library`'s z equals occ.fold_remainder: "
         f"{all(r['library_z_is_fold_remainder'] for r in records)}; E2M1 by products gives "
-        f"`library`'s bytes: {all(r['products_is_library'] for r in records)}\n\n"
+        f"`library`'s bytes: {all(r['products_is_library'] for r in records)}; "
+        "`fold_remainder` gives its bytes before session 71: "
+        f"{all(r['fold_same_bytes_as_before'] for r in records)}\n\n"
         "| M x K | variant | kernel ms | GB/s (share of copy) "
         "| compiled vs eager: differing bytes |\n"
         "|---|---|---|---|---|\n" + "\n".join(lines) + "\n"

@@ -9,6 +9,8 @@ import torch
 
 from minifloat import occ as occ_module
 from minifloat import recipes
+from minifloat.exact import div_rn_by_scale
+from minifloat.kernels.operand import round_to_storage
 from minifloat.linear import QuantLinear
 from minifloat.occ import (
     clamp,
@@ -161,6 +163,42 @@ def test_fold_remainder():
     big[0, 0] = 1e6
     _, t_big = fold_remainder(big, lo, hi, xq.values, xq.scale, 6.0)
     assert t_big.item() > 1
+
+
+@pytest.mark.parametrize("exponent", [0, 1, 7, 40, 63, 64])
+def test_fold_by_the_inverse_power_of_two_is_the_quotient(exponent):
+    """z · (1 / t), fold_remainder's form, gives the E4M3 bytes of the correctly rounded z / t
+    for every float32 z (random bits: normals, subnormals, zeros, infinities, NaNs) at t from
+    2^0 to 2^64, eagerly and compiled."""
+    g = torch.Generator().manual_seed(exponent)
+    z = torch.randint(-(2**31), 2**31 - 1, (1 << 16,), generator=g, dtype=torch.int32)
+    z = torch.cat([z.view(torch.float32), torch.tensor([0.0, -0.0, 1e-45, -448.0 * 2.0**exponent])])
+    t = torch.tensor([[2.0**exponent]])
+    want = round_to_storage(div_rn_by_scale(z.reshape(1, -1), t), "e4m3").view(torch.uint8)
+
+    def fold(z: torch.Tensor, t_inv: torch.Tensor) -> torch.Tensor:
+        return round_to_storage(z.reshape(1, -1) * t_inv, "e4m3").view(torch.uint8)
+
+    t_inv = torch.tensor([[0.5**exponent]])
+    assert torch.equal(fold(z, t_inv), want)
+    # compiled on the CPU, a NaN's E4M3 byte may take another sign than eager's (its cast does
+    # so without the product too): NaNs compare as NaNs
+    got = torch.compile(fold)(z, t_inv)
+    nan = (want & 0x7F) == 0x7F
+    assert torch.equal((got & 0x7F) == 0x7F, nan) and torch.equal(got[~nan], want[~nan])
+
+
+def test_fold_remainder_is_the_quotient_by_t():
+    """fold_remainder's z equals its definition's, Q_E4M3((x_q + Δx / s_x) / t) with both
+    quotients correctly rounded, byte for byte, with t > 1 (a large remainder)."""
+    x = heavy_tailed(64, 256, seed=7)
+    x[3, 5] = 3e4
+    lo, hi = thresholds(x, OCCConfig(threshold="exact"))
+    xq = quantize(clamp(x, lo, hi), "e2m1", "row")
+    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale, 6.0)
+    z = xq.values.float() + div_rn_by_scale(remainder(x, lo, hi), xq.scale.float())
+    want = round_to_storage(div_rn_by_scale(z, t), "e4m3")
+    assert t.item() > 1 and torch.equal(values.view(torch.uint8), want.view(torch.uint8))
 
 
 def test_layer_output_is_clamped_gemm_plus_compensation():

@@ -140,10 +140,16 @@ def fold_remainder(
     z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
     bound = (values_max + delta_max).amax()
     bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
-    # A product of exact factors of 2 (a comparison per exponent): the same bits in every
-    # compiled form, where log2/exp2 may be approximate.
-    t = torch.where(bound > bounds, 2.0, 1.0).prod().reshape(1, 1)
-    return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
+    # t and 1 / t as products of exact factors of 2 (a comparison per exponent): the same bits
+    # in every compiled form, where log2/exp2 may be approximate. z / t is then z · (1 / t) in
+    # float32: the exact quotient, rounded once where it is a float32 subnormal (as the
+    # quotient is) or flushed to zero by a GPU (E4M3's zero either way). So the bytes of
+    # `div_rn_by_scale(z, t)` without its two float64 conversions an element, in the backward
+    # pass that recomputes z (docs/hopper_sessions.md, session 71)
+    passes = bound > bounds
+    t = torch.where(passes, 2.0, 1.0).prod().reshape(1, 1)
+    t_inv = torch.where(passes, 0.5, 1.0).prod().reshape(1, 1)
+    return round_to_storage(z * t_inv, "e4m3"), t
 
 
 def joint_lhs(
