@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import sys
@@ -330,7 +331,7 @@ def write_probe(base: str, args: argparse.Namespace, records: list[dict], body: 
     """A probe's results as `<base>[_<tag>]_<gpu>_<date>.{md,json}` under probe_parser's
     --out-dir, --date and --tag, the command line above `body`; prints and returns the .md."""
     name = "_".join(filter(None, (base, args.tag)))
-    text = f"`{' '.join(sys.argv)}`\n\n{body}"
+    text = f"`{shlex.join(sys.argv)}`\n\n{body}"
     md, _ = write_results(name, records, text, out_dir=Path(args.out_dir), day=args.date)
     print(md)
     return md

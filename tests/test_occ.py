@@ -188,17 +188,32 @@ def test_fold_by_the_inverse_power_of_two_is_the_quotient(exponent):
     assert torch.equal((got & 0x7F) == 0x7F, nan) and torch.equal(got[~nan], want[~nan])
 
 
-def test_fold_remainder_is_the_quotient_by_t():
-    """fold_remainder's z equals its definition's, Q_E4M3((x_q + Δx / s_x) / t) with both
-    quotients correctly rounded, byte for byte, with t > 1 (a large remainder)."""
+def _fold_against_the_quotient(device: str) -> None:
+    """fold_remainder on `device`, eagerly and compiled, against its definition computed on the
+    CPU, Q_E4M3((x_q + Δx / s_x) / t) with both quotients correctly rounded: byte for byte, with
+    t > 1 (a large remainder: 2^7 here)."""
     x = heavy_tailed(64, 256, seed=7)
     x[3, 5] = 3e4
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
     xq = quantize(clamp(x, lo, hi), "e2m1", "row")
-    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale, 6.0)
     z = xq.values.float() + div_rn_by_scale(remainder(x, lo, hi), xq.scale.float())
-    want = round_to_storage(div_rn_by_scale(z, t), "e4m3")
-    assert t.item() > 1 and torch.equal(values.view(torch.uint8), want.view(torch.uint8))
+    args = [v.to(device) for v in (x, lo, hi, xq.values, xq.scale)]
+    for fold in (fold_remainder, torch.compile(fold_remainder)):
+        values, t = fold(*args, 6.0)
+        want = round_to_storage(div_rn_by_scale(z, t.cpu()), "e4m3")
+        assert t.item() == 2.0**7
+        assert torch.equal(values.cpu().view(torch.uint8), want.view(torch.uint8))
+
+
+def test_fold_remainder_is_the_quotient_by_t():
+    _fold_against_the_quotient("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fold_remainder_is_the_quotient_by_t_on_the_gpu():
+    """The same on CUDA, whose float32 products may flush subnormal results to zero."""
+    _fold_against_the_quotient("cuda")
 
 
 def test_layer_output_is_clamped_gemm_plus_compensation():

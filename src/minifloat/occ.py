@@ -56,7 +56,8 @@ __all__ = [
 ]
 
 _E4M3_MAX = 448.0
-# Power-of-two tensor scales 2^0 .. 2^63 of `fold_remainder` (float32: 448·2^63 is finite).
+# `fold_remainder`'s steps 448·2^0 .. 448·2^63, so its power-of-two tensor scales t run from 2^0
+# to 2^64 (float32: 448·2^63 is finite, and 2^-64 a normal).
 _FOLD_EXPONENTS = 64
 # `joint_lhs`'s row multipliers f·2^-a, as (f, least a, greatest a): the factors f whose
 # products with every E2M1 value have at most 4 significant bits, each over the shifts that keep
