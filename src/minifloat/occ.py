@@ -64,7 +64,8 @@ _FOLD_EXPONENTS = 64
 # those products exact in E4M3 (at most 448: 6·2^6 = 384; multiples of 2^-9, its least
 # subnormal: 0.5·2^-8, 0.625·2^-6, 0.75·2^-7). `joint_rhs` shifts by 2^6.
 _JOINT_FACTORS = ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7))
-_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT = -6, 8  # the union of those ranges
+_JOINT_MIN_SHIFT = min(least for _, least, _ in _JOINT_FACTORS)  # the union of those ranges
+_JOINT_MAX_SHIFT = max(most for _, _, most in _JOINT_FACTORS)
 _JOINT_RHS_SHIFT = 64.0
 
 

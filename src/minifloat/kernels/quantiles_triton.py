@@ -179,7 +179,8 @@ def order_statistics(
     launchers = _LAUNCHERS.get(key) if cached and flat.is_cuda else None
     if launchers is None:
         kernels = _jit_launch(flat, hist, out, q_lo_bits, q_hi_bits, grids, chunk, warps)
-        if flat.is_cuda and all(map(_launchable, kernels, (8,) * passes + (5,))):
+        functions = (_pass_kernel,) * passes + (_finish_kernel,)
+        if flat.is_cuda and all(map(_launchable, kernels, functions)):
             _LAUNCHERS[key] = kernels
         return out
     # the launches go to the current stream of the current device, flat's (as Triton's own)
@@ -197,11 +198,11 @@ def order_statistics(
     return out
 
 
-def _launchable(kernel: object, params: int) -> bool:
-    """Whether `kernel`, returned by a JIT launch, is a `CompiledKernel` whose launcher takes
-    all `params` parameters of its function positionally (its signature lists them all)."""
+def _launchable(kernel: object, function: triton.JITFunction) -> bool:
+    """Whether `kernel`, returned by a JIT launch of `function`, is a `CompiledKernel` whose
+    launcher takes every parameter of `function` positionally (its signature lists them all)."""
     signature = getattr(getattr(kernel, "src", None), "signature", None)
-    return isinstance(kernel, CompiledKernel) and len(signature or ()) == params
+    return isinstance(kernel, CompiledKernel) and len(signature or ()) == len(function.arg_names)
 
 
 def _jit_launch(
