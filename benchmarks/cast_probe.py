@@ -16,6 +16,8 @@ written or compiled, this probe asks where that time goes, timing the same pass 
 - `inductor ..., coordinate descent`: the same with `coordinate_descent_tuning=True`;
 - `inductor col m`: m a [1, K] tensor, a multiplier per column (the casts of operands that
   wgrad reads transposed, row- and block-scaled recipes: 60-65 % of copy in session 47);
+- `inductor tensor m / row m, ±448 by selects`: the clamp as two compare-selects without a
+  NaN test (the same bits; session 72);
 - `inductor row m, OCC clamp / bare clamp / finite test`: fold_probe's "plain cast" floor,
   which clamped by OCC's bounds first (`kernels/clip.clamp`), and its two halves;
 - `triton cast BLOCK/warps` (tensor m) and `triton row/col cast` (2-D tiles): hand-written
@@ -102,8 +104,8 @@ def _tile_cast_kernel(
 
 
 def scaled_cast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The library's cast pass with a given multiplier and its clamp (`round_to_storage(x * m,
-    "e4m3")`)."""
+    """The library's cast pass with a given multiplier and its clamp to ±448 (as
+    `round_to_storage(x * m, "e4m3")` wrote it before session 72: `torch.clamp`)."""
     return clamped_cast(x, m, torch.float8_e4m3fn)
 
 
@@ -143,6 +145,18 @@ def satfinite_check() -> dict:
             "values": v.numel(), "differ": int(differ.sum()), "examples": v[differ][:6].tolist()
         }  # fmt: skip
     return result
+
+
+def select_saturated_cast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The clamped cast with each bound as one compare-select and no NaN test (a NaN fails both
+    comparisons and passes through): the clamp's bits (tests/test_operand.py checks the
+    library's saturating casts against the clamp). Session 72 wrote `round_to_storage`'s clamp
+    so; in training the compiled fp4 block then saved its E4M3 operands (+3.6 GiB at 1.3B),
+    so the library keeps `torch.clamp` (docs/hopper_sessions.md, session 72)."""
+    v = x.float() * m
+    return torch.where(v > E4M3_MAX, E4M3_MAX, torch.where(v < -E4M3_MAX, -E4M3_MAX, v)).to(
+        torch.float8_e4m3fn
+    )
 
 
 def occ_clamped_cast(x, lo, hi, m):
@@ -202,6 +216,8 @@ def variants(
         ("inductor row m", scaled_cast, (x, m_r)),
         ("inductor col m", scaled_cast, (x, m_c)),
         ("inductor row m, no ±448 clamp", unclamped_cast, (x, m_r)),
+        ("inductor tensor m, ±448 by selects", select_saturated_cast, (x, m_t)),
+        ("inductor row m, ±448 by selects", select_saturated_cast, (x, m_r)),
         ("inductor row m, OCC clamp", occ_clamped_cast, (x, lo, hi, m_r)),
         ("inductor row m, bare clamp", bare_clamped_cast, (x, lo, hi, m_r)),
         ("inductor row m, finite test", finite_cast, (x, lo, hi, m_r)),

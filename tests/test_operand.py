@@ -278,6 +278,49 @@ def test_e2m1_rounding_compiled_on_gpu_equals_the_reference():
     assert bits_equal(got.float(), formats.get("e2m1").round(q))
 
 
+def _saturation_inputs() -> torch.Tensor:
+    """float32 values around and past every FP8 range (±0, the maxima and their neighbours,
+    huge values, ±inf, NaN) and 2^16 random bit patterns."""
+    g = torch.Generator().manual_seed(72)
+    bits = torch.randint(-(2**31), 2**31 - 1, (1 << 16,), generator=g, dtype=torch.int32)
+    edges = [0.0, 6.0, 448.0, 57344.0, 6.5, 464.0, 61440.0, 1e30, float("inf"), float("nan")]
+    edges = torch.tensor(edges)
+    near = edges[1:-2].view(torch.int32)[:, None] + torch.arange(-2, 3, dtype=torch.int32)
+    v = torch.cat([edges, near.flatten().view(torch.float32)])
+    return torch.cat([v, -v, bits.view(torch.float32)])
+
+
+def _clamp_then_cast(q: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The saturating cast as a clamp to ±max, then the cast (E2M1: its rounding)."""
+    fmt_max = formats.get(fmt).max
+    if fmt == "e2m1":
+        return formats.get("e2m1").round(q)
+    return q.clamp(-fmt_max, fmt_max).to(operand.FP8_STORAGE[fmt])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3", "e5m2"])
+def test_saturating_cast_is_the_clamp_then_the_cast(fmt, compiled):
+    """round_to_storage's saturating cast: the bits of a clamp to ±max then the cast, NaN kept
+    (as any NaN: a compiled CPU cast may flip its sign), -0.0 kept, ±inf to ±max, at the
+    ranges' edges and over random bit patterns (a form of the clamp must keep these bits)."""
+    q = _saturation_inputs()
+    fn = torch.compile(operand.round_to_storage) if compiled else operand.round_to_storage
+    got = fn(q, fmt)
+    torch._dynamo.reset()
+    assert bits_equal(got.float(), _clamp_then_cast(q, fmt).float())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 (sm_89+)")
+@pytest.mark.parametrize("fmt", ["e2m1", "e4m3", "e5m2"])
+def test_saturating_cast_compiled_on_gpu_is_the_clamp_then_the_cast(fmt):
+    q = _saturation_inputs()
+    got = torch.compile(operand.round_to_storage)(q.cuda(), fmt)
+    torch._dynamo.reset()
+    assert bits_equal(got.float(), _clamp_then_cast(q, fmt).float())
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 def test_abs_amax_through_magnitude_bits_equals_abs_then_amax(dtype, compiled):
