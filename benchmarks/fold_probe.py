@@ -26,13 +26,10 @@ the `x_q only, E4M3 cast` floor, runs at 56-59 % of copy bandwidth and three at 
 floor clamps to OCC's bounds first, and the clamp's instructions are what cost: a scaled cast
 without it runs at 90-100 % (session 58, `benchmarks/cast_probe.py`).
 E2M1 by two additions was 1-2 % faster than by products in every shape.
-- `fold_remainder`, `fold_remainder before session 72` and `... before session 71`: z alone
-  as backward recomputes it (x_q again from x, then occ.fold_remainder): the library's
-  function, which takes Δx on x_q's multiplier (Δx·m_x, one float32 product; session 72),
-  against its form with the float64 quotient Δx / s_x (the function without a multiplier)
-  and the form before session 71, which also divided z by t in float64 (`div_rn_by_scale`)
-  where session 71 multiplies by 1 / t in float32, the same bytes ("same bytes as before").
-  Δx·m_x and Δx / s_x may round to neighbouring float32s: the differing bytes are counted.
+- `fold_remainder` and `fold_remainder before session 71`: z alone as backward recomputes it
+  (x_q again from x, then occ.fold_remainder), the library's function against its form before
+  session 71, which divided z by t in float64 (`div_rn_by_scale`) where it now multiplies by
+  1 / t in float32, the same bytes (the column "same bytes as before").
 Bits: every exact row is checked compiled against eager, and `library`'s z against
 occ.fold_remainder. Bandwidth = (2 bytes read + 1 per output) / kernel time, as a share of the
 measured copy bandwidth. Writes `fold_probe[_<tag>]_<gpu>_<date>.{md,json}`.
@@ -141,9 +138,8 @@ def three_casts(x, lo, hi, m_x, r_x, m_d, r_d, inv_t):
     return tuple(e4m3(xf * s) for s in (m_x, m_d, inv_t))
 
 
-def fold_before_s71(x, lo, hi, x_values, x_scale, x_multiplier, values_max):
-    """occ.fold_remainder as it was before session 71: Δx / s_x and z / t as float64
-    quotients (`x_multiplier` unused)."""
+def fold_before_s71(x, lo, hi, x_values, x_scale, values_max):
+    """occ.fold_remainder as it was before session 71: z / t as a float64 quotient."""
     delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     z = x_values.float() + div_rn_by_scale(remainder(x, lo, hi), x_scale.float())
     bound = (values_max + delta_max).amax()
@@ -154,11 +150,9 @@ def fold_before_s71(x, lo, hi, x_values, x_scale, x_multiplier, values_max):
     return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
 
 
-def backward_z(x, lo, hi, m_x, s_x, fold=occ.fold_remainder, by_multiplier=True):
-    """z as fp4's backward recomputes it: x_q from x, then the fold (values only); without
-    `by_multiplier` the fold takes Δx / s_x (its form before session 72)."""
-    xv = _xq(x.float(), lo, hi, m_x)
-    return (fold(x, lo, hi, xv, s_x, m_x if by_multiplier else None, E2M1_MAX)[0],)
+def backward_z(x, lo, hi, m_x, s_x, fold=occ.fold_remainder):
+    """z as fp4's backward recomputes it: x_q from x, then the fold (values only)."""
+    return (fold(x, lo, hi, _xq(x.float(), lo, hi, m_x), s_x, E2M1_MAX)[0],)
 
 
 VARIANTS: list[tuple[str, Callable, bool]] = [  # (name, function, exact: compiled == eager)
@@ -216,32 +210,24 @@ def main(argv: list[str] | None = None) -> None:
         keys = ("x", "lo", "hi", "m_x", "r_x", "m_d", "r_d", "inv_t")
         call_args = [inp[key] for key in keys]
         eager_lib = library(*call_args)
-        folded, _ = occ.fold_remainder(  # `library` divides by s_x: no multiplier
-            inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], None, E2M1_MAX
+        folded, _ = occ.fold_remainder(
+            inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], E2M1_MAX
         )
         library_is_fold = same_bytes(folded, eager_lib[2])
         products_is_library = same_bytes(library(*call_args, rounding=e2m1_by_products), eager_lib)
         fold_args = (inp["x"], inp["lo"], inp["hi"], inp["m_x"], inp["s_x"])
         folds = {
             "fold_remainder": lambda *_, a=fold_args: backward_z(*a),
-            "fold_remainder before session 72": lambda *_, a=fold_args: backward_z(
-                *a, by_multiplier=False
-            ),
             "fold_remainder before session 71": lambda *_, a=fold_args: backward_z(
                 *a, fold=fold_before_s71
             ),
         }
-        # session 71's form gives the bytes of the one before it, at these inputs' t (1 here)
-        # and with one entry large enough for t > 1; session 72's (Δx·m_x) may differ from
-        # both where Δx·m_x and Δx / s_x round to neighbouring float32s: counted
+        # the same bytes at these inputs' t (1 here) and with one entry large enough for t > 1
         big = inp["x"].clone()
         big[0, 0] = 3e4
         same_as_before = all(
-            same_bytes(backward_z(*a, by_multiplier=False), backward_z(*a, fold=fold_before_s71))
+            same_bytes(backward_z(*a), backward_z(*a, fold=fold_before_s71))
             for a in (fold_args, (big, *fold_args[1:]))
-        )
-        by_m_differs = _differing_bytes(
-            backward_z(*fold_args), backward_z(*fold_args, by_multiplier=False)
         )
         variants = select_variants(VARIANTS + [(n, fn, True) for n, fn in folds.items()], args)
         for name, fn, exact in variants:
@@ -252,8 +238,7 @@ def main(argv: list[str] | None = None) -> None:
             rec = {"m": m, "k": k, "variant": name, "exact": exact, "compiled_vs_eager_bytes": diff,
                    "library_z_is_fold_remainder": library_is_fold,
                    "products_is_library": products_is_library,
-                   "fold_same_bytes_as_before": same_as_before,
-                   "fold_by_m_differing_bytes": by_m_differs}  # fmt: skip
+                   "fold_same_bytes_as_before": same_as_before}  # fmt: skip
             if cuda:
                 prof = kernel_profile(functools.partial(compiled, *call_args), reps=10, top=3)
                 nbytes = m * k * (2 + len(out))
@@ -271,15 +256,8 @@ def main(argv: list[str] | None = None) -> None:
         f"copy bandwidth {copy_gbs:.0f} GB/s; `library`'s z equals occ.fold_remainder: "
         f"{all(r['library_z_is_fold_remainder'] for r in records)}; E2M1 by products gives "
         f"`library`'s bytes: {all(r['products_is_library'] for r in records)}; "
-        "`fold_remainder before session 72` gives the bytes of the form before session 71: "
-        f"{all(r['fold_same_bytes_as_before'] for r in records)}; `fold_remainder` (Δx·m_x) "
-        "differs from it in "
-        + ", ".join(
-            f"{r['fold_by_m_differing_bytes']} of {r['m'] * r['k']}"
-            for r in records
-            if r["variant"] == records[0]["variant"]
-        )
-        + " bytes\n\n"
+        "`fold_remainder` gives its bytes before session 71: "
+        f"{all(r['fold_same_bytes_as_before'] for r in records)}\n\n"
         "| M x K | variant | kernel ms | GB/s (share of copy) "
         "| compiled vs eager: differing bytes |\n"
         "|---|---|---|---|---|\n" + "\n".join(lines) + "\n"

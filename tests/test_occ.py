@@ -10,7 +10,6 @@ import torch
 from minifloat import occ as occ_module
 from minifloat import recipes
 from minifloat.exact import div_rn_by_scale
-from minifloat.formats import inv_scales
 from minifloat.kernels.operand import round_to_storage
 from minifloat.linear import QuantLinear
 from minifloat.occ import (
@@ -142,7 +141,7 @@ def test_fold_remainder():
     x = heavy_tailed(64, 256, seed=5)
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
     xq = quantize(clamp(x, lo, hi), "e2m1", "row")
-    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale, None, 6.0)
+    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale, 6.0)
     assert values.dtype == torch.float8_e4m3fn and values.shape == x.shape
     delta = remainder(x, lo, hi)
     z = xq.values + delta / xq.scale
@@ -162,7 +161,7 @@ def test_fold_remainder():
     # a large remainder needs t > 1
     big = x.clone()
     big[0, 0] = 1e6
-    _, t_big = fold_remainder(big, lo, hi, xq.values, xq.scale, None, 6.0)
+    _, t_big = fold_remainder(big, lo, hi, xq.values, xq.scale, 6.0)
     assert t_big.item() > 1
 
 
@@ -189,43 +188,32 @@ def test_fold_by_the_inverse_power_of_two_is_the_quotient(exponent):
     assert torch.equal((got & 0x7F) == 0x7F, nan) and torch.equal(got[~nan], want[~nan])
 
 
-def _fold_against_the_quotient(device: str, by_multiplier: bool) -> None:
+def _fold_against_the_quotient(device: str) -> None:
     """fold_remainder on `device`, eagerly and compiled, against its definition computed on the
-    CPU, Q_E4M3(z / t) with z / t correctly rounded: byte for byte, with t > 1 (a large
-    remainder: 2^7 here). z = x_q + Δx·m_x, one float32 product, for an "inv" x_q given its
-    multiplier m_x; z = x_q + Δx / s_x, correctly rounded, without one."""
+    CPU, Q_E4M3((x_q + Δx / s_x) / t) with both quotients correctly rounded: byte for byte, with
+    t > 1 (a large remainder: 2^7 here)."""
     x = heavy_tailed(64, 256, seed=7)
     x[3, 5] = 3e4
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
-    xq = quantize(clamp(x, lo, hi), "e2m1", "row", scale_format="inv" if by_multiplier else "fp32")
-    delta = remainder(x, lo, hi)
-    m_x = None
-    if by_multiplier:
-        m_x, s_x = inv_scales(clamp(x, lo, hi).abs().amax(1, keepdim=True), 6.0)
-        assert torch.equal(s_x, xq.scale)  # m_x: x_q's own multiplier
-        z = xq.values.float() + delta * m_x
-    else:
-        z = xq.values.float() + div_rn_by_scale(delta, xq.scale.float())
+    xq = quantize(clamp(x, lo, hi), "e2m1", "row")
+    z = xq.values.float() + div_rn_by_scale(remainder(x, lo, hi), xq.scale.float())
     args = [v.to(device) for v in (x, lo, hi, xq.values, xq.scale)]
-    m_arg = None if m_x is None else m_x.to(device)
     for fold in (fold_remainder, torch.compile(fold_remainder)):
-        values, t = fold(*args, m_arg, 6.0)
+        values, t = fold(*args, 6.0)
         want = round_to_storage(div_rn_by_scale(z, t.cpu()), "e4m3")
         assert t.item() == 2.0**7
         assert torch.equal(values.cpu().view(torch.uint8), want.view(torch.uint8))
 
 
-@pytest.mark.parametrize("by_multiplier", [True, False])
-def test_fold_remainder_is_the_quotient_by_t(by_multiplier):
-    _fold_against_the_quotient("cpu", by_multiplier)
+def test_fold_remainder_is_the_quotient_by_t():
+    _fold_against_the_quotient("cpu")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("by_multiplier", [True, False])
-def test_fold_remainder_is_the_quotient_by_t_on_the_gpu(by_multiplier):
+def test_fold_remainder_is_the_quotient_by_t_on_the_gpu():
     """The same on CUDA, whose float32 products may flush subnormal results to zero."""
-    _fold_against_the_quotient("cuda", by_multiplier)
+    _fold_against_the_quotient("cuda")
 
 
 def test_layer_output_is_clamped_gemm_plus_compensation():

@@ -246,9 +246,9 @@ def test_compiled_fp4_block_of_1p3b_width_saves_no_quantized_operand(monkeypatch
     in each of the two quantizers between the gate GEMM and the down projection's E2M1 input,
     its "long fusible chain" rule banned recomputing that input and the block saved it
     (+2 GiB at 1.3B; docs/hopper_sessions.md, sessions 22 and 23; kernels/operand.py). Under
-    fp4, `round_to_storage`'s clamp written as two compare-selects made the block save E4M3
-    operands of the down projection's and another input's width (+3.6 GiB at 1.3B; session
-    72), which the small block did not show either."""
+    fp4, E2M1's saturation in `round_to_storage` written as `torch.where(|q| > 6, 6, |q|)`
+    made the block save E4M3 operands of the down projection's and another input's width
+    (+3.6 GiB at 1.3B; session 72), which the small block did not show either."""
     force_hopper_path(monkeypatch)
     dtypes = {dtype for _, dtype in _saved(recipe, wide=True).values()}
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes

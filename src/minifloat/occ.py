@@ -24,11 +24,10 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
   5 % of channels hold 18-57 % of the remainder's energy and compensating only the top 12.5 %
   loses 2 dB of y on average, benchmarks/occ_real_activations.py, session 68), so restricting
   the GEMM to a few columns cannot hold them.
-- wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx·m_x
-  (m_x = 1 / s_x: x_q's multiplier; Δx / s_x for scales without one) is stored in E4M3 with a
-  power-of-two tensor scale, and dw = dyᵀ · z s_x is the one wgrad GEMM; the saved activation
-  is one byte per entry and no extra GEMM runs. Under torch.compile nothing is saved: z is
-  recomputed in backward (partition_hints.py).
+- wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx / s_x
+  (s_x: x_q's scale) is stored in E4M3 with a power-of-two tensor scale, and dw = dyᵀ · z s_x
+  is the one wgrad GEMM; the saved activation is one byte per entry and no extra GEMM runs.
+  Under torch.compile nothing is saved: z is recomputed in backward (partition_hints.py).
 - dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
   identity on x).
 """
@@ -113,45 +112,34 @@ def fold_remainder(
     hi: torch.Tensor,
     x_values: torch.Tensor,
     x_scale: torch.Tensor,
-    x_multiplier: torch.Tensor | None,
     values_max: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The wgrad operand z = x_q + Δx·m_x in E4M3, with its power-of-two tensor scale t.
+    """The wgrad operand z = x_q + Δx / s_x in E4M3, with its power-of-two tensor scale t.
 
     Args:
         x: [M, K] the layer input; lo, hi: its clamp bounds.
         x_values: [M, K] grid values of x_q = Q(clamp(x)) (any float dtype, e.g. E4M3 bytes),
             each at most `values_max` in magnitude (x_q's format's largest value).
-        x_scale: x_q's scale s_x, [M, 1] (row) or [1, 1] (tensor).
-        x_multiplier: an "inv" x_q's multiplier m_x (x_q = round(x_c·m_x), s_x = 1 / m_x;
-            `QOperand.multiplier`), or None for scales without one ("fp32", "pow2"), where
-            Δx·m_x is the correctly rounded quotient Δx / s_x instead.
+        x_scale: x_q's scale, [M, 1] (row) or [1, 1] (tensor).
     Returns:
         (values float8_e4m3fn [M, K], t float32 [1, 1]) with values · t ≈ z, so that
         values · t · s_x ≈ x_q s_x + Δx = x_c + (x - x_c) up to x_q's and this rounding.
         t = the least power of two >= 1 with B / t <= 448, B = max over rows of
-        values_max + max|Δx|·m_x (float32), a bound on |z| that needs no pass over z: only
-        the remainder's row maxima, which fprop's compensation computes anyway. (With t from
-        z's own maximum, a compiled step recomputing z in backward reduced over z there first:
-        4 % of a 1.3B fp4 step; docs/hopper_sessions.md, session 32.)
+        values_max + max|Δx| / s_x (float32, quotient `div_rn`), a bound on |z| that needs
+        no pass over z: only the remainder's row maxima, which fprop's compensation computes
+        anyway. (With t from z's own maximum, a compiled step recomputing z in backward reduced
+        over z there first: 4 % of a 1.3B fp4 step; docs/hopper_sessions.md, session 32.)
         Where z = x_values (no clipping) the values stay exact in E4M3 while t <= 2^8.
     """
-    # |z| <= values_max + |Δx|·m_x entry by entry, and the roundings are monotone. The row
+    # |z| <= values_max + |Δx| / s_x entry by entry, and the roundings are monotone. The row
     # maxima are the ones fprop's E4M3 compensation quantizer takes of the same Δx, from x's
     # row extrema (kernels/clip.py; the compiled graph computes them once). Taken before z's
-    # quotient, where there is one: its float64 reciprocal is the first op inductor cannot
-    # fuse that reads from x, and the partitioner would not recompute a read of x placed
-    # after it (partition_hints.py, 2), so it would save z
-    row_max, delta = remainder_row_amax(x, lo, hi), remainder(x, lo, hi)
-    if x_multiplier is None:
-        delta_max = div_rn(row_max, x_scale.float())
-        z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
-    else:
-        # Δx on x_q's own multiplier, one float32 product an element, as fprop's compensation
-        # takes it (`joint_lhs`): no float64 conversions in the backward pass that recomputes
-        # z (docs/hopper_sessions.md, session 72)
-        delta_max = row_max * x_multiplier
-        z = x_values.float() + delta * x_multiplier
+    # quotient: its float64 reciprocal is the first op inductor cannot fuse that reads from x,
+    # and the partitioner would not recompute a read of x placed after it (partition_hints.py,
+    # 2), so it would save z
+    delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
+    delta = remainder(x, lo, hi)
+    z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
     bound = (values_max + delta_max).amax()
     bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
     # t and 1 / t as products of exact factors of 2 (a comparison per exponent): the same bits
