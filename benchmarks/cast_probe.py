@@ -104,8 +104,8 @@ def _tile_cast_kernel(
 
 
 def scaled_cast(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """The library's cast pass with a given multiplier and its clamp to ±448 (as
-    `round_to_storage(x * m, "e4m3")` wrote it before session 72: `torch.clamp`)."""
+    """The library's cast pass with a given multiplier and its clamp to ±448
+    (`round_to_storage(x * m, "e4m3")`'s `torch.clamp`)."""
     return clamped_cast(x, m, torch.float8_e4m3fn)
 
 
