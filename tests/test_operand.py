@@ -414,6 +414,28 @@ def test_inv_remainder_keeps_its_clamp(fmt, compiled):
     assert (finite.abs() <= formats.get(fmt).max).all()
 
 
+@pytest.mark.parametrize("granularity", ["tensor", "row"])
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("fmt", FMTS)
+def test_inv_clamped_part_unclamped_equals_the_reference(fmt, compiled, granularity):
+    """OCC's clamped part with "inv" scales is cast without the clamp to ±max: its maxima are
+    those of the very values cast (NaN or inf where a row holds one), so it equals `quantize`
+    of the clamped x, on rows just over max, adversarial rows and non-finite entries."""
+    x = torch.cat([rows_just_over_max(fmt), adversarial(16, 64, fmt, torch.float32)])
+    lo, hi = torch.tensor([[-0.5]]), torch.tensor([[0.75]])
+    lo, hi = lo * x.abs().amax(1, keepdim=True).nan_to_num(), hi * x.abs().amax(1, keepdim=True)
+    if granularity == "tensor":
+        lo, hi = lo[:1], hi[:1]
+    fn = operand.quantize_operand
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(fn, fullgraph=True)
+    values, scale = fn(x, fmt, granularity, clip=(lo, hi), scale_format="inv")
+    clamped = torch.where(x.isfinite(), torch.minimum(torch.maximum(x, lo), hi), x)
+    want_values, want_scale = reference(clamped, fmt, granularity, False, "inv")
+    assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_unclamped_cast_rounds_the_float_above_max_to_max(fmt):
     """The bound `saturate=False` relies on: the float32 just above max (and a few ulps more)
