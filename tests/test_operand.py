@@ -414,26 +414,37 @@ def test_inv_remainder_keeps_its_clamp(fmt, compiled):
     assert (finite.abs() <= formats.get(fmt).max).all()
 
 
+@pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("granularity", ["tensor", "row"])
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("fmt", FMTS)
-def test_inv_clamped_part_unclamped_equals_the_reference(fmt, compiled, granularity):
+def test_inv_clamped_part_unclamped_equals_the_reference(fmt, compiled, granularity, transpose):
     """OCC's clamped part with "inv" scales is cast without the clamp to ±max: its maxima are
-    those of the very values cast (NaN or inf where a row holds one), so it equals `quantize`
-    of the clamped x, on rows just over max, adversarial rows and non-finite entries."""
-    x = torch.cat([rows_just_over_max(fmt), adversarial(16, 64, fmt, torch.float32)])
-    lo, hi = torch.tensor([[-0.5]]), torch.tensor([[0.75]])
-    lo, hi = lo * x.abs().amax(1, keepdim=True).nan_to_num(), hi * x.abs().amax(1, keepdim=True)
-    if granularity == "tensor":
-        lo, hi = lo[:1], hi[:1]
+    those of the very values cast, so it equals `quantize` of the clamped x (which clamps).
+    With OCC's [1, 1] bounds at ±o, o a maximum whose "inv" quotient rounds just above max in
+    float32, every group's maximum is o: the case a missing bound would show (E2M1 off its
+    grid, E5M2 overflowing; the CPU's E4M3 cast saturates by itself). Where the groups are x's
+    rows, adversarial rows (ties, subnormal rows, NaN, inf) with per-row bounds follow."""
     fn = operand.quantize_operand
     if compiled:
         torch._dynamo.reset()
         fn = torch.compile(fn, fullgraph=True)
-    values, scale = fn(x, fmt, granularity, clip=(lo, hi), scale_format="inv")
-    clamped = torch.where(x.isfinite(), torch.minimum(torch.maximum(x, lo), hi), x)
-    want_values, want_scale = reference(clamped, fmt, granularity, False, "inv")
-    assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
+    gen = torch.Generator().manual_seed(3)
+    cases = []
+    for o in rows_just_over_max(fmt, rows=4)[:, 0]:
+        x = (torch.rand(48, 64, generator=gen) * 4 - 2) * o  # each row and column passes ±o
+        cases.append((x, -o.reshape(1, 1), o.reshape(1, 1)))
+    if granularity == "row" and not transpose:
+        x = adversarial(16, 64, fmt, torch.float32)
+        amax = x.abs().amax(1, keepdim=True)
+        cases.append((x, -0.5 * amax.nan_to_num(), 0.75 * amax))
+    for x, lo, hi in cases:
+        values, scale = fn(
+            x, fmt, granularity, clip=(lo, hi), transpose=transpose, scale_format="inv"
+        )
+        clamped = torch.where(x.isfinite(), torch.minimum(torch.maximum(x, lo), hi), x)
+        want_values, want_scale = reference(clamped, fmt, granularity, transpose, "inv")
+        assert bits_equal(values, want_values) and bits_equal(scale, want_scale)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
