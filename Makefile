@@ -21,8 +21,9 @@ demo: $(STAMP)
 
 # Two xdist workers, each test module on one of them (module fixtures run once): the suite is
 # mostly compilation and subprocesses, 885 s against ~1300 s serially on 2 cores (session 56).
+# The 15 slowest tests are listed at the end, to keep the suite's ~20-minute budget in view.
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadscope
+	$(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadscope --durations=15
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
