@@ -179,9 +179,9 @@ def round_to_storage(q: torch.Tensor, fmt: str, *, saturate: bool = True) -> tor
     bandwidth, ~100 % without, at 16384 x 4096 and 16384 x 11008 on an H200: these casts are
     bound by their instructions (docs/hopper_sessions.md, session 58). So the FP8 bounds that
     remain are plain compare-selects (with OCC's clamped part cast unclamped, fp4 1.4-1.8 ms a
-    1.3B step faster, session 73). E2M1's
-    stays a clamp: as a select with a literal it made the compiled fp4 block save its E4M3
-    operands rather than recompute them (session 72; tests/test_transpose.py checks it)."""
+    1.3B step faster, session 73). E2M1's stays a clamp: as a select with a literal it made the
+    compiled fp4 block save its E4M3 operands rather than recompute them (session 72;
+    tests/test_transpose.py checks it)."""
     if fmt == "e2m1":
         mag = q.abs().clamp(max=6.0) if saturate else q.abs()
         return torch.copysign(_e2m1_magnitude(mag), q).to(FP8_STORAGE[fmt])
