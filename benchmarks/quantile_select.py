@@ -1,7 +1,7 @@
 """OCC's clamp bounds without a sort: the radix-select kernel against the sort it replaces.
 
     PYTHONPATH=src python benchmarks/quantile_select.py [--tiles 'BITS,CHUNK,WARPS;...']
-        [--sizes N,N,...] [--out-dir DIR] [--tag NAME]
+        [--sizes N,N,...] [--dtype float32|bfloat16] [--out-dir DIR] [--tag NAME]
 
 CUDA only. For each size (a threshold sample holds ~65536 entries; larger sizes find where the
 select stops paying) the [1-alpha, alpha] quantiles of a
@@ -25,7 +25,8 @@ Each is timed by the profiler's kernel time per call (and launches), by CUDA eve
 the host's time to enqueue one call from an idle GPU (`common.host_ms`) and by the host's time
 a call in a loop of 100 calls (`common.loop_host_ms`, the steady state); every
 result is checked equal to the sort's, bit for bit up to the sign of a zero quantile, on four
-kinds of data (heavy-tailed, many ties, bf16 values, non-finite entries mixed in).
+kinds of data (heavy-tailed, many ties, bf16 values, non-finite entries mixed in), held in
+`--dtype` (bfloat16: the select's 16-bit keys, half the passes; session 74).
 Results: benchmarks/results/quantile_select[_<tag>]_<gpu>_<date>.{md,json}.
 """
 
@@ -55,8 +56,8 @@ SIZES = "4096,16384,65536,262144,1048576,4194304"
 TILES = "8,2048,4;8,1024,4;8,4096,8;8,2048,8;4,2048,4;8,512,4;8,4096,4"
 
 
-def inputs(n: int, device: str) -> dict[str, torch.Tensor]:
-    """The data kinds checked at size n (seeded), float32 on `device`."""
+def inputs(n: int, device: str, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The data kinds checked at size n (seeded), in `dtype` on `device`."""
     g = torch.Generator(device="cpu").manual_seed(n)
     heavy = torch.distributions.StudentT(3.0).sample((n,)) * 0.5
     heavy[torch.randint(0, n, (max(1, n // 500),), generator=g)] *= 40.0
@@ -71,7 +72,7 @@ def inputs(n: int, device: str) -> dict[str, torch.Tensor]:
         "bf16": heavy.bfloat16().float(),
         "nonfinite": nonfinite,
     }
-    return {k: v.to(device) for k, v in kinds.items()}
+    return {k: v.to(device, dtype) for k, v in kinds.items()}
 
 
 def same_up_to_zero_sign(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -84,6 +85,7 @@ def main() -> None:
     """Every variant at every size: equality with the sort, kernel and event times."""
     ap = probe_parser(__doc__, TILES, "select configurations BITS,CHUNK,WARPS")
     ap.add_argument("--sizes", default=SIZES)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = ap.parse_args()
     require_cuda("quantile_select.py")
     from minifloat.kernels.quantiles_triton import order_statistics
@@ -102,7 +104,7 @@ def main() -> None:
 
     records, lines = [], []
     for n in (int(v) for v in args.sizes.split(",")):
-        data = inputs(n, "cuda")
+        data = inputs(n, "cuda", getattr(torch, args.dtype))
         variants = {
             "sort (compiled)": sort_c,
             "clip_bounds (compiled)": bounds_c,
@@ -122,6 +124,7 @@ def main() -> None:
             loop = loop_host_ms(lambda fn=fn, x=x: fn(x))
             rec = {
                 "n": n,
+                "dtype": args.dtype,
                 "variant": name,
                 "equal": equal,
                 "event_ms": ms,
@@ -137,7 +140,8 @@ def main() -> None:
             )
             print(lines[-1], flush=True)
     body = (
-        f"alpha = {ALPHA}; kernel us: the profiler's kernel time per call; launches per call; "
+        f"alpha = {ALPHA}, entries in {args.dtype}; kernel us: the profiler's kernel time per "
+        "call; launches per call; "
         "event us: CUDA events around one call after an L2 flush (host launch cost included); "
         "host us: the host's time to enqueue one call from an idle GPU; loop us: the host's time "
         "a call in a loop of 100 calls.\n\n"

@@ -22,6 +22,8 @@ def test_inputs_hold_their_kinds(bench):
     assert data["heavy"].abs().max() > 20 * data["heavy"].abs().median()  # outliers
     assert data["ties"].unique().numel() < 4096 // 10
     assert torch.equal(data["bf16"], data["bf16"].bfloat16().float())
+    held = bench.inputs(4096, "cpu", torch.bfloat16)
+    assert all(x.dtype == torch.bfloat16 for x in held.values())
     bad = data["nonfinite"]
     assert bad.isnan().any() and (bad == float("inf")).any() and (bad == float("-inf")).any()
 

@@ -175,6 +175,28 @@ def test_kernel_configurations_agree_on_the_gpu(config):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("config", [None, (4, 2048, 4)], ids=str)
+def test_bf16_entries_take_half_the_passes_on_the_gpu(config):
+    """bf16 entries are selected on 16-bit keys (16 / BITS passes, then the finish), and the
+    values still equal the sort's on every kind, negative values (whose keys' low bits are
+    ones) and both zeros included."""
+    from minifloat.kernels import quantiles_triton
+
+    _kernel_available()
+    order_statistics = _triton_order_statistics()
+    bits = (config or (quantiles_triton.BITS,))[0]
+    for kind in KINDS:
+        flat = _data(kind, 30011, "cuda").bfloat16()
+        for alpha in ALPHAS:
+            s = order_statistics(flat, _q_bits(1 - alpha), _q_bits(alpha), config=config)
+            got = interpolate(s[:, 0], s[:, 1], s[:, 2])
+            assert _same(got, _want(flat, alpha)), (kind, alpha)
+    launched = [v for k, v in quantiles_triton._LAUNCHERS.items() if k[1] == torch.bfloat16]
+    assert {len(kernels) for kernels in launched} >= {16 // bits + 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("kind", KINDS)
 def test_compiled_bounds_equal_eager_and_call_the_op(kind):
     """Under torch.compile the select is the same opaque op (no sort), its thresholds equal the

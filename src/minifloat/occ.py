@@ -49,15 +49,16 @@ __all__ = [
     "clamp",
     "remainder",
     "fold_remainder",
+    "steps_passed",
     "joint_lhs",
     "joint_rhs",
     "occ_activation",
     "clipped_fraction",
 ]
 
-_E4M3_MAX = 448.0
-# `fold_remainder`'s steps 448·2^0 .. 448·2^63, so its power-of-two tensor scales t run from 2^0
-# to 2^64 (float32: 448·2^63 is finite, and 2^-64 a normal).
+_E4M3_MAX_BITS = 0x43E00000  # 448.0's float32 bits
+# `steps_passed`'s steps 448·2^0 .. 448·2^63, so `fold_remainder`'s power-of-two tensor scales t
+# run from 2^0 to 2^64 (float32: 448·2^63 is finite, and 2^-64 a normal).
 _FOLD_EXPONENTS = 64
 # `joint_lhs`'s row multipliers f·2^-a, as (f, least a, greatest a): the factors f whose
 # products with every E2M1 value have at most 4 significant bits, each over the shifts that keep
@@ -140,18 +141,30 @@ def fold_remainder(
     delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     delta = remainder(x, lo, hi)
     z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
-    bound = (values_max + delta_max).amax()
-    bounds = _E4M3_MAX * 2.0 ** torch.arange(_FOLD_EXPONENTS, device=z.device, dtype=torch.float32)
-    # t and 1 / t as products of exact factors of 2 (a comparison per exponent): the same bits
-    # in every compiled form, where log2/exp2 may be approximate. z / t is then z · (1 / t) in
-    # float32: the exact quotient, rounded once where it is a float32 subnormal (as the
-    # quotient is) or flushed to zero by a GPU (E4M3's zero either way). So the bytes of
-    # `div_rn_by_scale(z, t)` without its two float64 conversions an element, in the backward
-    # pass that recomputes z (docs/hopper_sessions.md, session 71)
-    passes = bound > bounds
-    t = torch.where(passes, 2.0, 1.0).prod().reshape(1, 1)
-    t_inv = torch.where(passes, 0.5, 1.0).prod().reshape(1, 1)
-    return round_to_storage(z * t_inv, "e4m3"), t
+    shift = steps_passed((values_max + delta_max).amax(), 0, _FOLD_EXPONENTS).reshape(1, 1)
+    # z / t as z · (1 / t) in float32: the exact quotient, rounded once where it is a float32
+    # subnormal (as the quotient is) or flushed to zero by a GPU (E4M3's zero either way). So
+    # the bytes of `div_rn_by_scale(z, t)` without its two float64 conversions an element, in
+    # the backward pass that recomputes z (docs/hopper_sessions.md, session 71)
+    return round_to_storage(z * _pow2(-shift), "e4m3"), _pow2(shift)
+
+
+def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
+    """How many of the steps 448·2^j, j = least .. least + count - 1, each entry of float32 `v`
+    passes (v > 448·2^j), int32, v's shape: 0 for NaN and negatives, `count` for +inf.
+
+    From v's bits, as exact as the comparisons (a non-negative float32 orders as its int32
+    bits, and 448·2^j, a normal for j >= -133, has the bits 0x43E00000 + j·2^23), in
+    elementwise integer ops, where `(v[..., None] > steps).sum(-1)` is a reduction of its own:
+    two kernels more per call once compiled (the fold's t and 1 / t as products of factors of 2
+    over the steps, forward and backward, 96 calls a 1.3B fp4 step, until session 74)."""
+    if least < -133:
+        raise ValueError(f"steps_passed needs least >= -133 (448·2^j normal), got {least}")
+    bits = v.float().view(torch.int32)  # negative for negative v, beyond every step for NaN
+    # clamped below the first step first: v - 448 in bits without wrapping around
+    d = bits.clamp(min=_E4M3_MAX_BITS + (least - 1) * 2**23) - _E4M3_MAX_BITS
+    passed = (-((-d) >> 23) - least).clamp(0, count)  # #{j >= least: j·2^23 < d}, capped
+    return torch.where(v == v, passed, 0).to(torch.int32)
 
 
 def joint_lhs(

@@ -8,11 +8,12 @@ the wanted rank fixes the digit. 32 / BITS passes, each one kernel over chunks o
 (CHUNK entries a program, `tl.histogram`, then one atomic add per non-empty bin into a global
 histogram); each program of a pass re-derives the digits decided so far from the earlier
 passes' histograms (BITS-wide cumulative sums), and a last one-program kernel writes the
-values. torch.sort of a ~64K-entry threshold sample launches ~6 CUB kernels and memsets, and a
-reduction and an index kernel around them pick the two entries (docs/hopper_sessions.md,
-session 67). One program per order statistic, looping over the whole input, ran 3.4x slower
-than the sort at 65,536 entries (likely: `tl.histogram`'s counts of a few crowded bins
-serialise): hence the chunks.
+values. bf16 entries need only the top 16 bits of their keys (every entry of one value has
+the same low half), so 16 / BITS passes decide them (session 74). torch.sort of a ~64K-entry
+threshold sample launches ~6 CUB kernels and memsets, and a reduction and an index kernel
+around them pick the two entries (docs/hopper_sessions.md, session 67). One program per
+order statistic, looping over the whole input, ran 3.4x slower than the sort at 65,536
+entries (likely: `tl.histogram`'s counts of a few crowded bins serialise): hence the chunks.
 
 The first pass's histogram counts the finite entries n, from which the later passes compute
 each rank as the sort path does (`quantize._quantiles_by_sort`, float64): pos = (n - 1) q,
@@ -132,13 +133,22 @@ def _pass_kernel(
 
 @triton.jit(do_not_specialize_on_alignment=["hist_ptr", "out_ptr"])
 def _finish_kernel(
-    hist_ptr, out_ptr, Q_LO_BITS: tl.constexpr, Q_HI_BITS: tl.constexpr, BITS: tl.constexpr
+    hist_ptr,
+    out_ptr,
+    Q_LO_BITS: tl.constexpr,
+    Q_HI_BITS: tl.constexpr,
+    BITS: tl.constexpr,
+    KEY_BITS: tl.constexpr,
 ):  # pragma: no cover - runs on the GPU
     # program stat = 2 j + h: out[j, h] = the order statistic, out[j, 2] = frac (h = 0)
     stat = tl.program_id(0)
     n, pos, lo, rank = _rank(hist_ptr, stat, Q_LO_BITS, Q_HI_BITS, BITS)
-    prefix, _ = _descend(hist_ptr, stat, rank, 32 // BITS, BITS)
-    tl.store(out_ptr + (stat // 2) * 3 + stat % 2, tl.where(n > 0, _value(prefix), float("nan")))
+    key, _ = _descend(hist_ptr, stat, rank, KEY_BITS // BITS, BITS)
+    if KEY_BITS < 32:  # the key's top KEY_BITS decided; every entry of that value has the
+        # same low bits: zeros after a non-negative value's, ones after a negative's (`_key`)
+        key = key << (32 - KEY_BITS)
+        key = tl.where((key >> 31) == 0, key | ((1 << (32 - KEY_BITS)) - 1), key)
+    tl.store(out_ptr + (stat // 2) * 3 + stat % 2, tl.where(n > 0, _value(key), float("nan")))
     if stat % 2 == 0:
         tl.store(out_ptr + (stat // 2) * 3 + 2, (pos - lo).to(tl.float32))
 
@@ -163,7 +173,8 @@ def order_statistics(
 ) -> torch.Tensor:  # pragma: no cover - runs on the GPU
     """[2, 3] float32 (v_lo, v_hi, frac) of the finite entries of contiguous 1-D CUDA `flat`
     (any float dtype, read as float32) for the quantiles q_lo and q_hi, given as the int64 of
-    their float64 bits (module docstring); NaN values when no entry is finite.
+    their float64 bits (module docstring); NaN values when no entry is finite. bf16 entries
+    take 16 / BITS passes, others 32 / BITS.
 
     `config`: (BITS, CHUNK, WARPS) in place of the defaults: BITS of 2, 4, 8 or 16, CHUNK a
     power of two. `cached=False` launches every kernel through Triton's JIT, as the first call
@@ -171,14 +182,15 @@ def order_statistics(
     bits, chunk, warps = config or (BITS, CHUNK, WARPS)
     if bits not in (2, 4, 8, 16) or chunk < 1 or chunk & (chunk - 1):
         raise ValueError(f"config needs BITS in (2, 4, 8, 16) and a power-of-two CHUNK: {config}")
-    passes = 32 // bits
+    key_bits = 16 if flat.dtype == torch.bfloat16 else 32
+    passes = key_bits // bits
     hist = torch.zeros((passes, 4, 1 << bits), dtype=torch.int32, device=flat.device)
     out = torch.empty((2, 3), dtype=torch.float32, device=flat.device)
     grids = [(triton.cdiv(flat.numel(), chunk), 1 if p == 0 else 4, 1) for p in range(passes)]
     key = (flat.device, flat.dtype, flat.numel() >= 2**31, q_lo_bits, q_hi_bits, bits, chunk, warps)
     launchers = _LAUNCHERS.get(key) if cached and flat.is_cuda else None
     if launchers is None:
-        kernels = _jit_launch(flat, hist, out, q_lo_bits, q_hi_bits, grids, chunk, warps)
+        kernels = _jit_launch(flat, hist, out, q_lo_bits, q_hi_bits, grids, bits, chunk, warps)
         functions = (_pass_kernel,) * passes + (_finish_kernel,)
         if flat.is_cuda and all(map(_launchable, kernels, functions)):
             _LAUNCHERS[key] = kernels
@@ -194,7 +206,7 @@ def order_statistics(
             kernel[grids[p]](
                 flat, hist, flat.numel(), q_lo_bits, q_hi_bits, p, bits, chunk, stream=stream
             )
-        launchers[-1][(4, 1, 1)](hist, out, q_lo_bits, q_hi_bits, bits, stream=stream)
+        launchers[-1][(4, 1, 1)](hist, out, q_lo_bits, q_hi_bits, bits, key_bits, stream=stream)
     return out
 
 
@@ -212,12 +224,13 @@ def _jit_launch(
     q_lo_bits: int,
     q_hi_bits: int,
     grids: list[tuple[int, int, int]],
+    bits: int,
     chunk: int,
     warps: int,
 ) -> tuple:  # pragma: no cover - runs on the GPU
-    """The passes and the finish through Triton's JIT (compiling them the first time); returns
-    what each launch returns: its `CompiledKernel` (None in Triton's interpreter)."""
-    bits = 32 // len(grids)
+    """The passes (one per grid) and the finish through Triton's JIT (compiling them the first
+    time); returns what each launch returns: its `CompiledKernel` (None in Triton's
+    interpreter)."""
     # The q's are constants, so each distinct alpha compiles its own five kernels: an integer
     # argument that large is one inductor cannot pass to a user kernel (torch 2.11), were the op
     # ever traced (kernels/quantiles.py). No FMA contraction (Triton's default allows it): frac
@@ -230,5 +243,6 @@ def _jit_launch(
             _pass_kernel[grid](flat, hist, flat.numel(), **kw, PASS=p, CHUNK=chunk, num_warps=warps)
             for p, grid in enumerate(grids)
         ]
-        kernels.append(_finish_kernel[(4,)](hist, out, **kw, num_warps=1))
+        key_bits = bits * len(grids)
+        kernels.append(_finish_kernel[(4,)](hist, out, **kw, KEY_BITS=key_bits, num_warps=1))
     return tuple(kernels)
