@@ -189,7 +189,9 @@ def test_fold_by_the_inverse_power_of_two_is_the_quotient(exponent):
     assert torch.equal((got & 0x7F) == 0x7F, nan) and torch.equal(got[~nan], want[~nan])
 
 
-@pytest.mark.parametrize("least, count", [(0, 64), (-6, 14), (-5, 11), (-5, 12), (-133, 3)])
+@pytest.mark.parametrize(
+    "least, count", [(0, 64), (-6, 14), (-5, 11), (-5, 12), (-134, 3), (100, 20)]
+)
 def test_steps_passed_counts_the_comparisons(least, count):
     """steps_passed, from the bits, equals the count of steps 448·2^j (j = least .. least +
     count - 1) a value passes, the comparisons' own form, for random float32 bits (normals,
@@ -201,14 +203,16 @@ def test_steps_passed_counts_the_comparisons(least, count):
     steps = steps.float()
     edges = torch.cat([steps, steps.nextafter(torch.tensor(0.0)), steps.nextafter(steps * 2)])
     special = torch.tensor([0.0, -0.0, 1e-45, 6.0, -1e30, 3e38, float("inf"), float("-inf")])
-    nan = torch.tensor([float("nan")]).view(torch.int32) | torch.tensor([0, -(2**31)])
+    nan_bits = torch.tensor([float("nan")]).view(torch.int32)
+    nan = nan_bits | torch.tensor([0, -(2**31)], dtype=torch.int32)  # +NaN, -NaN
     v = torch.cat([bits.view(torch.float32), edges, special, nan.view(torch.float32)])
     want = (v[:, None] > steps).sum(dim=1, dtype=torch.int32)
     assert torch.equal(steps_passed(v, least, count), want)
     assert torch.equal(torch.compile(steps_passed)(v, least, count), want)
     assert want.min() == 0 and want.max() == count
-    with pytest.raises(ValueError, match="least >= -133"):
-        steps_passed(v, -134, 1)
+    for bad in ((-135, 1), (100, 21)):
+        with pytest.raises(ValueError, match="-134 <= least"):
+            steps_passed(v, *bad)
 
 
 def _fold_against_the_quotient(device: str) -> None:

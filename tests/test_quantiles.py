@@ -184,15 +184,19 @@ def test_bf16_entries_take_half_the_passes_on_the_gpu(config):
 
     _kernel_available()
     order_statistics = _triton_order_statistics()
-    bits = (config or (quantiles_triton.BITS,))[0]
+    cfg = config or (quantiles_triton.BITS, quantiles_triton.CHUNK, quantiles_triton.WARPS)
     for kind in KINDS:
         flat = _data(kind, 30011, "cuda").bfloat16()
         for alpha in ALPHAS:
             s = order_statistics(flat, _q_bits(1 - alpha), _q_bits(alpha), config=config)
             got = interpolate(s[:, 0], s[:, 1], s[:, 2])
             assert _same(got, _want(flat, alpha)), (kind, alpha)
-    launched = [v for k, v in quantiles_triton._LAUNCHERS.items() if k[1] == torch.bfloat16]
-    assert {len(kernels) for kernels in launched} >= {16 // bits + 1}
+    launched = [
+        kernels
+        for key, kernels in quantiles_triton._LAUNCHERS.items()
+        if key[1] == torch.bfloat16 and key[5:] == cfg
+    ]
+    assert launched and {len(kernels) for kernels in launched} == {16 // cfg[0] + 1}
 
 
 @pytest.mark.gpu

@@ -151,15 +151,19 @@ def fold_remainder(
 
 def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
     """How many of the steps 448·2^j, j = least .. least + count - 1, each entry of float32 `v`
-    passes (v > 448·2^j), int32, v's shape: 0 for NaN and negatives, `count` for +inf.
+    passes (v > 448·2^j), int32, v's shape: 0 for NaN and negatives, `count` for +inf. The
+    steps must be finite normals: least >= -134 and least + count <= 120.
 
     From v's bits, as exact as the comparisons (a non-negative float32 orders as its int32
-    bits, and 448·2^j, a normal for j >= -133, has the bits 0x43E00000 + j·2^23), in
+    bits, and 448·2^j, a normal for j >= -134, has the bits 0x43E00000 + j·2^23), in
     elementwise integer ops, where `(v[..., None] > steps).sum(-1)` is a reduction of its own:
     two kernels more per call once compiled (the fold's t and 1 / t as products of factors of 2
     over the steps, forward and backward, 96 calls a 1.3B fp4 step, until session 74)."""
-    if least < -133:
-        raise ValueError(f"steps_passed needs least >= -133 (448·2^j normal), got {least}")
+    if least < -134 or least + count > 120:
+        raise ValueError(
+            f"steps_passed needs -134 <= least and least + count <= 120 (448·2^j a finite "
+            f"normal), got least {least}, count {count}"
+        )
     bits = v.float().view(torch.int32)  # negative for negative v, beyond every step for NaN
     # clamped below the first step first: v - 448 in bits without wrapping around
     d = bits.clamp(min=_E4M3_MAX_BITS + (least - 1) * 2**23) - _E4M3_MAX_BITS

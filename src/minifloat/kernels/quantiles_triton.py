@@ -155,8 +155,8 @@ def _finish_kernel(
 
 # The compiled kernels of one configuration, by (device, dtype, whether the entry count needs
 # int64, q bits, config), launched directly (`CompiledKernel[grid]`) from the second call on:
-# Triton's argument binding and cache lookup, once a launch (five with 8-bit digits), took ~100
-# of the ~450 us of host a call on session 71's machine (benchmarks/results/
+# Triton's argument binding and cache lookup, once a launch (five with 8-bit digits, three on
+# bf16), took ~100 of the ~450 us of host a call on session 71's machine (benchmarks/results/
 # quantile_select_s71_host_*), 96 calls a 1.3B fp4 step. Triton's debug and instrumentation
 # settings are those of the first call. Kept only where the launcher takes every parameter in
 # order, constexprs included (Triton 3.6's convention; `_launchable`); else the JIT launches.
@@ -231,10 +231,11 @@ def _jit_launch(
     """The passes (one per grid) and the finish through Triton's JIT (compiling them the first
     time); returns what each launch returns: its `CompiledKernel` (None in Triton's
     interpreter)."""
-    # The q's are constants, so each distinct alpha compiles its own five kernels: an integer
-    # argument that large is one inductor cannot pass to a user kernel (torch 2.11), were the op
-    # ever traced (kernels/quantiles.py). No FMA contraction (Triton's default allows it): frac
-    # = pos - lo after pos = (n - 1) q must round twice, as torch's float64 ops do.
+    # The q's are constants, so each distinct alpha compiles its own kernels (five with 8-bit
+    # digits, three on bf16): an integer argument that large is one inductor cannot pass to a
+    # user kernel (torch 2.11), were the op ever traced (kernels/quantiles.py). No FMA
+    # contraction (Triton's default allows it): frac = pos - lo after pos = (n - 1) q must
+    # round twice, as torch's float64 ops do.
     kw = {"Q_LO_BITS": q_lo_bits, "Q_HI_BITS": q_hi_bits, "BITS": bits, "enable_fp_fusion": False}
     # Triton launches on the current device (a CPU tensor: Triton's interpreter, in tests)
     guard = torch.cuda.device(flat.device) if flat.is_cuda else contextlib.nullcontext()
