@@ -34,8 +34,11 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
+from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale
 from minifloat.kernels.clip import clamp, remainder, remainder_row_amax
 from minifloat.kernels.operand import round_to_storage
@@ -56,7 +59,7 @@ __all__ = [
     "clipped_fraction",
 ]
 
-_E4M3_MAX_BITS = 0x43E00000  # 448.0's float32 bits
+_E4M3_MAX_BITS = struct.unpack("<i", struct.pack("<f", formats.get("e4m3").max))[0]  # 0x43E00000
 # `steps_passed`'s steps 448·2^0 .. 448·2^63, so `fold_remainder`'s power-of-two tensor scales t
 # run from 2^0 to 2^64 (float32: 448·2^63 is finite, and 2^-64 a normal).
 _FOLD_EXPONENTS = 64
@@ -168,7 +171,7 @@ def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
     # clamped below the first step first: v - 448 in bits without wrapping around
     d = bits.clamp(min=_E4M3_MAX_BITS + (least - 1) * 2**23) - _E4M3_MAX_BITS
     passed = (-((-d) >> 23) - least).clamp(0, count)  # #{j >= least: j·2^23 < d}, capped
-    return torch.where(v == v, passed, 0).to(torch.int32)
+    return torch.where(v == v, passed, 0)
 
 
 def joint_lhs(
@@ -228,7 +231,9 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         steps = 448.0 * _pow2(torch.arange(least, most, device=reach.device, dtype=torch.int32))
         # a from the steps the row passes, 2^a and 2^-a from exponent bits: exact in every
         # compiled form, and ops the partitioner recomputes (a `prod` of factors of 2 was not,
-        # and the compiled fp4 block saved z again; session 65)
+        # and the compiled fp4 block saved z again; session 65). The count as a reduction, not
+        # `steps_passed`: that, with g written once, made the passes over x 14 ms a 1.3B step
+        # slower (session 74); this part alone is not measured yet
         a = (reach_f > steps).sum(dim=1, keepdim=True, dtype=torch.int32) + least
         top = reach_f * _pow2(-a)
         err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
