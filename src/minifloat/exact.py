@@ -68,10 +68,11 @@ def div_rn_by_scale(
     operands' quantizers, operand.py) the compiled graph computes them and `written_once` stores
     them from a kernel inductor runs anyway; otherwise an opaque op does, two eager kernels a
     call (600 calls a 1.3B fp4-dge step before session 23; docs/hopper_sessions.md, sessions 22
-    to 24). DGE's and OCC's divisions keep the opaque op (in the graph: no faster at 1.3B), and
-    so do the micro-block quantizers (in the graph, an mxfp4 kernel at 1.3B width did not
-    compile in Triton 3.6). Eager and Triton float64 reciprocals are both correctly rounded.
-    A single (tensor-wise) scale stays inline: a kernel computes a scalar once per thread.
+    to 24); so does OCC's fold (session 75). DGE's divisions keep the opaque op (in the graph:
+    no faster at 1.3B), and so do the micro-block quantizers (in the graph, an mxfp4 kernel at
+    1.3B width did not compile in Triton 3.6). Eager and Triton float64 reciprocals are both
+    correctly rounded. A single (tensor-wise) scale stays inline: a kernel computes a scalar
+    once per thread.
     """
     if scale.numel() == 1:
         return div_rn(a, scale)

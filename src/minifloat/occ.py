@@ -138,12 +138,14 @@ def fold_remainder(
     # |z| <= values_max + |Δx| / s_x entry by entry, and the roundings are monotone. The row
     # maxima are the ones fprop's E4M3 compensation quantizer takes of the same Δx, from x's
     # row extrema (kernels/clip.py; the compiled graph computes them once). Taken before z's
-    # quotient: its float64 reciprocal is the first op inductor cannot fuse that reads from x,
-    # and the partitioner would not recompute a read of x placed after it (partition_hints.py,
-    # 2), so it would save z
+    # quotient: were its float64 reciprocals the opaque op, that would be the first op inductor
+    # cannot fuse that reads from x, and the partitioner would not recompute a read of x placed
+    # after it (partition_hints.py, 2), so it would save z. They come from the graph
+    # (`in_graph`): with `_joint_factor`'s counts from bits, 672 launches fewer a 1.3B fp4 step
+    # and the same bits (docs/hopper_sessions.md, session 75)
     delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     delta = remainder(x, lo, hi)
-    z = x_values.float() + div_rn_by_scale(delta, x_scale.float())
+    z = x_values.float() + div_rn_by_scale(delta, x_scale.float(), in_graph=True)
     shift = steps_passed((values_max + delta_max).amax(), 0, _FOLD_EXPONENTS).reshape(1, 1)
     # z / t as z · (1 / t) in float32: the exact quotient, rounded once where it is a float32
     # subnormal (as the quotient is) or flushed to zero by a GPU (E4M3's zero either way). So
@@ -161,7 +163,8 @@ def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
     bits, and 448·2^j, a normal for j >= -134, has the bits 0x43E00000 + j·2^23), in
     elementwise integer ops, where `(v[..., None] > steps).sum(-1)` is a reduction of its own:
     two kernels more per call once compiled (the fold's t and 1 / t as products of factors of 2
-    over the steps, forward and backward, 96 calls a 1.3B fp4 step, until session 74)."""
+    over the steps, forward and backward, 96 calls a 1.3B fp4 step, until session 74; the joint
+    factor's shifts, until session 75)."""
     if least < -134 or least + count > 120:
         raise ValueError(
             f"steps_passed needs -134 <= least and least + count <= 120 (448·2^j a finite "
@@ -228,13 +231,11 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     best = None
     for f, least, most in _JOINT_FACTORS:
         reach_f = reach * f  # rounded as every entry times g is (g / f a power of two)
-        steps = 448.0 * _pow2(torch.arange(least, most, device=reach.device, dtype=torch.int32))
         # a from the steps the row passes, 2^a and 2^-a from exponent bits: exact in every
         # compiled form, and ops the partitioner recomputes (a `prod` of factors of 2 was not,
-        # and the compiled fp4 block saved z again; session 65). The count as a reduction, not
-        # `steps_passed`: that, with g written once, made the passes over x 14 ms a 1.3B step
-        # slower (session 74); this part alone is not measured yet
-        a = (reach_f > steps).sum(dim=1, keepdim=True, dtype=torch.int32) + least
+        # and the compiled fp4 block saved z again; session 65); the count from bits too,
+        # not a reduction over the steps: two kernels fewer a call (session 75)
+        a = steps_passed(reach_f, least, most - least) + least
         top = reach_f * _pow2(-a)
         err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
         cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f))
