@@ -141,7 +141,7 @@ def fold_remainder(
     # quotient: were its float64 reciprocals the opaque op, that would be the first op inductor
     # cannot fuse that reads from x, and the partitioner would not recompute a read of x placed
     # after it (partition_hints.py, 2), so it would save z. They come from the graph
-    # (`in_graph`): with `_joint_factor`'s counts from bits, 672 launches fewer a 1.3B fp4 step
+    # (`in_graph`): with `_joint_factor`'s counts from bits, ~384 launches fewer a 1.3B fp4 step
     # and the same bits (docs/hopper_sessions.md, session 75)
     delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     delta = remainder(x, lo, hi)
