@@ -65,11 +65,13 @@ def div_rn_by_scale(
     otherwise inline them into the elementwise kernel and divide in float64 for every element
     (measured on an H200: a SwiGLU backward quantizing four row- and column-scaled operands took
     0.82 ms for 0.9 GB of traffic). With `in_graph` (the FP8 and row-scaled E2M1 GEMM
-    operands' quantizers, operand.py) the compiled graph computes them and `written_once` stores
-    them from a kernel inductor runs anyway; otherwise an opaque op does, two eager kernels a
-    call (600 calls a 1.3B fp4-dge step before session 23; docs/hopper_sessions.md, sessions 22
-    to 24); so does OCC's fold (session 75). DGE's divisions keep the opaque op (in the graph:
-    no faster at 1.3B), and so do the micro-block quantizers (in the graph, an mxfp4 kernel at
+    operands' quantizers, operand.py, and OCC's fold since session 75) the compiled graph
+    computes them and `written_once` stores them from a kernel inductor runs anyway; otherwise
+    an opaque op does, two eager kernels a call (600 calls a 1.3B fp4-dge step before session
+    23; docs/hopper_sessions.md, sessions 22 to 24). Neither DGE's division nor the fold was
+    faster in the graph at 1.3B (session 24); the fold went in for its launches, 96 fewer a
+    step in session 75's profile under CUDA graphs. DGE's keeps the opaque op, and so do the
+    micro-block quantizers (in the graph, an mxfp4 kernel at
     1.3B width did not compile in Triton 3.6). Eager and Triton float64 reciprocals are both
     correctly rounded. A single (tensor-wise) scale stays inline: a kernel computes a scalar
     once per thread.

@@ -141,8 +141,8 @@ def fold_remainder(
     # quotient: were its float64 reciprocals the opaque op, that would be the first op inductor
     # cannot fuse that reads from x, and the partitioner would not recompute a read of x placed
     # after it (partition_hints.py, 2), so it would save z. They come from the graph
-    # (`in_graph`): with `_joint_factor`'s counts from bits, ~384 launches fewer a 1.3B fp4 step
-    # and the same bits (docs/hopper_sessions.md, session 75)
+    # (`in_graph`), from a kernel that runs anyway: 96 launches fewer a 1.3B fp4 step, the same
+    # bits (session 24 had found it no faster; docs/hopper_sessions.md, session 75)
     delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     delta = remainder(x, lo, hi)
     z = x_values.float() + div_rn_by_scale(delta, x_scale.float(), in_graph=True)
@@ -161,10 +161,10 @@ def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
 
     From v's bits, as exact as the comparisons (a non-negative float32 orders as its int32
     bits, and 448·2^j, a normal for j >= -134, has the bits 0x43E00000 + j·2^23), in
-    elementwise integer ops, where `(v[..., None] > steps).sum(-1)` is a reduction of its own:
-    two kernels more per call once compiled (the fold's t and 1 / t as products of factors of 2
-    over the steps, forward and backward, 96 calls a 1.3B fp4 step, until session 74; the joint
-    factor's shifts, until session 75)."""
+    elementwise integer ops, where `(v[..., None] > steps).sum(-1)` is a reduction of its own
+    once compiled: the fold's t and 1 / t as products of factors of 2 over the steps were two
+    kernels a call, 96 calls a 1.3B fp4 step (until session 74), and the joint factor's shifts
+    one a candidate factor, 288 launches a step (until session 75)."""
     if least < -134 or least + count > 120:
         raise ValueError(
             f"steps_passed needs -134 <= least and least + count <= 120 (448·2^j a finite "
@@ -234,7 +234,8 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # a from the steps the row passes, 2^a and 2^-a from exponent bits: exact in every
         # compiled form, and ops the partitioner recomputes (a `prod` of factors of 2 was not,
         # and the compiled fp4 block saved z again; session 65); the count from bits too,
-        # not a reduction over the steps: two kernels fewer a call (session 75)
+        # not a reduction over the steps: one kernel fewer per factor, 288 launches a 1.3B fp4
+        # step (session 75)
         a = steps_passed(reach_f, least, most - least) + least
         top = reach_f * _pow2(-a)
         err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
