@@ -71,10 +71,9 @@ def div_rn_by_scale(
     23; docs/hopper_sessions.md, sessions 22 to 24). Neither DGE's division nor the fold was
     faster in the graph at 1.3B (session 24); the fold went in for its launches, 96 fewer a
     step in session 75's profile under CUDA graphs. DGE's keeps the opaque op, and so do the
-    micro-block quantizers (in the graph, an mxfp4 kernel at
-    1.3B width did not compile in Triton 3.6). Eager and Triton float64 reciprocals are both
-    correctly rounded. A single (tensor-wise) scale stays inline: a kernel computes a scalar
-    once per thread.
+    micro-block quantizers (in the graph, an mxfp4 kernel at 1.3B width did not compile in
+    Triton 3.6). Eager and Triton float64 reciprocals are both correctly rounded. A single
+    (tensor-wise) scale stays inline: a kernel computes a scalar once per thread.
     """
     if scale.numel() == 1:
         return div_rn(a, scale)
