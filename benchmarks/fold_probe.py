@@ -5,12 +5,13 @@
 
 Under fp4 (OCC, E4M3 compensation) one compiled kernel reads the layer input x (bf16 [M, K])
 and writes three FP8 operands: x_q = Q_E2M1(clamp(x)) (fprop), Δx_q = Q_E4M3(Δx) (the
-compensation GEMM's) and z = Q_E4M3((x_q + Δx / s_x) / t) (wgrad's, occ.fold_remainder,
-transposed). Profiled at 7B shapes (sessions 51 and 52) it moved its 5 bytes an element at
-~1.9 TB/s, under half the copy bandwidth. This probe times that kernel alone, its row scalars
-given, in forms that drop one piece at a time (rows marked "inexact" are timing bounds whose
-bits differ from the library's definition):
-- `library`: the library's arithmetic (z row-major; `library, z transposed`: as fp4 writes it);
+compensation GEMM's) and z = Q_E4M3((x_q + Δx / s_x) / t) (wgrad's, occ.fold_remainder's
+form by the quotient, fp4's until session 76, transposed). Profiled at 7B shapes (sessions 51
+and 52) it moved its 5 bytes an element at ~1.9 TB/s, under half the copy bandwidth. This
+probe times that kernel alone, its row scalars given, in forms that drop one piece at a time
+(rows marked "inexact" are timing bounds whose bits differ from the library's definition):
+- `library`: the library's arithmetic before session 76, z by the quotient Δx / s_x (z
+  row-major; `library, z transposed`: as fp4 writes it);
   `..., E2M1 by products`: with the E2M1 rounding used before session 52 (same bits);
 - `Δx inv`: Δx_q as round(Δx · m_Δ), a float32 product by an "inv" multiplier, rather than
   the float64 quotient by its fp32 scale (a definition change of the compensation operand);
@@ -26,13 +27,18 @@ the `x_q only, E4M3 cast` floor, runs at 56-59 % of copy bandwidth and three at 
 floor clamps to OCC's bounds first, and the clamp's instructions are what cost: a scaled cast
 without it runs at 90-100 % (session 58, `benchmarks/cast_probe.py`).
 E2M1 by two additions was 1-2 % faster than by products in every shape.
-- `fold_remainder` and `fold_remainder before session 71`: z alone as backward recomputes it
-  (x_q again from x, then occ.fold_remainder), the library's function against its form before
-  session 71, which divided z by t in float64 (`div_rn_by_scale`) where it now multiplies by
-  1 / t in float32, the same bytes (the column "same bytes as before").
+- `fold_remainder`, `fold_remainder by the quotient` and `fold_remainder before session 71`:
+  z alone as backward recomputes it (x_q again from x, then occ.fold_remainder). fp4's form
+  since session 76 takes Δx·m_x on x_q's multiplier, one float32 product kept out of FMA
+  contraction by the remainder's select (exact, unlike `z by m (inexact)` above); by the
+  quotient, Δx / s_x in float64, is its form for scales without a multiplier and fp4's before
+  session 76; before session 71 it also divided z by t in float64 (`div_rn_by_scale`) where
+  it now multiplies by 1 / t in float32, the same bytes as the quotient form (the column "same
+  bytes as before"). The two forms of Δx differ by at most one float32 ulp, rarely in an E4M3
+  byte of z (0 of 92M and 34M bytes in sessions 72 and 76); the count is reported.
 Bits: every exact row is checked compiled against eager, and `library`'s z against
-occ.fold_remainder. Bandwidth = (2 bytes read + 1 per output) / kernel time, as a share of the
-measured copy bandwidth. Writes `fold_probe[_<tag>]_<gpu>_<date>.{md,json}`.
+occ.fold_remainder by the quotient. Bandwidth = (2 bytes read + 1 per output) / kernel time, as
+a share of the measured copy bandwidth. Writes `fold_probe[_<tag>]_<gpu>_<date>.{md,json}`.
 """
 
 from __future__ import annotations
@@ -138,8 +144,9 @@ def three_casts(x, lo, hi, m_x, r_x, m_d, r_d, inv_t):
     return tuple(e4m3(xf * s) for s in (m_x, m_d, inv_t))
 
 
-def fold_before_s71(x, lo, hi, x_values, x_scale, values_max):
-    """occ.fold_remainder as it was before session 71: z / t as a float64 quotient."""
+def fold_before_s71(x, lo, hi, x_values, x_scale, x_multiplier, values_max):
+    """occ.fold_remainder as it was before session 71: Δx / s_x and z / t as float64 quotients
+    (`x_multiplier` unused)."""
     delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
     z = x_values.float() + div_rn_by_scale(remainder(x, lo, hi), x_scale.float())
     bound = (values_max + delta_max).amax()
@@ -150,9 +157,11 @@ def fold_before_s71(x, lo, hi, x_values, x_scale, values_max):
     return round_to_storage(div_rn_by_scale(z, t), "e4m3"), t
 
 
-def backward_z(x, lo, hi, m_x, s_x, fold=occ.fold_remainder):
-    """z as fp4's backward recomputes it: x_q from x, then the fold (values only)."""
-    return (fold(x, lo, hi, _xq(x.float(), lo, hi, m_x), s_x, E2M1_MAX)[0],)
+def backward_z(x, lo, hi, m_x, s_x, fold=occ.fold_remainder, by_multiplier=True):
+    """z as fp4's backward recomputes it: x_q from x, then the fold (values only), with Δx on
+    x_q's multiplier m_x (fp4's form) or by the quotient Δx / s_x (`by_multiplier=False`)."""
+    m = m_x if by_multiplier else None
+    return (fold(x, lo, hi, _xq(x.float(), lo, hi, m_x), s_x, m, E2M1_MAX)[0],)
 
 
 VARIANTS: list[tuple[str, Callable, bool]] = [  # (name, function, exact: compiled == eager)
@@ -211,13 +220,16 @@ def main(argv: list[str] | None = None) -> None:
         call_args = [inp[key] for key in keys]
         eager_lib = library(*call_args)
         folded, _ = occ.fold_remainder(
-            inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], E2M1_MAX
+            inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], None, E2M1_MAX
         )
         library_is_fold = same_bytes(folded, eager_lib[2])
         products_is_library = same_bytes(library(*call_args, rounding=e2m1_by_products), eager_lib)
         fold_args = (inp["x"], inp["lo"], inp["hi"], inp["m_x"], inp["s_x"])
         folds = {
             "fold_remainder": lambda *_, a=fold_args: backward_z(*a),
+            "fold_remainder by the quotient": lambda *_, a=fold_args: backward_z(
+                *a, by_multiplier=False
+            ),
             "fold_remainder before session 71": lambda *_, a=fold_args: backward_z(
                 *a, fold=fold_before_s71
             ),
@@ -226,8 +238,11 @@ def main(argv: list[str] | None = None) -> None:
         big = inp["x"].clone()
         big[0, 0] = 3e4
         same_as_before = all(
-            same_bytes(backward_z(*a), backward_z(*a, fold=fold_before_s71))
+            same_bytes(backward_z(*a, by_multiplier=False), backward_z(*a, fold=fold_before_s71))
             for a in (fold_args, (big, *fold_args[1:]))
+        )
+        by_m_differing = _differing_bytes(
+            backward_z(*fold_args), backward_z(*fold_args, by_multiplier=False)
         )
         variants = select_variants(VARIANTS + [(n, fn, True) for n, fn in folds.items()], args)
         for name, fn, exact in variants:
@@ -238,7 +253,8 @@ def main(argv: list[str] | None = None) -> None:
             rec = {"m": m, "k": k, "variant": name, "exact": exact, "compiled_vs_eager_bytes": diff,
                    "library_z_is_fold_remainder": library_is_fold,
                    "products_is_library": products_is_library,
-                   "fold_same_bytes_as_before": same_as_before}  # fmt: skip
+                   "fold_same_bytes_as_before": same_as_before,
+                   "fold_by_m_differing_bytes": by_m_differing}  # fmt: skip
             if cuda:
                 prof = kernel_profile(functools.partial(compiled, *call_args), reps=10, top=3)
                 nbytes = m * k * (2 + len(out))
@@ -252,12 +268,17 @@ def main(argv: list[str] | None = None) -> None:
                 f"({rec.get('copy_share', float('nan')):.0%}) | {diff} |"
             )
             print(lines[-1], flush=True)
+    first = [r for r in records if r["variant"] == records[0]["variant"]]  # one per shape
     body = (
-        f"copy bandwidth {copy_gbs:.0f} GB/s; `library`'s z equals occ.fold_remainder: "
+        f"copy bandwidth {copy_gbs:.0f} GB/s; `library`'s z equals occ.fold_remainder by the "
+        "quotient: "
         f"{all(r['library_z_is_fold_remainder'] for r in records)}; E2M1 by products gives "
         f"`library`'s bytes: {all(r['products_is_library'] for r in records)}; "
-        "`fold_remainder` gives its bytes before session 71: "
-        f"{all(r['fold_same_bytes_as_before'] for r in records)}\n\n"
+        "`fold_remainder by the quotient` gives its bytes before session 71: "
+        f"{all(r['fold_same_bytes_as_before'] for r in records)}; `fold_remainder` (Δx·m_x) "
+        "differs from it in "
+        + ", ".join(f"{r['fold_by_m_differing_bytes']} of {r['m'] * r['k']}" for r in first)
+        + " bytes\n\n"
         "| M x K | variant | kernel ms | GB/s (share of copy) "
         "| compiled vs eager: differing bytes |\n"
         "|---|---|---|---|---|\n" + "\n".join(lines) + "\n"

@@ -25,11 +25,20 @@ def _deq(t: torch.Tensor, spec: OperandSpec) -> tuple[torch.Tensor, torch.Tensor
 def scaled_operand(t: torch.Tensor, spec: OperandSpec) -> torch.Tensor:
     """t as quantize() scales it before rounding (row or tensor groups): t * m with "inv"
     scales, m = max / amax per group (formats.inv_scales), else t / scale, in float32."""
+    m = _inv_multiplier(t, spec)
+    if m is not None:
+        return t * m
     q = quantize(t, spec.fmt, spec.granularity, scale_format=spec.scale_format)
+    return t / q.expand_scale()
+
+
+def _inv_multiplier(t: torch.Tensor, spec: OperandSpec) -> torch.Tensor | None:
+    """The "inv" multipliers m = max / amax of t's row or tensor groups (formats.inv_scales),
+    [rows, 1] or [1, 1] float32; None for other scale formats."""
     if spec.scale_format != "inv":
-        return t / q.expand_scale()
+        return None
     amax = t.abs().amax(1, keepdim=True) if spec.granularity == "row" else t.abs().amax()
-    return t * formats.inv_scales(amax, formats.get(spec.fmt).max)[0]
+    return formats.inv_scales(amax, formats.get(spec.fmt).max)[0]
 
 
 def gemm_with_bound(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,8 +96,9 @@ def reference(
         tv, ts = _deq(w.t().contiguous(), recipe.dgrad.rhs)
         out["dx"] = gemm_with_bound(gv * gs, tv * ts)
 
-    if _folds_remainder(recipe):  # wgrad's x_q carries OCC's remainder: z = x_q + Δx / s_x
-        xv = _folded_remainder(xv, xs, delta, formats.get(recipe.fprop.lhs.fmt).max)
+    if _folds_remainder(recipe):  # wgrad's x_q carries OCC's remainder: z = x_q + Δx·m_x
+        m_x = _inv_multiplier(x_c, recipe.fprop.lhs)
+        xv = _folded_remainder(xv, xs, delta, m_x, formats.get(recipe.fprop.lhs.fmt).max)
     if recipe.folds("wgrad"):  # scale dy's rows by x's row scale, quantize dyᵀ, x unit-scaled x_q
         hv, hs = _deq((dy * xs[:, :1].float()).t().contiguous(), recipe.wgrad.lhs)
         dw, dw_err = gemm_with_bound(hv * hs, xv.t())
@@ -122,14 +132,18 @@ def _folds_remainder(recipe: QuantRecipe) -> bool:
 
 
 def _folded_remainder(
-    xv: torch.Tensor, xs: torch.Tensor, delta: torch.Tensor, values_max: float
+    xv: torch.Tensor,
+    xs: torch.Tensor,
+    delta: torch.Tensor,
+    m_x: torch.Tensor | None,
+    values_max: float,
 ) -> torch.Tensor:
-    """z = x_q + Δx / s_x (float32 quotient and sum) on E4M3 times the least power of two t >= 1
-    that keeps B / t <= 448, B = max over rows of values_max + max|Δx| / s_x (a bound on |z|),
-    as float64 z_q·t."""
-    xs = xs.float()  # x_q's scale at every entry
-    z = xv.float() + delta.float() / xs
-    bound = values_max + (delta.float().abs() / xs).max().item()
+    """z = x_q + Δx·m_x (an "inv" x_q's multipliers m_x; Δx / s_x without them: float32 product
+    or quotient, then sum) on E4M3 times the least power of two t >= 1 that keeps B / t <= 448,
+    B = max over rows of values_max + max|Δx·m_x| (a bound on |z|), as float64 z_q·t."""
+    q = delta.float() / xs.float() if m_x is None else delta.float() * m_x.float()
+    z = xv.float() + q
+    bound = values_max + q.abs().max().item()
     t = 1.0
     while bound / t > 448.0:
         t *= 2.0

@@ -188,8 +188,9 @@ def test_occ_thresholds_and_fold_equal_the_cpu_emulation(threshold):
         assert bits_equal(a.cpu(), b)
     x_q = HopperBackend().quantize(x, recipes.get("fp4").fprop.lhs, clip=clip_gpu)
     fold = HopperBackend().kernel(fold_remainder, x)
-    got = fold(x, *clip_gpu, x_q.data, x_q.scale, 6.0)
-    want = fold_remainder(x.cpu(), *clip_cpu, x_q.data.cpu(), x_q.scale.cpu(), 6.0)
+    got = fold(x, *clip_gpu, x_q.data, x_q.scale, x_q.multiplier, 6.0)
+    cpu_args = (x_q.data.cpu(), x_q.scale.cpu(), x_q.multiplier.cpu())
+    want = fold_remainder(x.cpu(), *clip_cpu, *cpu_args, 6.0)
     for a, b in zip(got, want, strict=True):
         assert bits_equal(a.cpu(), b)
 

@@ -241,8 +241,8 @@ def test_autocast_bf16(name):
 # copy), parameters excluded: 4-bit inputs are saved packed (0.25x of bf16's x), 8-bit ones as
 # FP8 bytes (0.5x), plus the quantized weight's transposed copy and per-row scales.
 SAVED_BYTES_VS_BF16 = {"e2m1": 0.35, "e4m3": 0.55}
-# With OCC's E4M3 compensation the saved input is z = x_q + Δx/s_x in one byte an entry (0.5x of
-# bf16's x): measured 0.47x with the packed weight copy. The fp32 reference saves Δx in fp32.
+# With OCC's E4M3 compensation the saved input is z = x_q + Δx·m_x in one byte an entry (0.5x
+# of bf16's x): measured 0.47x with the packed weight copy. The fp32 reference saves Δx in fp32.
 SAVED_BYTES_OCC_VS_BF16 = 0.55
 
 

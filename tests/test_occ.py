@@ -10,6 +10,7 @@ import torch
 from minifloat import occ as occ_module
 from minifloat import recipes
 from minifloat.exact import div_rn_by_scale
+from minifloat.formats import inv_scales
 from minifloat.kernels.operand import round_to_storage
 from minifloat.linear import QuantLinear
 from minifloat.occ import (
@@ -142,7 +143,7 @@ def test_fold_remainder():
     x = heavy_tailed(64, 256, seed=5)
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
     xq = quantize(clamp(x, lo, hi), "e2m1", "row")
-    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale, 6.0)
+    values, t = fold_remainder(x, lo, hi, xq.values, xq.scale, None, 6.0)
     assert values.dtype == torch.float8_e4m3fn and values.shape == x.shape
     delta = remainder(x, lo, hi)
     z = xq.values + delta / xq.scale
@@ -162,7 +163,7 @@ def test_fold_remainder():
     # a large remainder needs t > 1
     big = x.clone()
     big[0, 0] = 1e6
-    _, t_big = fold_remainder(big, lo, hi, xq.values, xq.scale, 6.0)
+    _, t_big = fold_remainder(big, lo, hi, xq.values, xq.scale, None, 6.0)
     assert t_big.item() > 1
 
 
@@ -215,32 +216,109 @@ def test_steps_passed_counts_the_comparisons(least, count):
             steps_passed(v, *bad)
 
 
-def _fold_against_the_quotient(device: str) -> None:
+def _fold_against_the_quotient(device: str, by_multiplier: bool) -> None:
     """fold_remainder on `device`, eagerly and compiled, against its definition computed on the
-    CPU, Q_E4M3((x_q + Δx / s_x) / t) with both quotients correctly rounded: byte for byte, with
-    t > 1 (a large remainder: 2^7 here)."""
+    CPU, Q_E4M3(z / t) with z / t correctly rounded: byte for byte, with t > 1 (a large
+    remainder: 2^7 here). z = x_q + Δx·m_x, one float32 product, for an "inv" x_q given its
+    multiplier m_x; z = x_q + Δx / s_x, correctly rounded, without one."""
     x = heavy_tailed(64, 256, seed=7)
     x[3, 5] = 3e4
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
-    xq = quantize(clamp(x, lo, hi), "e2m1", "row")
-    z = xq.values.float() + div_rn_by_scale(remainder(x, lo, hi), xq.scale.float())
+    xq = quantize(clamp(x, lo, hi), "e2m1", "row", scale_format="inv" if by_multiplier else "fp32")
+    delta = remainder(x, lo, hi)
+    m_x = None
+    if by_multiplier:
+        m_x, s_x = inv_scales(clamp(x, lo, hi).abs().amax(1, keepdim=True), 6.0)
+        assert torch.equal(s_x, xq.scale)  # m_x: x_q's own multiplier
+        z = xq.values.float() + delta * m_x
+    else:
+        z = xq.values.float() + div_rn_by_scale(delta, xq.scale.float())
     args = [v.to(device) for v in (x, lo, hi, xq.values, xq.scale)]
+    m_arg = None if m_x is None else m_x.to(device)
     for fold in (fold_remainder, torch.compile(fold_remainder)):
-        values, t = fold(*args, 6.0)
+        values, t = fold(*args, m_arg, 6.0)
         want = round_to_storage(div_rn_by_scale(z, t.cpu()), "e4m3")
         assert t.item() == 2.0**7
         assert torch.equal(values.cpu().view(torch.uint8), want.view(torch.uint8))
 
 
-def test_fold_remainder_is_the_quotient_by_t():
-    _fold_against_the_quotient("cpu")
+@pytest.mark.parametrize("by_multiplier", [True, False])
+def test_fold_remainder_is_the_quotient_by_t(by_multiplier):
+    _fold_against_the_quotient("cpu", by_multiplier)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_fold_remainder_is_the_quotient_by_t_on_the_gpu():
+@pytest.mark.parametrize("by_multiplier", [True, False])
+def test_fold_remainder_is_the_quotient_by_t_on_the_gpu(by_multiplier):
     """The same on CUDA, whose float32 products may flush subnormal results to zero."""
-    _fold_against_the_quotient("cuda")
+    _fold_against_the_quotient("cuda", by_multiplier)
+
+
+def _inputs_a_contraction_would_change(rows: int = 16, cols: int = 64) -> tuple:
+    """(x, lo, hi, x_values, s_x, m_x) for fold_remainder where z = x_q + Δx·m_x, its product
+    and sum each rounded to float32, has another E4M3 byte in every clipped entry than the
+    same sum rounded once (a fused multiply-add, as a compiler contracting the two would make
+    it). x_q = -6 and Δx·m_x near 6 + an E4M3 midpoint, its float32 rounding exactly on it:
+    twice rounded, z is the tie (to the even neighbour); once, just off it, on the odd
+    neighbour's side. Bounds lo = -100, hi = -7, so Δx = x + 7; a quarter of the entries
+    unclipped."""
+    g = torch.Generator().manual_seed(76)
+    # E4M3's midpoints in [2^-4, 2^-2) (spacing 2^-7, then 2^-6), in float64
+    odd = 2 * torch.arange(8, dtype=torch.float64) + 1
+    mids = torch.cat([2.0**-4 + odd * 2.0**-8, 2.0**-3 + odd * 2.0**-7])
+    m_x = torch.empty(rows, 1)
+    x = torch.full((rows, cols), -50.0)  # unclipped: inside [lo, hi]
+    for r in range(rows):
+        hits = torch.empty(0)
+        while hits.numel() == 0:  # a multiplier with entries that show the contraction
+            m = (1.0 + torch.rand((), generator=g)).float()
+            base = ((6.0 + mids) / m.double()).float()  # Δx near (6 + mid) / m, and neighbours
+            d = torch.cat([base, base.nextafter(base * 2), base.nextafter(base / 2)])
+            exact = d.double() * m.double()  # Δx·m_x exactly (24 x 24 bits)
+            twice = (exact.float() - 6.0).to(torch.float8_e4m3fn).view(torch.uint8)  # the tie
+            once = (exact - 6.0).float().to(torch.float8_e4m3fn).view(torch.uint8)
+            hits = d[twice != once]
+        m_x[r] = m
+        x[r, : cols * 3 // 4] = hits.repeat(cols)[: cols * 3 // 4] - 7.0  # exact: finer ulp
+    x_values = torch.full((rows, cols), -6.0).to(torch.float8_e4m3fn)
+    return x, torch.tensor(-100.0), torch.tensor(-7.0), x_values, 1.0 / m_x, m_x
+
+
+def _fold_keeps_two_roundings(device: str) -> None:
+    """fold_remainder by the multiplier, eagerly and compiled on `device`, gives the bytes of its
+    product and sum each rounded (the eager CPU definition) on inputs where one rounding
+    gives other bytes in every clipped entry: nothing contracts them into an FMA. On the CPU
+    inductor's C++ is compiled with FMA contraction allowed here (off by default), so that the
+    check means something there too: the plain product then sum did contract under it, in
+    every clipped entry (and in Triton on an H200: docs/hopper_sessions.md, session 76)."""
+    x, lo, hi, x_values, s_x, m_x = _inputs_a_contraction_would_change()
+    delta = remainder(x, lo, hi)
+    clipped = delta != 0
+    twice = round_to_storage(x_values.float() + delta * m_x, "e4m3").view(torch.uint8)
+    fused = (x_values.double() + delta.double() * m_x.double()).float()
+    once = round_to_storage(fused, "e4m3").view(torch.uint8)
+    assert clipped.float().mean() == 0.75 and bool((twice != once)[clipped].all())
+    args = [v.to(device) for v in (x, lo, hi, x_values, s_x, m_x)]
+    contract = {"cpp.enable_floating_point_contract_flag": "fast"} if device == "cpu" else {}
+    with torch._inductor.config.patch(contract):
+        for fold in (fold_remainder, torch.compile(fold_remainder)):
+            values, t = fold(*args, 6.0)
+            assert t.item() == 1.0
+            assert torch.equal(values.cpu().view(torch.uint8), twice)
+
+
+def test_fold_by_the_multiplier_keeps_its_two_roundings():
+    _fold_keeps_two_roundings("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fold_by_the_multiplier_keeps_its_two_roundings_on_the_gpu():
+    """The same in Triton, which contracts a float32 product into an addition it feeds where it
+    may (inductor's kernels allow FMA fusion): the product is taken behind the remainder's
+    select (clip.scaled_remainder)."""
+    _fold_keeps_two_roundings("cuda")
 
 
 def test_layer_output_is_clamped_gemm_plus_compensation():
@@ -329,7 +407,7 @@ def test_e4m3_compensation_within_half_a_db_of_fp32(k):
         )
     assert sqnr["e4m3"][0] >= sqnr["fp32"][0] - OCC_Y_VS_FP32_DB, sqnr
     assert sqnr["e4m3"][1] >= sqnr["off"][1] + OCC_DW_OVER_NONE_DB, sqnr
-    # dw through the E4M3 fold (one rounding of z = x_q + Δx/s_x) against the exact fp32
+    # dw through the E4M3 fold (one rounding of z = x_q + Δx·m_x) against the exact fp32
     # correction GEMM
     assert sqnr["e4m3"][1] >= sqnr["fp32"][1] - OCC_DW_VS_FP32_DB, sqnr
 

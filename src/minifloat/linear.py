@@ -18,7 +18,7 @@ Precision choices:
   scales; the high-precision input is never saved. Eagerly, E2M1 operands are saved packed, two
   values a byte; under torch.compile row-scaled ones are left unpacked, and the partitioner
   recomputes them in backward instead of saving them (see `_stash`). With OCC's E4M3
-  compensation the saved input is z = x_q + Δx/s_x in E4M3 (one byte an entry; occ_gemm.py),
+  compensation the saved input is z = x_q + Δx·m_x in E4M3 (one byte an entry; occ_gemm.py),
   also recomputed in backward under torch.compile (partition_hints.py).
 """
 
@@ -68,7 +68,7 @@ class QuantLinearFunction(torch.autograd.Function):
                                                           product bf16 under bf16 autocast)
         dgrad: dx = Q(dy·diag(s_w))·w_q      [M,N]x[N,K]  (fold: row scale s_w of w moved into dy)
         wgrad: dw = Q((diag(s_x)·dy)ᵀ)·x_q   [N,M]x[M,K]  (fold: row scale s_x of x moved into dy)
-                    (OCC: x_q -> z = x_q + Δx/s_x in E4M3; then dw *= f'(w·m_w) with DGE,
+                    (OCC: x_q -> z = x_q + Δx·m_x in E4M3; then dw *= f'(w·m_w) with DGE,
                      m_w the "inv" multipliers w_q was rounded with (s_w = 1/m_w rounded),
                      else f'(w / s_w))
 

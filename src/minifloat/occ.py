@@ -24,9 +24,10 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
   5 % of channels hold 18-57 % of the remainder's energy and compensating only the top 12.5 %
   loses 2 dB of y on average, benchmarks/occ_real_activations.py, session 68), so restricting
   the GEMM to a few columns cannot hold them.
-- wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx / s_x
-  (s_x: x_q's scale) is stored in E4M3 with a power-of-two tensor scale, and dw = dyᵀ · z s_x
-  is the one wgrad GEMM; the saved activation is one byte per entry and no extra GEMM runs.
+- wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx·m_x
+  (m_x = 1 / s_x: x_q's multiplier; Δx / s_x for scales without one) is stored in E4M3 with a
+  power-of-two tensor scale, and dw = dyᵀ · z s_x is the one wgrad GEMM; the saved activation
+  is one byte per entry and no extra GEMM runs.
   Under torch.compile nothing is saved: z is recomputed in backward (partition_hints.py).
 - dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
   identity on x).
@@ -40,7 +41,7 @@ import torch
 
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale
-from minifloat.kernels.clip import clamp, remainder, remainder_row_amax
+from minifloat.kernels.clip import clamp, remainder, remainder_row_amax, scaled_remainder
 from minifloat.kernels.operand import round_to_storage
 from minifloat.kernels.quantiles import clip_bounds
 from minifloat.quantize import Granularity, quantize
@@ -116,36 +117,56 @@ def fold_remainder(
     hi: torch.Tensor,
     x_values: torch.Tensor,
     x_scale: torch.Tensor,
+    x_multiplier: torch.Tensor | None,
     values_max: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The wgrad operand z = x_q + Δx / s_x in E4M3, with its power-of-two tensor scale t.
+    """The wgrad operand z = x_q + Δx·m_x in E4M3, with its power-of-two tensor scale t.
 
     Args:
         x: [M, K] the layer input; lo, hi: its clamp bounds.
         x_values: [M, K] grid values of x_q = Q(clamp(x)) (any float dtype, e.g. E4M3 bytes),
             each at most `values_max` in magnitude (x_q's format's largest value).
-        x_scale: x_q's scale, [M, 1] (row) or [1, 1] (tensor).
+        x_scale: x_q's scale s_x, [M, 1] (row) or [1, 1] (tensor).
+        x_multiplier: an "inv" x_q's multiplier m_x (x_q = round(x_c·m_x), s_x = 1 / m_x
+            rounded; `QOperand.multiplier`), or None for scales without one ("fp32", "pow2"),
+            where Δx·m_x is the correctly rounded quotient Δx / s_x instead.
     Returns:
         (values float8_e4m3fn [M, K], t float32 [1, 1]) with values · t ≈ z, so that
         values · t · s_x ≈ x_q s_x + Δx = x_c + (x - x_c) up to x_q's and this rounding.
         t = the least power of two >= 1 with B / t <= 448, B = max over rows of
-        values_max + max|Δx| / s_x (float32, quotient `div_rn`), a bound on |z| that needs
-        no pass over z: only the remainder's row maxima, which fprop's compensation computes
-        anyway. (With t from z's own maximum, a compiled step recomputing z in backward reduced
-        over z there first: 4 % of a 1.3B fp4 step; docs/hopper_sessions.md, session 32.)
+        values_max + max|Δx|·m_x (float32, each product or quotient rounded once), a bound on
+        |z| that needs no pass over z: only the remainder's row maxima, which fprop's
+        compensation computes anyway. (With t from z's own maximum, a compiled step
+        recomputing z in backward reduced over z there first: 4 % of a 1.3B fp4 step;
+        docs/hopper_sessions.md, session 32.)
         Where z = x_values (no clipping) the values stay exact in E4M3 while t <= 2^8.
     """
-    # |z| <= values_max + |Δx| / s_x entry by entry, and the roundings are monotone. The row
+    # |z| <= values_max + |Δx|·m_x entry by entry, and the roundings are monotone. The row
     # maxima are the ones fprop's E4M3 compensation quantizer takes of the same Δx, from x's
-    # row extrema (kernels/clip.py; the compiled graph computes them once). Taken before z's
-    # quotient: were its float64 reciprocals the opaque op, that would be the first op inductor
-    # cannot fuse that reads from x, and the partitioner would not recompute a read of x placed
-    # after it (partition_hints.py, 2), so it would save z. They come from the graph
-    # (`in_graph`), from a kernel that runs anyway: 96 launches fewer a 1.3B fp4 step, the same
-    # bits (session 24 had found it no faster; docs/hopper_sessions.md, session 75)
-    delta_max = div_rn(remainder_row_amax(x, lo, hi), x_scale.float())
-    delta = remainder(x, lo, hi)
-    z = x_values.float() + div_rn_by_scale(delta, x_scale.float(), in_graph=True)
+    # row extrema (kernels/clip.py; the compiled graph computes them once). Taken first: were
+    # the quotient's float64 reciprocals an opaque op, that would be the first op inductor
+    # cannot fuse that reads from x, and the partitioner would not recompute a read of x
+    # placed after it (partition_hints.py, 2), so it would save z
+    row_max = remainder_row_amax(x, lo, hi)
+    if x_multiplier is None:
+        delta_max = div_rn(row_max, x_scale.float())
+        # the fold's float64 reciprocals from the graph (`in_graph`), from a kernel that runs
+        # anyway: 96 launches fewer a 1.3B fp4 step, the same bits (session 24 had found it no
+        # faster; docs/hopper_sessions.md, session 75)
+        delta = div_rn_by_scale(remainder(x, lo, hi), x_scale.float(), in_graph=True)
+    else:
+        # Δx on x_q's own multiplier, as fprop's compensation takes it (`joint_lhs`): one
+        # float32 product an element where the quotient converts to float64 and back; z alone
+        # 0.225 against 0.236 ms at 16384 x 5632 on an H200. The product is taken behind the
+        # remainder's select (`scaled_remainder`): a plain product before the addition below
+        # was contracted into an FMA by compiled Triton, every crafted entry off eager's bits
+        # (session 72 reverted that form; docs/hopper_sessions.md, session 76). The bound's
+        # [M, 1] product in float64, exact, then rounded once: the same value as float32's
+        # product, and none left to contract either
+        m = x_multiplier.float()
+        delta_max = (row_max.double() * m.double()).float()
+        delta = scaled_remainder(x, lo, hi, m)
+    z = x_values.float() + delta
     shift = steps_passed((values_max + delta_max).amax(), 0, _FOLD_EXPONENTS).reshape(1, 1)
     # z / t as z · (1 / t) in float32: the exact quotient, rounded once where it is a float32
     # subnormal (as the quotient is) or flushed to zero by a GPU (E4M3's zero either way). So

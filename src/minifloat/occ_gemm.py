@@ -10,7 +10,7 @@ With compensation format "e4m3":
            1.3B step faster, y's SQNR within 0.06 dB (recipe_specs.OCCConfig;
            docs/hopper_sessions.md, session 66)
     wgrad: folded into the saved input when fprop's input is reused in wgrad (row or tensor
-           scale): x_rhs = z = x_q + Δx/s_x in E4M3 (occ.fold_remainder), no extra GEMM;
+           scale): x_rhs = z = x_q + Δx·m_x in E4M3 (occ.fold_remainder), no extra GEMM;
            otherwise dw += Q8(dyᵀ)·Q8(Δxᵀ)ᵀ [N,M]x[M,K], both E4M3 per row along the tokens.
 Otherwise (`occ.one_gemm=off`, or operands of other formats) fprop's two products are bf16
 under bf16 autocast (`partial_dtype`), summed in float32.
@@ -141,13 +141,13 @@ def fprop_correction(
 def folded_wgrad_operand(
     backend: Backend, x: torch.Tensor, clip: Clip, x_q: QOperand, unit_scale: bool
 ) -> QOperand:
-    """wgrad's rhs [K, M] (a transposed view): z = x_q + Δx/s_x in E4M3 (occ.fold_remainder).
+    """wgrad's rhs [K, M] (a transposed view): z = x_q + Δx·m_x in E4M3 (occ.fold_remainder).
 
     Its scale is t (a power of two) when backward folds s_x into dy (`unit_scale`), else s_x·t
     (a tensor-scaled x_q: the product of a float32 and a power of two is exact)."""
     values_max = formats.get(x_q.fmt).max
     values, t = backend.kernel(occ.fold_remainder, x)(
-        x.detach(), *clip, x_q.data, x_q.scale, values_max
+        x.detach(), *clip, x_q.data, x_q.scale, x_q.multiplier, values_max
     )
     scale = t if unit_scale else x_q.scale * t
     return fp32_scaled(values.t(), scale, "e4m3", "tensor", True)

@@ -16,7 +16,7 @@ recomputing the tensors z is made from (docs/hopper_sessions.md, sessions 19, 31
    before fprop's GEMMs, the copy's first unfusible use (QuantLinearFunction.forward). Its
    reductions count too: `amin` is not among the partitioner's fusible ops and a `cat` is no
    producer of a fusion, so OCC's row extrema are taken with `amax` only, uncatenated, and
-   before z's quotient (kernels/clip.py; session 34; occ.fold_remainder says why).
+   before z's product or quotient (kernels/clip.py; session 34; occ.fold_remainder says why).
 3. The same rule for constants: a literal in `torch.where` becomes a graph constant that every
    layer's `where` shares, used far apart. OCC's remainder takes its zero from the layer's own
    threshold instead (occ.remainder).
