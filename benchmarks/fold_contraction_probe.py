@@ -11,7 +11,7 @@ the entries whose bytes differ from eager's two roundings, and those equal to on
 - `plain`: the remainder, times m_x, plus x_q (the form session 72 committed and reverted);
 - `behind_select`: the library's, the product taken inside the remainder's select
   (`clip.scaled_remainder`).
-On CUDA inductor's Triton kernels allow FMA contraction; on the CPU inductor's C++ does not by
+On CUDA, inductor's Triton kernels allow FMA contraction; on the CPU inductor's C++ does not by
 default, so `--device cpu` turns it on (`cpp.enable_floating_point_contract_flag`). Writes
 `fold_contraction_probe[_<tag>]_<gpu or cpu>_<date>.{md,json}`.
 """

@@ -33,9 +33,10 @@ E2M1 by two additions was 1-2 % faster than by products in every shape.
   contraction by the remainder's select (exact, unlike `z by m (inexact)` above); by the
   quotient, Δx / s_x in float64, is its form for scales without a multiplier and fp4's before
   session 76; before session 71 it also divided z by t in float64 (`div_rn_by_scale`) where
-  it now multiplies by 1 / t in float32, the same bytes as the quotient form (the column "same
-  bytes as before"). The two forms of Δx differ by at most one float32 ulp, rarely in an E4M3
-  byte of z (0 of 92M and 34M bytes in sessions 72 and 76); the count is reported.
+  it now multiplies by 1 / t in float32, the same bytes as the quotient form (the header's
+  "gives its bytes before session 71"). The two forms of Δx differ by at most one float32
+  ulp, rarely in an E4M3 byte of z (0 of 92M and 34M bytes in sessions 72 and 76); the count
+  is reported.
 Bits: every exact row is checked compiled against eager, and `library`'s z against
 occ.fold_remainder by the quotient. Bandwidth = (2 bytes read + 1 per output) / kernel time, as
 a share of the measured copy bandwidth. Writes `fold_probe[_<tag>]_<gpu>_<date>.{md,json}`.

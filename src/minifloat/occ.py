@@ -25,10 +25,10 @@ Compensation in E4M3 (the default; "fp32" is the dense fp32 reference it is meas
   loses 2 dB of y on average, benchmarks/occ_real_activations.py, session 68), so restricting
   the GEMM to a few columns cannot hold them.
 - wgrad: the remainder is folded into the saved input (`fold_remainder`): z = x_q + Δx·m_x
-  (m_x = 1 / s_x: x_q's multiplier; Δx / s_x for scales without one) is stored in E4M3 with a
-  power-of-two tensor scale, and dw = dyᵀ · z s_x is the one wgrad GEMM; the saved activation
-  is one byte per entry and no extra GEMM runs.
-  Under torch.compile nothing is saved: z is recomputed in backward (partition_hints.py).
+  (m_x: x_q's multiplier, s_x = 1 / m_x rounded; Δx / s_x for scales without one) is stored in
+  E4M3 with a power-of-two tensor scale, and dw = dyᵀ · z s_x is the one wgrad GEMM; the saved
+  activation is one byte per entry and no extra GEMM runs. Under torch.compile nothing is
+  saved: z is recomputed in backward (partition_hints.py).
 - dgrad: the straight-through estimator through the clamp (clamp plus compensation is the
   identity on x).
 """
@@ -151,18 +151,19 @@ def fold_remainder(
     if x_multiplier is None:
         delta_max = div_rn(row_max, x_scale.float())
         # the fold's float64 reciprocals from the graph (`in_graph`), from a kernel that runs
-        # anyway: 96 launches fewer a 1.3B fp4 step, the same bits (session 24 had found it no
-        # faster; docs/hopper_sessions.md, session 75)
+        # anyway: 96 launches fewer a 1.3B fp4 step while fp4 took this path, the same bits
+        # (session 24 had found it no faster; docs/hopper_sessions.md, session 75; since session
+        # 76 fp4 takes Δx·m_x below)
         delta = div_rn_by_scale(remainder(x, lo, hi), x_scale.float(), in_graph=True)
     else:
         # Δx on x_q's own multiplier, as fprop's compensation takes it (`joint_lhs`): one
         # float32 product an element where the quotient converts to float64 and back; z alone
         # 0.225 against 0.236 ms at 16384 x 5632 on an H200. The product is taken behind the
         # remainder's select (`scaled_remainder`): a plain product before the addition below
-        # was contracted into an FMA by compiled Triton, every crafted entry off eager's bits
-        # (session 72 reverted that form; docs/hopper_sessions.md, session 76). The bound's
-        # [M, 1] product in float64, exact, then rounded once: the same value as float32's
-        # product, and none left to contract either
+        # was contracted into an FMA by compiled Triton, every clipped crafted entry (768 of
+        # 1,024) off eager's bits (session 72 reverted that form; docs/hopper_sessions.md,
+        # session 76). The bound's [M, 1] product in float64, exact, then rounded once: the
+        # same value as float32's product, and none left to contract either
         m = x_multiplier.float()
         delta_max = (row_max.double() * m.double()).float()
         delta = scaled_remainder(x, lo, hi, m)
