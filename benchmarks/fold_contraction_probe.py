@@ -10,7 +10,7 @@ give another E4M3 byte of z. On inputs crafted so that it does in every clipped 
 the entries whose bytes differ from eager's two roundings, and those equal to one rounding's:
 - `plain`: the remainder, times m_x, plus x_q (the form session 72 committed and reverted);
 - `behind_select`: the library's, the product taken inside the remainder's select
-  (`clip.scaled_remainder`).
+  (`clip.remainder` with its multiplier).
 On CUDA, inductor's Triton kernels allow FMA contraction; on the CPU inductor's C++ does not by
 default, so `--device cpu` turns it on (`cpp.enable_floating_point_contract_flag`). Writes
 `fold_contraction_probe[_<tag>]_<gpu or cpu>_<date>.{md,json}`.
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from common import probe_parser, write_probe  # noqa: E402
-from minifloat.kernels.clip import remainder, scaled_remainder  # noqa: E402
+from minifloat.kernels.clip import remainder  # noqa: E402
 from minifloat.kernels.operand import round_to_storage  # noqa: E402
 from test_occ import _inputs_a_contraction_would_change  # noqa: E402
 
@@ -36,7 +36,7 @@ def plain(x, lo, hi, x_values, m_x):
 
 
 def behind_select(x, lo, hi, x_values, m_x):
-    return round_to_storage(x_values.float() + scaled_remainder(x, lo, hi, m_x), "e4m3")
+    return round_to_storage(x_values.float() + remainder(x, lo, hi, m_x), "e4m3")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -317,7 +317,7 @@ def test_fold_by_the_multiplier_keeps_its_two_roundings():
 def test_fold_by_the_multiplier_keeps_its_two_roundings_on_the_gpu():
     """The same in Triton, which contracts a float32 product into an addition it feeds where it
     may (inductor's kernels allow FMA fusion): the product is taken behind the remainder's
-    select (clip.scaled_remainder)."""
+    select (clip.remainder with its multiplier)."""
     _fold_keeps_two_roundings("cuda")
 
 

@@ -41,7 +41,7 @@ import torch
 
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale
-from minifloat.kernels.clip import clamp, remainder, remainder_row_amax, scaled_remainder
+from minifloat.kernels.clip import clamp, remainder, remainder_row_amax
 from minifloat.kernels.operand import round_to_storage
 from minifloat.kernels.quantiles import clip_bounds
 from minifloat.quantize import Granularity, quantize
@@ -159,14 +159,14 @@ def fold_remainder(
         # Δx on x_q's own multiplier, as fprop's compensation takes it (`joint_lhs`): one
         # float32 product an element where the quotient converts to float64 and back; z alone
         # 0.225 against 0.236 ms at 16384 x 5632 on an H200. The product is taken behind the
-        # remainder's select (`scaled_remainder`): a plain product before the addition below
+        # remainder's select (`remainder`'s multiplier): a plain product before the addition below
         # was contracted into an FMA by compiled Triton, every clipped crafted entry (768 of
         # 1,024) off eager's bits (session 72 reverted that form; docs/hopper_sessions.md,
         # session 76). The bound's [M, 1] product in float64, exact, then rounded once: the
         # same value as float32's product, and none left to contract either
         m = x_multiplier.float()
         delta_max = (row_max.double() * m.double()).float()
-        delta = scaled_remainder(x, lo, hi, m)
+        delta = remainder(x, lo, hi, m)
     z = x_values.float() + delta
     shift = steps_passed((values_max + delta_max).amax(), 0, _FOLD_EXPONENTS).reshape(1, 1)
     # z / t as z · (1 / t) in float32: the exact quotient, rounded once where it is a float32

@@ -32,14 +32,7 @@ import torch
 
 from minifloat.partition_hints import finite
 
-__all__ = [
-    "clamp",
-    "remainder",
-    "scaled_remainder",
-    "row_reduce",
-    "clamped_row_amax",
-    "remainder_row_amax",
-]
+__all__ = ["clamp", "remainder", "row_reduce", "clamped_row_amax", "remainder_row_amax"]
 
 
 def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -68,32 +61,33 @@ def _bounded(xf: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tens
     return torch.where((xf - hi) <= 0.0, torch.where((xf - lo) >= 0.0, xf, lo), hi)
 
 
-def remainder(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+def remainder(
+    x: torch.Tensor,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    multiplier: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Δx = x - clamp(x, lo, hi) in float32 (dense, x's shape); 0 at non-finite entries, which
-    stay in the clamped part and propagate through its quantization.
+    stay in the clamped part and propagate through its quantization. With a float32
+    `multiplier` m (broadcast: [R, 1] or [1, 1]), Δx·m, the product rounded once, and the same 0
+    at non-finite entries (not 0·m).
 
     The 0 is `lo - lo`, a zero of this call's own rather than a graph constant shared by every
     layer (partition_hints.py, 3). It is NaN only where lo is not finite (a sample without
-    finite entries), and then the clamped part, so every output of the layer, is NaN already."""
+    finite entries), and then the clamped part, so every output of the layer, is NaN already.
+
+    The product is taken inside the select, for callers that add to it (occ.fold_remainder):
+    compiled Triton contracts a float32 product whose result feeds an addition into a fused
+    multiply-add, rounded once where eager rounds twice. Behind the select the addition's
+    operand is no product, so nothing contracts and compiled equals eager: on inputs crafted
+    so that a contraction changes every clipped entry's E4M3 byte, the plain product then sum
+    compiled on an H200 was off in all of them, this form in none (tests/test_occ.py;
+    docs/hopper_sessions.md, sessions 72 and 76)."""
     xf = x.float()
-    return torch.where(finite(xf), xf - _bounded(xf, lo, hi), lo - lo)
-
-
-def scaled_remainder(
-    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, multiplier: torch.Tensor
-) -> torch.Tensor:
-    """Δx·m: `remainder(x, lo, hi)` times float32 `multiplier` (broadcast: [R, 1] or [1, 1]),
-    one float32 product rounded once, with the same 0 at non-finite entries (not 0·m).
-
-    The product is taken inside the remainder's select, for callers that add to it
-    (occ.fold_remainder): compiled Triton contracts a float32 product whose result feeds an
-    addition into a fused multiply-add, rounded once where eager rounds twice. Behind the
-    select the addition's operand is no product, so nothing contracts and compiled equals
-    eager: on inputs crafted so that a contraction changes every clipped entry's E4M3 byte,
-    the plain product then sum compiled on an H200 was off in all of them, this form in none
-    (tests/test_occ.py; docs/hopper_sessions.md, sessions 72 and 76)."""
-    xf = x.float()
-    return torch.where(finite(xf), (xf - _bounded(xf, lo, hi)) * multiplier, lo - lo)
+    delta = xf - _bounded(xf, lo, hi)
+    if multiplier is not None:
+        delta = delta * multiplier
+    return torch.where(finite(xf), delta, lo - lo)
 
 
 def row_reduce(
