@@ -203,6 +203,31 @@ def _differing_bytes(a: tuple, b: tuple) -> int:
     )
 
 
+def _shape_checks(inp: dict, call_args: list, fold_args: tuple) -> dict:
+    """One shape's equalities between the probe's forms and the library's (eager)."""
+    eager_lib = library(*call_args)
+    folded, _ = occ.fold_remainder(
+        inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], None, E2M1_MAX
+    )
+    # the same bytes at these inputs' t (1 here) and with one entry large enough for t > 1
+    big = inp["x"].clone()
+    big[0, 0] = 3e4
+    same_as_before = all(
+        same_bytes(backward_z(*a, by_multiplier=False), backward_z(*a, fold=fold_before_s71))
+        for a in (fold_args, (big, *fold_args[1:]))
+    )
+    return {
+        "library_z_is_fold_remainder": same_bytes(folded, eager_lib[2]),
+        "products_is_library": same_bytes(
+            library(*call_args, rounding=e2m1_by_products), eager_lib
+        ),
+        "fold_same_bytes_as_before": same_as_before,
+        "fold_by_m_differing_bytes": _differing_bytes(
+            backward_z(*fold_args), backward_z(*fold_args, by_multiplier=False)
+        ),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = probe_parser(__doc__)
     ap.add_argument("--shapes", default="16384:4096,16384:11008,16384:2048")
@@ -219,13 +244,8 @@ def main(argv: list[str] | None = None) -> None:
         inp = make_inputs(m, k, args.device)
         keys = ("x", "lo", "hi", "m_x", "r_x", "m_d", "r_d", "inv_t")
         call_args = [inp[key] for key in keys]
-        eager_lib = library(*call_args)
-        folded, _ = occ.fold_remainder(
-            inp["x"], inp["lo"], inp["hi"], eager_lib[0], inp["s_x"], None, E2M1_MAX
-        )
-        library_is_fold = same_bytes(folded, eager_lib[2])
-        products_is_library = same_bytes(library(*call_args, rounding=e2m1_by_products), eager_lib)
         fold_args = (inp["x"], inp["lo"], inp["hi"], inp["m_x"], inp["s_x"])
+        checks = _shape_checks(inp, call_args, fold_args)
         folds = {
             "fold_remainder": lambda *_, a=fold_args: backward_z(*a),
             "fold_remainder by the quotient": lambda *_, a=fold_args: backward_z(
@@ -235,16 +255,6 @@ def main(argv: list[str] | None = None) -> None:
                 *a, fold=fold_before_s71
             ),
         }
-        # the same bytes at these inputs' t (1 here) and with one entry large enough for t > 1
-        big = inp["x"].clone()
-        big[0, 0] = 3e4
-        same_as_before = all(
-            same_bytes(backward_z(*a, by_multiplier=False), backward_z(*a, fold=fold_before_s71))
-            for a in (fold_args, (big, *fold_args[1:]))
-        )
-        by_m_differing = _differing_bytes(
-            backward_z(*fold_args), backward_z(*fold_args, by_multiplier=False)
-        )
         variants = select_variants(VARIANTS + [(n, fn, True) for n, fn in folds.items()], args)
         for name, fn, exact in variants:
             torch._dynamo.reset()
@@ -252,10 +262,7 @@ def main(argv: list[str] | None = None) -> None:
             out = compiled(*call_args)
             diff = _differing_bytes(out, fn(*call_args))
             rec = {"m": m, "k": k, "variant": name, "exact": exact, "compiled_vs_eager_bytes": diff,
-                   "library_z_is_fold_remainder": library_is_fold,
-                   "products_is_library": products_is_library,
-                   "fold_same_bytes_as_before": same_as_before,
-                   "fold_by_m_differing_bytes": by_m_differing}  # fmt: skip
+                   **checks}  # fmt: skip
             if cuda:
                 prof = kernel_profile(functools.partial(compiled, *call_args), reps=10, top=3)
                 nbytes = m * k * (2 + len(out))
