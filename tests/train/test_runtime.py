@@ -47,7 +47,11 @@ def _join_with_setup(rank: int, port: int) -> None:
 
     from minifloat.train.runtime import setup
 
-    dist.destroy_process_group()  # spawn's own group: setup must make the run's
+    # spawn's own group: setup must make the run's. Both ranks leave it together: a rank that
+    # tore it down right after its own init once closed the pairs its peer was still connecting
+    # ("Gloo connectFullMesh failed ... Connection closed by peer", CI in session 77)
+    dist.barrier()
+    dist.destroy_process_group()
     os.environ.update(RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     runtime = setup("cpu")
     assert runtime.owns_process_group and dist.get_backend() == "gloo"
