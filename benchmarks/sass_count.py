@@ -12,13 +12,16 @@ of the kernel's source (what inductor would emit for a changed expression, writt
 
 KERNEL: the kernel's name, or a unique part of it. --blocks: its tile constexprs (XBLOCK,
 YBLOCK, R0_BLOCK, as inductor's launch picked them; the counts a thread change with them, the
-counts an element much less). Writes `sass_count[_<tag>]_cpu_<date>.{md,json}`: per variant the
-instructions a thread and an element, and the opcode counts. Needs Triton (a CUDA build of
-torch carries it; on a CPU machine `pip install triton` into a folder on PYTHONPATH).
+counts an element much less). Writes `sass_count[_<tag>]_<gpu>_<date>.{md,json}` (<gpu> "cpu"
+on a machine without one): per variant the instructions a thread (the listing's NOP padding
+and closing self-branch left out) and, for pointwise kernels, an element, and the opcode
+counts. The pointer and size arguments take the divisibility hints recorded in the dump
+(`triton_meta`'s configs). Needs Triton (a CUDA build of torch carries it; on a CPU machine
+`pip install triton` into a folder on PYTHONPATH).
 
 An estimate, not a timing: an instruction-bound kernel's time follows its instructions only
-roughly (session 77: the SwiGLU forward that writes the down projection's joint operand, 416
-SASS instructions for 8 elements a thread, ran at ~83 % of the issue rate that count allows).
+roughly (session 77: the SwiGLU forward that writes the down projection's joint operand, 407
+SASS instructions for 8 elements a thread, ran at ~81 % of the issue rate that count allows).
 """
 
 from __future__ import annotations
@@ -39,12 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from common import probe_parser, write_probe  # noqa: E402
 
 _KERNEL = r"(\w+) = async_compile\.triton\('\w+', '''(.*?)''', device_str"
-_SASS_LINE = re.compile(r"\s*/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+_SASS_LINE = re.compile(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+_TILES = ("XBLOCK", "YBLOCK", "ZBLOCK")
 
 
 def kernel_source(code: str, kernel: str) -> tuple[str, str]:
-    """(name, source) of the one kernel in an inductor code dump whose name contains `kernel`."""
-    found = [(n, s) for n, s in re.findall(_KERNEL, code, re.S) if kernel in n]
+    """(name, source) of the kernel in an inductor code dump named `kernel`, else of the one
+    whose name contains it."""
+    kernels = re.findall(_KERNEL, code, re.S)
+    found = [(n, s) for n, s in kernels if n == kernel] or [
+        (n, s) for n, s in kernels if kernel in n
+    ]
     if len(found) != 1:
         names = ", ".join(n for n, _ in found[:5]) or "none"
         raise SystemExit(f"{len(found)} kernels match {kernel!r} (want one): {names}")
@@ -70,19 +78,20 @@ def edited(source: str, edits: list[tuple[str, str]]) -> str:
 
 
 def compile_sass(name: str, source: str, blocks: dict[str, int], warps: int, arch: int) -> str:
-    """The kernel's SASS for sm_`arch`: its inductor decorator dropped, its pointer and size
-    arguments taken as 16-byte divisible (as inductor's launch specialises them)."""
+    """The kernel's SASS for sm_`arch`: its inductor decorator dropped, its arguments with the
+    divisibility hints the dump records (`triton_meta`'s configs: those of inductor's launch)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     meta = re.search(r"'signature': (\{.*?\})", source, re.S)
-    if meta is None:
-        raise SystemExit("the kernel's decorator has no signature (not an inductor dump?)")
-    signature = ast.literal_eval(meta.group(1))
-    source = re.sub(
+    hints = re.search(r"'configs': \[(\{.*?\})\]", source, re.S)
+    source, n = re.subn(
         r"@triton_heuristics\.\w+\(.*?\n\)\n@triton\.jit", "@triton.jit", source, flags=re.S
     )
+    if meta is None or n != 1:
+        raise SystemExit("no inductor decorator with a signature before the kernel (not a dump?)")
+    signature = ast.literal_eval(meta.group(1))
     source = source.replace("triton_helpers.set_driver_to_gpu()", "")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.py"
@@ -94,11 +103,7 @@ def compile_sass(name: str, source: str, blocks: dict[str, int], warps: int, arc
         if missing:
             raise SystemExit(f"--blocks needs {', '.join(missing)}")
         constexprs = {k: blocks[k] for k, v in signature.items() if v == "constexpr"}
-        attrs = {
-            (i,): [["tt.divisibility", 16]]
-            for i, (k, v) in enumerate(signature.items())
-            if v.startswith("*") or k.endswith("numel")
-        }
+        attrs = ast.literal_eval(hints.group(1)) if hints else {}
         src = ASTSource(
             getattr(module, name), signature=signature, constexprs=constexprs, attrs=attrs
         )
@@ -108,17 +113,30 @@ def compile_sass(name: str, source: str, blocks: dict[str, int], warps: int, arc
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+        if not nvdisasm.is_file():
+            raise SystemExit(f"no nvdisasm in this Triton ({nvdisasm})")
         run = subprocess.run(
             [os.fspath(nvdisasm), "-c", os.fspath(cubin)], capture_output=True, text=True
         )
     if run.returncode:
-        raise SystemExit(f"nvdisasm failed: {run.stderr.strip()}")
+        raise SystemExit(f"nvdisasm failed: {' '.join(run.stderr.split())}")
     return run.stdout
 
 
 def opcode_counts(sass: str) -> collections.Counter:
-    """Instructions by opcode (modifiers dropped: FSETP.GT.AND -> FSETP)."""
-    return collections.Counter(m.group(1) for m in map(_SASS_LINE.match, sass.splitlines()) if m)
+    """Instructions by opcode (modifiers dropped: FSETP.GT.AND -> FSETP), without the listing's
+    NOP padding and the self-branch after the last EXIT (neither runs)."""
+    ops = [m.group(1) for m in map(_SASS_LINE.match, sass.splitlines()) if m]
+    end = len(ops) - ops[::-1].index("EXIT") if "EXIT" in ops else len(ops)
+    return collections.Counter(op for op in ops[:end] if op != "NOP")
+
+
+def parse_blocks(text: str) -> dict[str, int]:
+    """'XBLOCK=1024,R0_BLOCK=64' -> {'XBLOCK': 1024, 'R0_BLOCK': 64}."""
+    try:
+        return {k: int(v) for k, v in (b.split("=") for b in text.split(",") if b)}
+    except ValueError:
+        raise SystemExit(f"--blocks takes KEY=INT[,KEY=INT...], got {text!r}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,9 +152,12 @@ def main(argv: list[str] | None = None) -> None:
         import triton  # noqa: F401
     except ImportError:
         raise SystemExit("sass_count.py needs Triton (pip install triton; no GPU needed)") from None
-    blocks = {k: int(v) for k, v in (b.split("=") for b in args.blocks.split(",") if b)}
+    blocks = parse_blocks(args.blocks)
     name, source = kernel_source(Path(args.code).read_text(), args.kernel)
-    per_thread = math.prod(v for k, v in blocks.items() if k != "R0_BLOCK") / (32 * args.warps)
+    # a pointwise kernel's elements a thread; a reduction's depend on its loop (not counted)
+    reduction = any(k.startswith("R") for k in blocks)
+    tiles = math.prod(v for k, v in blocks.items() if k in _TILES)
+    per_thread = None if reduction else tiles / (32 * args.warps)
     records, lines = [], []
     for label, edits in [("as dumped", [])] + [parse_variant(v) for v in args.variant]:
         counts = opcode_counts(
@@ -147,11 +168,13 @@ def main(argv: list[str] | None = None) -> None:
                         "warps": args.warps, "arch": args.arch, "sass_per_thread": total,
                         "elements_per_thread": per_thread, "opcodes": dict(counts)})  # fmt: skip
         top = ", ".join(f"{op} {n}" for op, n in counts.most_common(12))
-        lines.append(f"| {label} | {total} | {total / per_thread:.1f} | {top} |")
+        each = "n/a" if per_thread is None else f"{total / per_thread:.1f}"
+        lines.append(f"| {label} | {total} | {each} | {top} |")
         print(lines[-1], flush=True)
     body = (
-        f"`{name}` for sm_{args.arch}, {args.warps} warps, {blocks}: {per_thread:g} elements a "
-        "thread (a reduction's R0_BLOCK not counted).\n\n"
+        f"`{name}` for sm_{args.arch}, {args.warps} warps, {blocks}: "
+        + ("a reduction" if per_thread is None else f"{per_thread:g} elements a thread")
+        + ".\n\n"
         "| variant | SASS a thread | an element | top opcodes |\n|---|---|---|---|\n"
         + "\n".join(lines) + "\n"
     )  # fmt: skip

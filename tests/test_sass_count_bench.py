@@ -57,6 +57,28 @@ def test_kernel_source_and_variants(bench):
     for bad in ("no name", ":a=>b", "x:a"):
         with pytest.raises(SystemExit, match="--variant takes"):
             bench.parse_variant(bad)
+    # a full name is taken as itself, though a longer name contains it
+    longer = DUMP.replace("fused_mul_0", "fused_mul_01")
+    assert (
+        bench.kernel_source(DUMP + longer, "triton_poi_fused_mul_0")[0] == "triton_poi_fused_mul_0"
+    )
+    with pytest.raises(SystemExit, match="2 kernels match"):
+        bench.kernel_source(DUMP + longer, "fused_mul")
+    assert bench.parse_blocks("XBLOCK=64,YBLOCK=32") == {"XBLOCK": 64, "YBLOCK": 32}
+    with pytest.raises(SystemExit, match="--blocks takes"):
+        bench.parse_blocks("XBLOCK=big")
+
+
+def test_opcode_counts_leave_out_padding(bench):
+    listing = "\n".join([
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+        "        /*0010*/              @!P0 FSETP.GT.AND P1, PT, R2, RZ, PT ;",
+        "        /*0020*/                   EXIT ;",
+        "        /*0030*/                   BRA 0x30;",
+        "        /*0040*/                   NOP;",
+        "        /*10000*/                  NOP;",
+    ])  # fmt: skip
+    assert bench.opcode_counts(listing) == {"LDC": 1, "FSETP": 1, "EXIT": 1}
 
 
 def test_a_variant_without_an_operation_counts_fewer_instructions(bench, tmp_path):
