@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -450,21 +451,22 @@ def test_joint_operands_keep_the_e2m1_halves_exact():
     """joint_lhs / joint_rhs: the E2M1 halves are x_q's and w_q's values times one multiplier
     g per row (so the main product is fp4's own), g = f·2^-a with f in {1, 1.25, 1.5} and a
     the least in f's range that holds the row's remainder, f the one that rounds the row's
-    largest remainder closest; the remainder half is Δx·m_x·g on E4M3; a remainder past
-    448·2^8 saturates."""
+    largest remainder closest; the remainder half is Δx·m_x·g on E4M3; a row whose remainder
+    passes 448·2^8 takes a past f's range (its E2M1 half then rounded), never ±448."""
     x = synthetic_activation(128, 256, seed=4)
-    x[0, 0] = 1e9  # a row whose remainder needs more than 2^8: saturates
+    x[0, 0] = 1e9  # a row whose remainder needs more than 2^8
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
     q = quantize(clamp(x, lo, hi), "e2m1", "row", scale_format="inv")
     m_x = (6.0 / clamp(x, lo, hi).abs().amax(1, keepdim=True).double()).float()
     a_vals, a_scale = joint_lhs(x, lo, hi, q.values.to(torch.float8_e4m3fn), m_x, q.scale)
     assert a_vals.shape == (128, 512) and a_vals.dtype == torch.float8_e4m3fn
-    main = a_vals[:, :256].double()
-    nz = q.values != 0
-    g = (main.abs().sum(1) / q.values.double().abs().sum(1)).unsqueeze(1)  # one per row
-    assert torch.equal(main, q.values.double() * g) and bool(nz.any(1).all())
-    rel = (a_scale.double() * g / q.scale.double() - 1).abs()
+    main = a_vals[1:, :256].double()
+    nz = q.values[1:] != 0
+    g = (main.abs().sum(1) / q.values[1:].double().abs().sum(1)).unsqueeze(1)  # one per row
+    assert torch.equal(main, q.values[1:].double() * g) and bool(nz.any(1).all())
+    rel = (a_scale[1:].double() * g / q.scale[1:].double() - 1).abs()
     assert bool((rel <= 2.0**-22).all())  # the scale is x_q's over g, rounded
+    g = torch.cat([torch.ones(1, 1, dtype=g.dtype), g])  # row 0 below
     reach = (remainder(x, lo, hi) * m_x).abs().amax(1, keepdim=True).double()
     e4m3 = lambda v: v.clamp(max=448.0).float().to(torch.float8_e4m3fn).double()  # noqa: E731
     for row in range(1, 128):
@@ -477,7 +479,16 @@ def test_joint_operands_keep_the_e2m1_halves_exact():
             options[f * 2.0**-a] = ((e4m3(top) - top).abs() * 2.0**a / f).item()
         best = min(options.values())
         assert options.get(g[row].item(), float("inf")) <= best * (1 + 2.0**-20), row
-    assert a_vals[0, 256:].double().abs().max() == 448.0
+    # row 0: f = 1 (the least overshoot of its range) and a past 8, the least that holds its
+    # remainder, both halves rounded from float32 on g = 2^-a
+    g0 = q.scale[0].double() / a_scale[0].double()
+    assert g0.item() == 2.0 ** round(math.log2(g0.item())) and g0.item() < 2.0**-8
+    assert 224.0 < reach[0].item() * g0.item() <= 448.0
+    want0 = torch.cat(
+        [q.values[0].float() * g0.float(), remainder(x, lo, hi)[0] * m_x[0] * g0.float()]
+    )
+    assert torch.equal(a_vals[0].view(torch.uint8), want0.to(torch.float8_e4m3fn).view(torch.uint8))
+    assert a_vals[0, 256:].double().abs().max() >= 224.0  # its E4M3 rounding
     delta = remainder(x, lo, hi)[1:].double() * m_x[1:].double() * g[1:]
     got = a_vals[1:, 256:].double()
     assert bool(((got - delta).abs() <= delta.abs() / 16 + 2.0**-9).all())
@@ -490,3 +501,96 @@ def test_joint_operands_keep_the_e2m1_halves_exact():
     assert torch.equal(b_vals[:, :256].double() / 64.0, wq.values.double())
     exact = w.double() * m_w.double() * 64.0
     assert bool(((b_vals[:, 256:].double() - exact).abs() <= exact.abs() / 16 + 2.0**-10).all())
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """float32 a and b the same bit for bit, any NaN equal to any NaN."""
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(
+        a[~nan].view(torch.int32), b[~nan].view(torch.int32)
+    )
+
+
+def _same_e4m3(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """E4M3 tensors with the same bytes, a NaN equal to a NaN of either sign: compiled on the
+    CPU a NaN's byte may take another sign than eager's (as in the quotient test above)."""
+    got, want = got.view(torch.uint8), want.view(torch.uint8)
+    nan = (want & 0x7F) == 0x7F
+    return torch.equal((got & 0x7F) == 0x7F, nan) and torch.equal(got[~nan], want[~nan])
+
+
+def _joint_lhs_compiled_past_its_range(device: str) -> None:
+    """joint_lhs eagerly and compiled on `device` gives the same bytes on rows past f's range
+    (a remainder 1e9), one whose remainder overflows on x_q's scale (3e38) and a NaN row:
+    no entry passes ±448, where sm_90's E4M3 conversion saturates and torch's eager one makes
+    NaN (joint_lhs casts without the selects that made them agree)."""
+    x = synthetic_activation(64, 256, seed=78) * 0.5  # clip bound ~3: m_x ~2, 3e38·m_x inf
+    x[0, 0], x[1, 9], x[2, 3], x[5, 1] = 1e9, 3e38, float("nan"), -2e7
+    lo, hi = thresholds(x, OCCConfig(threshold="exact"))
+    q = quantize(clamp(x, lo, hi), "e2m1", "row", scale_format="inv")
+    m_x = (6.0 / clamp(x, lo, hi).abs().amax(1, keepdim=True).double()).float()
+    args = [v.to(device) for v in (x, lo, hi)] + [None, m_x.to(device), q.scale.to(device)]
+    eager = joint_lhs(*args)
+    compiled = torch.compile(joint_lhs)(*args)
+    assert _same_e4m3(compiled[0], eager[0]) and _bits_equal(compiled[1], eager[1])
+    delta = eager[0][:, 256:].float().cpu()
+    assert delta[0].abs().max() >= 224.0 and delta[5].abs().max() >= 224.0  # kept, not cut
+    assert bool(delta[1, 9].isnan()) and not bool(delta[1].nan_to_num().any())  # g = 0
+    finite = torch.ones(64, dtype=torch.bool)
+    finite[[1, 2]] = False
+    assert not bool(eager[0][finite].float().isnan().any())
+
+
+def test_joint_lhs_compiled_past_its_range():
+    _joint_lhs_compiled_past_its_range("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_joint_lhs_compiled_past_its_range_on_the_gpu():
+    """The same in Triton, whose E4M3 cast saturates where the eager one makes NaN."""
+    _joint_lhs_compiled_past_its_range("cuda")
+
+
+@pytest.mark.parametrize("granularity", ["row", "tensor"])
+def test_x_q_values_recomputed_from_x_are_the_quantizers(granularity):
+    """occ.clamped_grid_values, eagerly and compiled, gives the values of the E2M1 "inv"
+    quantizer's bytes, signed zeros and non-finite rows included; the joint operand and the
+    fold give the same bytes from it as from those bytes (occ_gemm passes None for them)."""
+    from minifloat.kernels.operand import quantize_operand
+    from minifloat.occ import clamped_grid_values
+
+    x = heavy_tailed(64, 256, seed=77)
+    x[1, :8] = -0.0
+    if granularity == "row":  # one scale for all of x would make every value NaN
+        x[2, 3], x[3, 5] = float("nan"), float("inf")
+        x[4, 7] = 3e38  # finite, but its remainder times m_x overflows
+    lo, hi = thresholds(x, OCCConfig(threshold="exact"))
+    values, scale, m = quantize_operand(
+        x, "e2m1", granularity, clip=(lo, hi), scale_format="inv", with_multiplier=True
+    )
+    want = values.float()
+    assert torch.isnan(want).float().mean() < 0.05  # the non-finite rows only
+    for grid in (clamped_grid_values, torch.compile(clamped_grid_values)):
+        assert _bits_equal(grid(x, lo, hi, m), want)
+    folds = [fold_remainder(x, lo, hi, v, scale, m, 6.0) for v in (values, None)]
+    assert torch.equal(folds[0][0].view(torch.uint8), folds[1][0].view(torch.uint8))
+    assert torch.equal(folds[0][1], folds[1][1])
+    compiled = torch.compile(fold_remainder)(x, lo, hi, None, scale, m, 6.0)
+    assert _same_e4m3(compiled[0], folds[0][0])
+    if granularity == "row":
+        joints = [joint_lhs(x, lo, hi, v, m, scale) for v in (values, None)]
+        joints.append(torch.compile(joint_lhs)(x, lo, hi, None, m, scale))
+        assert bool((joints[0][0].view(torch.uint8) & 0x7F == 0x7F).any())  # the NaN row
+        # the row whose remainder overflows on x_q's scale: g = 0, so its E2M1 half is zeros
+        # and its remainder NaN where it overflowed, zeros elsewhere
+        row, k = joints[0][0][4].float(), x.shape[1]
+        assert not bool(row[:k].any()) and bool(torch.isnan(row[k + 7]))
+        assert not bool(row[k:].nan_to_num().any())
+        assert torch.equal(joints[1][0].view(torch.uint8), joints[0][0].view(torch.uint8))
+        for vals, s in joints[1:]:
+            assert _same_e4m3(vals, joints[0][0]) and _bits_equal(s, joints[0][1])
+    with pytest.raises(ValueError, match="'inv' x_q"):
+        clamped_grid_values(x, lo, hi, None)
+    with pytest.raises(ValueError, match="'inv' x_q"):
+        fold_remainder(x, lo, hi, None, scale, None, 6.0)

@@ -117,8 +117,9 @@ class QuantLinearFunction(torch.autograd.Function):
             # rather than saved (partition_hints.py)
             if reuse_x and occ_gemm.folds_remainder(recipe):
                 x_rhs = occ_gemm.folded_wgrad_operand(
-                    backend, x, clip, x_q, unit_scale=recipe.folds("wgrad")
-                )
+                    backend, x, clip, x_q, unit_scale=recipe.folds("wgrad"),
+                    recompute_values=occ_gemm.recomputes_x_values(recipe),
+                )  # fmt: skip
             w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
             y = _fprop(
                 backend, recipe, comp, x_q, w_q, bias, out_dtype, occ_input=(x, clip, weight)

@@ -42,7 +42,7 @@ import torch
 from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale
 from minifloat.kernels.clip import clamp, remainder, remainder_row_amax
-from minifloat.kernels.operand import round_to_storage
+from minifloat.kernels.operand import e2m1_values, round_to_storage
 from minifloat.kernels.quantiles import clip_bounds
 from minifloat.quantize import Granularity, quantize
 from minifloat.recipes import OCCConfig
@@ -53,6 +53,7 @@ __all__ = [
     "clamp",
     "remainder",
     "fold_remainder",
+    "clamped_grid_values",
     "steps_passed",
     "joint_lhs",
     "joint_rhs",
@@ -71,6 +72,9 @@ _FOLD_EXPONENTS = 64
 _JOINT_FACTORS = ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7))
 _JOINT_MIN_SHIFT = min(least for _, least, _ in _JOINT_FACTORS)  # the union of those ranges
 _JOINT_MAX_SHIFT = max(most for _, _, most in _JOINT_FACTORS)
+# `joint_lhs`'s steps past f's range (`steps_passed`'s count): a finite row passes at most 114
+# (reach·f·2^-most < 2^122 < 448·2^114), so a <= 8 + 114 and 2^-a is a normal; +inf passes all.
+_JOINT_BEYOND = 118
 _JOINT_RHS_SHIFT = 64.0
 
 
@@ -115,7 +119,7 @@ def fold_remainder(
     x: torch.Tensor,
     lo: torch.Tensor,
     hi: torch.Tensor,
-    x_values: torch.Tensor,
+    x_values: torch.Tensor | None,
     x_scale: torch.Tensor,
     x_multiplier: torch.Tensor | None,
     values_max: float,
@@ -125,7 +129,9 @@ def fold_remainder(
     Args:
         x: [M, K] the layer input; lo, hi: its clamp bounds.
         x_values: [M, K] grid values of x_q = Q(clamp(x)) (any float dtype, e.g. E4M3 bytes),
-            each at most `values_max` in magnitude (x_q's format's largest value).
+            each at most `values_max` in magnitude (x_q's format's largest value); or None
+            for an E2M1 "inv" x_q rounded to nearest (`x_multiplier` given): recomputed from
+            x as its quantizer rounds them (`clamped_grid_values`).
         x_scale: x_q's scale s_x, [M, 1] (row) or [1, 1] (tensor).
         x_multiplier: an "inv" x_q's multiplier m_x (x_q = round(x_c·m_x), s_x = 1 / m_x
             rounded; `QOperand.multiplier`), or None for scales without one ("fp32", "pow2"),
@@ -147,6 +153,8 @@ def fold_remainder(
     # the quotient's float64 reciprocals an opaque op, that would be the first op inductor
     # cannot fuse that reads from x, and the partitioner would not recompute a read of x
     # placed after it (partition_hints.py, 2), so it would save z
+    if x_values is None and x_multiplier is None:
+        raise ValueError("x_q's values can be recomputed only for an 'inv' x_q (its multiplier)")
     row_max = remainder_row_amax(x, lo, hi)
     if x_multiplier is None:
         delta_max = div_rn(row_max, x_scale.float())
@@ -167,6 +175,8 @@ def fold_remainder(
         m = x_multiplier.float()
         delta_max = (row_max.double() * m.double()).float()
         delta = remainder(x, lo, hi, m)
+    if x_values is None:
+        x_values = clamped_grid_values(x, lo, hi, x_multiplier)
     z = x_values.float() + delta
     shift = steps_passed((values_max + delta_max).amax(), 0, _FOLD_EXPONENTS).reshape(1, 1)
     # z / t as z · (1 / t) in float32: the exact quotient, rounded once where it is a float32
@@ -174,6 +184,21 @@ def fold_remainder(
     # the bytes of `div_rn_by_scale(z, t)` without its two float64 conversions an element, in
     # the backward pass that recomputes z (docs/hopper_sessions.md, session 71)
     return round_to_storage(z * _pow2(-shift), "e4m3"), _pow2(shift)
+
+
+def clamped_grid_values(
+    x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, x_multiplier: torch.Tensor | None
+) -> torch.Tensor:
+    """float32 [M, K]: the values of x_q = Q(clamp(x, lo, hi)) for an E2M1 "inv" quantizer
+    rounding to nearest, recomputed from x by its ops (kernels/operand.py: the clamp, the
+    product by m_x, E2M1's rounding unclamped), so equal to its E4M3 bytes read as float32.
+    The joint operand and the fold take these rather than the bytes: reading x_q back from
+    E4M3 cost two conversions an element in kernels bound by their instructions, ~4 % of the
+    SwiGLU forward's that writes the down projection's joint operand (sm_90 SASS, 407 against
+    391 instructions a thread; docs/hopper_sessions.md, session 77)."""
+    if x_multiplier is None:
+        raise ValueError("x_q's values can be recomputed only for an 'inv' x_q (its multiplier)")
+    return e2m1_values(clamp(x, lo, hi) * x_multiplier.float(), saturate=False)
 
 
 def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
@@ -203,7 +228,7 @@ def joint_lhs(
     x: torch.Tensor,
     lo: torch.Tensor,
     hi: torch.Tensor,
-    x_values: torch.Tensor,
+    x_values: torch.Tensor | None,
     x_multiplier: torch.Tensor,
     x_scale: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,7 +237,9 @@ def joint_lhs(
     Args:
         x: [M, K] the layer input; lo, hi: its clamp bounds.
         x_values, x_multiplier, x_scale: x_q = Q(clamp(x)), an "inv" row-scaled E2M1 operand
-            (values [M, K] as E4M3 bytes; multipliers m_x and scales 1 / m_x, [M, 1]).
+            rounded to nearest (values [M, K], e.g. its E4M3 bytes, or None: recomputed from
+            x as the quantizer rounds them, `clamped_grid_values`; multipliers m_x and scales
+            1 / m_x, [M, 1]).
     Returns:
         (values float8_e4m3fn [M, 2K], scales float32 [M, 1] = s_x / g): times the rhs of
         `joint_rhs`, one GEMM gives x_q·w_qᵀ + Δx_q·w8ᵀ, the two products of OCC's fprop.
@@ -222,7 +249,14 @@ def joint_lhs(
         closest (ties: the smaller f). The remainder is rounded once, on x_q's own scale
         over g: its own absmax scale would make each row's largest entry exact, and with g
         from powers of two alone y's SQNR fell up to 0.25 dB (session 65). A row whose
-        remainder passes 448·2^8 of x_q's scale (not seen in training) saturates at ±448.
+        remainder passes f's range (448·2^8 of x_q's scale for f = 1; not seen in training)
+        takes a past it, the least that holds the remainder, x_q's values in it then rounded
+        to E4M3 too: its outliers kept, where ±448 would cut them. A row whose remainder
+        overflows float32 on x_q's scale gets g = 0, so y's row is NaN.
+        So no entry passes ±448 and neither half needs a saturating cast: sm_90's E4M3
+        conversion saturates and torch's eager cast makes NaN, bit-equal only where nothing
+        passes, and the selects that made them agree cost ~8 % of the SwiGLU forward kernel
+        that writes the down projection's joint operand (session 78).
     """
     reach = remainder_row_amax(x, lo, hi) * x_multiplier  # >= every |Δx m_x| (monotone)
     f, f_inv = _joint_factor(reach)
@@ -231,18 +265,27 @@ def joint_lhs(
     for f_c, least_c, most_c in _JOINT_FACTORS:  # f's range of a
         least = torch.where(f == f_c, least_c, least)
         most = torch.where(f == f_c, most_c, most)
+    # the shifts past `most` that a row passing f's range needs (0 in range, _JOINT_BEYOND
+    # for +inf alone)
+    beyond = steps_passed(reach * f * _pow2(-most), 0, _JOINT_BEYOND)
     # j >= a for j in f's range: the steps 448·2^j that reach·f does not pass, and `most`
+    # (standing for a = most + beyond) unless the row is infinite
     j = torch.arange(_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT + 1, device=x.device, dtype=torch.int32)
     passes = reach * f > 448.0 * _pow2(j)  # False for NaN, as a's least (`_joint_factor`)
-    at_or_above = (j >= least) & (j <= most) & ((j == most) | ~passes)
-    a = most + 1 - at_or_above.sum(dim=1, keepdim=True, dtype=torch.int32)
-    # g = f·2^-a as a reduction's own output (the largest f·2^-j over j >= a): main and delta
-    # read it in one load. Built from f, a and f's range after the reductions, g's ops pushed
-    # theirs past inductor's limit (30): it wrote both as float32 [M, K] buffers in the pass
-    # over x and copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B step (session 66)
-    gain = torch.where(at_or_above, f * _pow2(-j), 0.0).amax(dim=1, keepdim=True)
+    top = j == most
+    at_or_above = (j >= least) & (j <= most) & ((top & (beyond < _JOINT_BEYOND)) | ~passes)
+    a = most + 1 - at_or_above.sum(dim=1, keepdim=True, dtype=torch.int32) + beyond
+    # g = f·2^-a as a reduction's own output (the largest f·2^-j over j >= a, 0 for none):
+    # main and delta read it in one load. Built from f, a and f's range after the reductions,
+    # g's ops pushed theirs past inductor's limit (30): it wrote both as float32 [M, K]
+    # buffers in the pass over x and copied them into a pointwise cat, 3.4 ms a 6-layer 1.3B
+    # step (session 66)
+    shift = torch.where(top, j + beyond, j)
+    gain = torch.where(at_or_above, f * _pow2(-shift), 0.0).amax(dim=1, keepdim=True)
+    if x_values is None:
+        x_values = clamped_grid_values(x, lo, hi, x_multiplier)
     main = round_to_storage(x_values.float() * gain, "e4m3", saturate=False)
-    delta = round_to_storage(remainder(x, lo, hi) * x_multiplier * gain, "e4m3")
+    delta = round_to_storage(remainder(x, lo, hi) * x_multiplier * gain, "e4m3", saturate=False)
     return torch.cat([main, delta], dim=1), x_scale * (_pow2(a) * f_inv)
 
 

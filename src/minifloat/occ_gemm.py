@@ -31,6 +31,7 @@ from minifloat.recipes import OperandSpec, QuantRecipe
 __all__ = [
     "compensation",
     "folds_remainder",
+    "recomputes_x_values",
     "joins_products",
     "joint_fprop",
     "fprop_correction",
@@ -57,6 +58,21 @@ def folds_remainder(recipe: QuantRecipe) -> bool:
         compensation(recipe) == "e4m3"
         and recipe.wgrad.rhs.reuse
         and recipe.fprop.lhs.granularity in ("row", "tensor")
+    )
+
+
+def recomputes_x_values(recipe: QuantRecipe) -> bool:
+    """Whether OCC's joint operand and fold recompute x_q's values from x as its quantizer
+    rounds them (`occ.clamped_grid_values`) instead of reading its E4M3 bytes back: an E2M1
+    "inv" x_q, its scales from its own maxima, rounded to nearest."""
+    lhs = recipe.fprop.lhs
+    return (
+        lhs.fmt == "e2m1"
+        and lhs.scale_format == "inv"
+        and lhs.rounding == "nearest"
+        and not lhs.hadamard
+        and lhs.granularity in ("row", "tensor")
+        and recipe.delayed is None
     )
 
 
@@ -94,8 +110,10 @@ def joint_fprop(
 ) -> torch.Tensor:
     """y = x_q·w_qᵀ + Δx_q·w8ᵀ (+ bias) [M, N] as one GEMM over 2K, both operands E4M3 per
     row (occ.joint_lhs, occ.joint_rhs); x_q and w_q "inv" operands (their multipliers given)."""
+    # x_q's values recomputed from x (None), not read back from its E4M3 bytes: joins_products
+    # admits only what recomputes_x_values does (E2M1 "inv", nearest, no Hadamard or delay)
     lhs_values, lhs_scale = backend.kernel(occ.joint_lhs, x)(
-        x.detach(), *clip, x_q.data, x_q.multiplier, x_q.scale
+        x.detach(), *clip, None, x_q.multiplier, x_q.scale
     )
     rhs_values, rhs_scale = backend.kernel(occ.joint_rhs, weight)(
         weight.detach(), w_q.data, w_q.multiplier, w_q.scale
@@ -139,16 +157,24 @@ def fprop_correction(
 
 
 def folded_wgrad_operand(
-    backend: Backend, x: torch.Tensor, clip: Clip, x_q: QOperand, unit_scale: bool
+    backend: Backend,
+    x: torch.Tensor,
+    clip: Clip,
+    x_q: QOperand,
+    unit_scale: bool,
+    recompute_values: bool = False,
 ) -> QOperand:
     """wgrad's rhs [K, M] (a transposed view): z = x_q + Δx·m_x in E4M3 (occ.fold_remainder).
 
     Its scale is t (a power of two) when backward folds s_x into dy (`unit_scale`), else s_x·t
-    (a tensor-scaled x_q: the product of a float32 and a power of two is exact)."""
+    (a tensor-scaled x_q: the product of a float32 and a power of two is exact).
+    `recompute_values`: x_q's values recomputed from x (`recomputes_x_values`), not read back
+    from its bytes."""
     values_max = formats.get(x_q.fmt).max
     values, t = backend.kernel(occ.fold_remainder, x)(
-        x.detach(), *clip, x_q.data, x_q.scale, x_q.multiplier, values_max
-    )
+        x.detach(), *clip, None if recompute_values else x_q.data, x_q.scale, x_q.multiplier,
+        values_max,
+    )  # fmt: skip
     scale = t if unit_scale else x_q.scale * t
     return fp32_scaled(values.t(), scale, "e4m3", "tensor", True)
 

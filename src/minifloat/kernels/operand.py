@@ -56,6 +56,7 @@ __all__ = [
     "magnitude_bits",
     "from_magnitude_bits",
     "round_to_storage",
+    "e2m1_values",
     "pack_e2m1",
     "unpack_e2m1",
 ]
@@ -161,6 +162,17 @@ def _e2m1_magnitude(mag: torch.Tensor) -> torch.Tensor:
     return (mag + c) - c
 
 
+def e2m1_values(q: torch.Tensor, *, saturate: bool = True) -> torch.Tensor:
+    """float32 `q` rounded onto E2M1's grid, ties to even, as float32: the values
+    `round_to_storage(q, "e2m1", saturate=saturate)` stores, exact in its E4M3 bytes where
+    saturated or |q| <= 6 (1 + 2^-24) (the "inv" casts, `round_to_storage`). For
+    callers that compute with the values next (OCC's joint operand and fold): reading them
+    back from the bytes costs a conversion each way an element in kernels bound by their
+    instructions."""
+    mag = q.abs().clamp(max=6.0) if saturate else q.abs()
+    return torch.copysign(_e2m1_magnitude(mag), q)
+
+
 def round_to_storage(q: torch.Tensor, fmt: str, *, saturate: bool = True) -> torch.Tensor:
     """Round float32 `q` (already divided by its scale) onto `fmt`'s grid, saturating at ±max,
     ties to even; the result in `FP8_STORAGE[fmt]`. NaN stays NaN.
@@ -183,8 +195,7 @@ def round_to_storage(q: torch.Tensor, fmt: str, *, saturate: bool = True) -> tor
     compiled fp4 block save its E4M3 operands rather than recompute them (session 72;
     tests/test_transpose.py checks it)."""
     if fmt == "e2m1":
-        mag = q.abs().clamp(max=6.0) if saturate else q.abs()
-        return torch.copysign(_e2m1_magnitude(mag), q).to(FP8_STORAGE[fmt])
+        return e2m1_values(q, saturate=saturate).to(FP8_STORAGE[fmt])
     if saturate:
         # Two compare-selects, NaN passing through both (a compare with NaN is false): the
         # clamp's bits, without its NaN-propagating form's two extra instructions an element
