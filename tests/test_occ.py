@@ -520,25 +520,43 @@ def _same_e4m3(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def _joint_lhs_compiled_past_its_range(device: str) -> None:
-    """joint_lhs eagerly and compiled on `device` gives the same bytes on rows past f's range
-    (a remainder 1e9), one whose remainder overflows on x_q's scale (3e38) and a NaN row:
-    no entry passes ±448, where sm_90's E4M3 conversion saturates and torch's eager one makes
-    NaN (joint_lhs casts without the selects that made them agree)."""
+    """joint_lhs eagerly and compiled on `device` gives the same bytes on rows past every
+    factor's range (remainders 1e9, -2e7 and 1e37 of x's scale), one whose remainder overflows
+    on x_q's scale (3e38), a NaN row, and rows just past f = 1.25's and f = 1.5's ranges but
+    inside f = 1's: no entry passes ±448, where sm_90's E4M3 conversion saturates and torch's
+    eager one makes NaN (joint_lhs casts without the selects that made them agree). Rows past
+    every range take f = 1 and the least a that holds them, their bytes both halves rounded
+    from float32 on g = 2^-a; the edge rows take f = 1 inside its range, their E2M1 half exact."""
     x = synthetic_activation(64, 256, seed=78) * 0.5  # clip bound ~3: m_x ~2, 3e38·m_x inf
-    x[0, 0], x[1, 9], x[2, 3], x[5, 1] = 1e9, 3e38, float("nan"), -2e7
+    x[0, 0], x[1, 9], x[2, 3], x[5, 1], x[6, 4] = 1e9, 3e38, float("nan"), -2e7, 1e37
+    x[7, 1] = x[8, 2] = 1e4  # past the clip bound: the bounds and m_x stay as they are below
     lo, hi = thresholds(x, OCCConfig(threshold="exact"))
-    q = quantize(clamp(x, lo, hi), "e2m1", "row", scale_format="inv")
     m_x = (6.0 / clamp(x, lo, hi).abs().amax(1, keepdim=True).double()).float()
+    edges = {7: 448.0 * 2**6 / 1.25, 8: 448.0 * 2**7 / 1.5}  # f's range ends, x_q's scale
+    for row, edge in edges.items():  # 1 % past the end: reach = Δx·m_x
+        x[row, row - 6] = hi + edge * 1.01 / m_x[row, 0]
+    q = quantize(clamp(x, lo, hi), "e2m1", "row", scale_format="inv")
     args = [v.to(device) for v in (x, lo, hi)] + [None, m_x.to(device), q.scale.to(device)]
     eager = joint_lhs(*args)
     compiled = torch.compile(joint_lhs)(*args)
     assert _same_e4m3(compiled[0], eager[0]) and _bits_equal(compiled[1], eager[1])
-    delta = eager[0][:, 256:].float().cpu()
-    assert delta[0].abs().max() >= 224.0 and delta[5].abs().max() >= 224.0  # kept, not cut
+    values, scale = eager[0].cpu(), eager[1].cpu()
+    delta = values[:, 256:].float()
     assert bool(delta[1, 9].isnan()) and not bool(delta[1].nan_to_num().any())  # g = 0
     finite = torch.ones(64, dtype=torch.bool)
     finite[[1, 2]] = False
-    assert not bool(eager[0][finite].float().isnan().any())
+    assert not bool(values[finite].float().isnan().any())
+    for row in (0, 5, 6, 7, 8):
+        g = (q.scale[row] / scale[row]).item()  # f = 1: a power of two, exact
+        assert g == 2.0 ** round(math.log2(g)), row
+        reach = (remainder(x, lo, hi)[row] * m_x[row]).abs().max().item()
+        assert 224.0 < reach * g <= 448.0 and delta[row].abs().max() >= 224.0, row  # kept
+        want = torch.cat([q.values[row].float() * g, remainder(x, lo, hi)[row] * m_x[row] * g])
+        assert torch.equal(
+            values[row].view(torch.uint8), want.to(torch.float8_e4m3fn).view(torch.uint8)
+        )
+        if row in edges:  # inside f = 1's range: the E2M1 half exact
+            assert torch.equal(values[row, :256].double(), q.values[row].double() * g), row
 
 
 def test_joint_lhs_compiled_past_its_range():

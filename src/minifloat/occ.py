@@ -73,7 +73,9 @@ _JOINT_FACTORS = ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7))
 _JOINT_MIN_SHIFT = min(least for _, least, _ in _JOINT_FACTORS)  # the union of those ranges
 _JOINT_MAX_SHIFT = max(most for _, _, most in _JOINT_FACTORS)
 # `joint_lhs`'s steps past f's range (`steps_passed`'s count): a finite row passes at most 114
-# (reach·f·2^-most < 2^122 < 448·2^114), so a <= 8 + 114 and 2^-a is a normal; +inf passes all.
+# (reach·f·2^-most < 2^122 < 448·2^114), so a <= 8 + 114 and 2^-a is a normal; +inf passes all
+# 118, which must be more than 114 and at most 118: an infinite row's a, 8 + 1 + 118 = 127, is
+# `_pow2`'s largest exponent (and `steps_passed` allows 120).
 _JOINT_BEYOND = 118
 _JOINT_RHS_SHIFT = 64.0
 
@@ -248,11 +250,12 @@ def joint_lhs(
         row's largest |Δx·m_x|·g within 448, and of those the f that rounds that entry to E4M3
         closest (ties: the smaller f). The remainder is rounded once, on x_q's own scale
         over g: its own absmax scale would make each row's largest entry exact, and with g
-        from powers of two alone y's SQNR fell up to 0.25 dB (session 65). A row whose
-        remainder passes f's range (448·2^8 of x_q's scale for f = 1; not seen in training)
-        takes a past it, the least that holds the remainder, x_q's values in it then rounded
-        to E4M3 too: its outliers kept, where ±448 would cut them. A row whose remainder
-        overflows float32 on x_q's scale gets g = 0, so y's row is NaN.
+        from powers of two alone y's SQNR fell up to 0.25 dB (session 65). A factor is a
+        candidate only where its range holds the row; a row past every range (a remainder
+        over 448·2^8 of x_q's scale; not seen in training) takes f = 1 and a past 8, the
+        least that holds the remainder, x_q's values in it then rounded to E4M3 too: its
+        outliers kept, where ±448 would cut them. A row whose remainder overflows float32 on
+        x_q's scale gets g = 0 (and a finite scale), so y's row is NaN.
         So no entry passes ±448 and neither half needs a saturating cast: sm_90's E4M3
         conversion saturates and torch's eager cast makes NaN, bit-equal only where nothing
         passes, and the selects that made them agree cost ~8 % of the SwiGLU forward kernel
@@ -292,7 +295,10 @@ def joint_lhs(
 def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """joint_lhs's factor f per row and 1 / f, float32 [M, 1]: of `_JOINT_FACTORS`, the one whose
     g = f·2^-a (a: the least in f's range with reach·g <= 448) rounds the row's largest
-    remainder `reach` (in x_q's scale) to E4M3 closest; ties: the smaller f."""
+    remainder `reach` (in x_q's scale) to E4M3 closest; ties: the smaller f. A factor whose
+    range cannot hold the row is no candidate: joint_lhs would take a past that range, where
+    x_q's values times g are inexact, and f = 1's range holds every row the others can (448·2^8
+    against 448·2^6 / 1.25 and 448·2^7 / 1.5), so rows past it alone take f = 1 past its range."""
     best = None
     for f, least, most in _JOINT_FACTORS:
         reach_f = reach * f  # rounded as every entry times g is (g / f a power of two)
@@ -305,10 +311,10 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         top = reach_f * _pow2(-a)
         err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
         cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f))
-        if best is None:
+        if best is None:  # f = 1, the widest range
             best = cand
         else:
-            closer = cand[0] < best[0]
+            closer = (cand[0] < best[0]) & (top <= 448.0)  # False for NaN, as before
             best = tuple(torch.where(closer, c, b) for c, b in zip(cand, best, strict=True))
     return best[1], best[2]
 
