@@ -72,6 +72,7 @@ _FOLD_EXPONENTS = 64
 _JOINT_FACTORS = ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7))
 _JOINT_MIN_SHIFT = min(least for _, least, _ in _JOINT_FACTORS)  # the union of those ranges
 _JOINT_MAX_SHIFT = max(most for _, _, most in _JOINT_FACTORS)
+_JOINT_WIDEST_MOST = _JOINT_FACTORS[0][2]  # f = 1's: its range holds every row the others do
 # `joint_lhs`'s steps past f's range (`steps_passed`'s count): a finite row passes at most 114
 # (reach·f·2^-most < 2^122 < 448·2^114), so a <= 8 + 114 and 2^-a is a normal; +inf passes all
 # 118, which must be more than 114 and at most 118: an infinite row's a, 8 + 1 + 118 = 127, is
@@ -269,8 +270,10 @@ def joint_lhs(
         least = torch.where(f == f_c, least_c, least)
         most = torch.where(f == f_c, most_c, most)
     # the shifts past `most` that a row passing f's range needs (0 in range, _JOINT_BEYOND
-    # for +inf alone)
-    beyond = steps_passed(reach * f * _pow2(-most), 0, _JOINT_BEYOND)
+    # for +inf alone). Only f = 1 can be past its range (`_joint_factor`), so from reach alone:
+    # other factors' rows are under 448·2^8 and pass none; off f's chain, so the per-row
+    # kernels can take it beside the factor's choice
+    beyond = steps_passed(reach * 2.0**-_JOINT_WIDEST_MOST, 0, _JOINT_BEYOND)
     # j >= a for j in f's range: the steps 448·2^j that reach·f does not pass, and `most`
     # (standing for a = most + beyond) unless the row is infinite
     j = torch.arange(_JOINT_MIN_SHIFT, _JOINT_MAX_SHIFT + 1, device=x.device, dtype=torch.int32)
