@@ -79,20 +79,19 @@ def recomputes_x_values(recipe: QuantRecipe) -> bool:
 def joins_products(recipe: QuantRecipe) -> bool:
     """Whether fprop's two products run as one GEMM over [x_q | Δx_q] (`joint_fprop`):
     `OCCConfig.one_gemm` with E4M3 compensation of E2M1 "inv" row-scaled operands whose scales
-    come from their own maxima."""
-    lhs, rhs = recipe.fprop.lhs, recipe.fprop.rhs
+    come from their own maxima. Its lhs is one whose values `joint_fprop` recomputes from x
+    (`recomputes_x_values`), row-scaled."""
+    rhs = recipe.fprop.rhs
     return (
         compensation(recipe) == "e4m3"
         and recipe.occ.one_gemm
-        and recipe.delayed is None
-        and all(
-            s.fmt == "e2m1"
-            and s.granularity == "row"
-            and s.scale_format == "inv"
-            and s.rounding == "nearest"
-            and not s.hadamard
-            for s in (lhs, rhs)
-        )
+        and recomputes_x_values(recipe)
+        and recipe.fprop.lhs.granularity == "row"
+        and rhs.fmt == "e2m1"
+        and rhs.granularity == "row"
+        and rhs.scale_format == "inv"
+        and rhs.rounding == "nearest"
+        and not rhs.hadamard
     )
 
 
@@ -111,7 +110,7 @@ def joint_fprop(
     """y = x_q·w_qᵀ + Δx_q·w8ᵀ (+ bias) [M, N] as one GEMM over 2K, both operands E4M3 per
     row (occ.joint_lhs, occ.joint_rhs); x_q and w_q "inv" operands (their multipliers given)."""
     # x_q's values recomputed from x (None), not read back from its E4M3 bytes: joins_products
-    # admits only what recomputes_x_values does (E2M1 "inv", nearest, no Hadamard or delay)
+    # admits only recipes that recomputes_x_values does
     lhs_values, lhs_scale = backend.kernel(occ.joint_lhs, x)(
         x.detach(), *clip, None, x_q.multiplier, x_q.scale
     )
