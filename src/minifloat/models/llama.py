@@ -7,7 +7,8 @@ noticing. Precision-sensitive pieces stay in fp32 even under autocast:
 
 - RMSNorm upcasts its input to fp32 for the mean of squares, then casts back to the input dtype
   before multiplying by the weight (the LLaMA / Hugging Face convention).
-- RoPE angles, cos and sin are computed in fp32 and the rotation is applied in fp32.
+- RoPE angles, cos and sin are computed in fp32 and the rotation is applied in fp32
+  (models/rope.py: one autograd Function, whose compiled backward is one kernel).
 - The attention softmax runs inside SDPA, whose kernels accumulate in fp32.
 - The SwiGLU's silu(g)·u is computed in fp32 and rounded once (models/swiglu.py).
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minifloat.models.rope import apply_rope, rope_cos_sin
 from minifloat.models.swiglu import swiglu
 
 __all__ = [
@@ -187,36 +189,6 @@ class RMSNorm(nn.Module):
         x_fp32 = x.float()
         normed = x_fp32 * torch.rsqrt(x_fp32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
-
-
-def rope_cos_sin(
-    seq_len: int, head_dim: int, theta: float, device: torch.device | str | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos/sin tables of shape [seq_len, head_dim] in the rotate-half layout.
-
-    Frequency ``j`` (of head_dim/2) appears at columns ``j`` and ``j + head_dim/2``.
-    """
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
-    inv_freq = 1.0 / (theta**exponents)
-    positions = torch.arange(seq_len, dtype=torch.float32, device=device)
-    angles = torch.outer(positions, inv_freq)
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [B, H, T, head_dim] by position in fp32; returns x's dtype.
-
-    Pairs (i, i + head_dim/2) form the complex number x_i + i*x_{i+half}, multiplied by
-    exp(i * t * theta^(-2i/head_dim)).
-    """
-    x_fp32 = x.float()
-    return (x_fp32 * cos + _rotate_half(x_fp32) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
