@@ -22,7 +22,9 @@ def _plain(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return (x_fp32 * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
-def _inputs(shape, transposed, dtype, device="cpu", seed=0):
+def _inputs(shape, transposed, dtype, device="cpu", seed=0, tables="rope"):
+    """x, g (in SDPA's layout for `transposed`), cos, sin: `rope_cos_sin`'s tables (equal
+    halves) or, for "random", tables whose halves differ (a swapped half would show)."""
     gen = torch.Generator().manual_seed(seed)
     b, h, t, d = shape
     if transposed:
@@ -33,6 +35,8 @@ def _inputs(shape, transposed, dtype, device="cpu", seed=0):
     if transposed:  # as SDPA's backward returns it: the strides of its input
         g = g.transpose(1, 2).contiguous().transpose(1, 2)
     cos, sin = rope_cos_sin(t, d, 10000.0)
+    if tables == "random":
+        cos, sin = torch.randn(t, d, generator=gen), torch.randn(t, d, generator=gen)
     return x.to(device), g.to(device), cos.to(device), sin.to(device)
 
 
@@ -47,10 +51,12 @@ def _both(fn, x, g, cos, sin):
     return results
 
 
+@pytest.mark.parametrize("tables", ["rope", "random"])
 @pytest.mark.parametrize("shape,transposed", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_equals_autograd_of_the_plain_form(shape, transposed, dtype):
-    (out, dx), (want_out, want_dx) = _both(apply_rope, *_inputs(shape, transposed, dtype))
+def test_equals_autograd_of_the_plain_form(shape, transposed, dtype, tables):
+    inputs = _inputs(shape, transposed, dtype, tables=tables)
+    (out, dx), (want_out, want_dx) = _both(apply_rope, *inputs)
     assert out.dtype == dtype and dx.dtype == dtype
     assert torch.equal(out, want_out)
     assert torch.equal(dx, want_dx)
@@ -58,7 +64,10 @@ def test_equals_autograd_of_the_plain_form(shape, transposed, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_compiled_equals_autograd_of_the_plain_form(dtype):
-    x, g, cos, sin = _inputs((2, 3, 33, 64), True, dtype)
+    """On the CPU the compiled Function runs `rope_grad` through inductor's C++ (no FMA
+    contraction by default): this checks the layouts and the Function under dynamo; the
+    kernel's path is the GPU test's."""
+    x, g, cos, sin = _inputs((2, 3, 33, 64), True, dtype, tables="random")
     (out, dx), (want_out, want_dx) = _both(torch.compile(apply_rope), x, g, cos, sin)
     assert torch.equal(out, want_out)
     assert torch.equal(dx, want_dx)
@@ -72,6 +81,22 @@ def test_rope_grad_is_the_transposed_rotation():
     torch.testing.assert_close(rope_grad(g, cos, sin), want, rtol=0, atol=1e-6)
 
 
+def test_broadcast_to_a_larger_shape_takes_the_plain_form():
+    """x [1, 2, 1, 8] rotated at 5 positions: the output (and so g) is larger than x, and
+    autograd's sum over the broadcast dim must see float32 terms, as the plain form's does."""
+    x, g, cos, sin = _inputs((1, 2, 5, 8), False, torch.bfloat16, tables="random")
+    (out, dx), (want_out, want_dx) = _both(apply_rope, x[:, :, :1], g, cos, sin)
+    assert out.shape == (1, 2, 5, 8) and dx.shape == (1, 2, 1, 8)
+    assert torch.equal(out, want_out) and torch.equal(dx, want_dx)
+
+
+def test_odd_head_dim_is_refused():
+    x = torch.randn(1, 1, 3, 5)
+    cos, sin = torch.ones(3, 5), torch.zeros(3, 5)
+    with pytest.raises(ValueError, match="odd size 5"):
+        apply_rope(x, cos, sin)
+
+
 def test_tables_that_require_grad_get_it():
     x, g, cos, sin = _inputs((1, 2, 5, 8), False, torch.float32)
     sin = sin.clone().requires_grad_()
@@ -79,8 +104,9 @@ def test_tables_that_require_grad_get_it():
     assert sin.grad is not None and sin.grad.abs().sum() > 0
 
 
-def test_backward_keeps_nothing_but_the_tables():
-    x, g, cos, sin = _inputs((1, 2, 5, 8), False, torch.bfloat16)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_backward_keeps_nothing_but_the_tables(transposed):
+    x, g, cos, sin = _inputs((1, 2, 5, 8), transposed, torch.bfloat16)
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         apply_rope(x.requires_grad_(), cos, sin)
@@ -89,20 +115,41 @@ def test_backward_keeps_nothing_but_the_tables():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("tables", ["rope", "random"])
 @pytest.mark.parametrize("shape,transposed", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_triton_kernel_equals_rope_grad(shape, transposed, dtype):
+def test_triton_kernel_equals_rope_grad(shape, transposed, dtype, tables):
     """The compiled backward's kernel (launched eagerly here, on the layout the Function hands
-    it) and the compiled Function, against the eager plain form on the GPU."""
-    x, g, cos, sin = _inputs(shape, transposed, dtype, "cuda")
+    it) and the compiled Function, whose backward must launch it, against the eager plain form
+    on the GPU."""
+    from torch._inductor.utils import run_and_get_code
+
+    x, g, cos, sin = _inputs(shape, transposed, dtype, "cuda", tables=tables)
     rows = g.transpose(1, 2) if transposed else g  # contiguous either way
     seq_dim, inner = (1, shape[1]) if transposed else (2, 1)
     assert rope._kernel_fits(rows, cos, sin, seq_dim)
     dx = torch.ops.minifloat.rope_grad_traced.default(rows, cos, sin, inner)
     assert dx.is_contiguous()
-    tables = (cos.unsqueeze(-2), sin.unsqueeze(-2)) if transposed else (cos, sin)
-    assert torch.equal(dx, rope_grad(rows, *tables))
-    (out, dx_c), (want_out, want_dx) = _both(torch.compile(apply_rope), x, g, cos, sin)
+    tables_ = (cos.unsqueeze(-2), sin.unsqueeze(-2)) if transposed else (cos, sin)
+    assert torch.equal(dx, rope_grad(rows, *tables_))
+    ((out, dx_c), (want_out, want_dx)), code = run_and_get_code(
+        _both, torch.compile(apply_rope), x, g, cos, sin
+    )
+    assert any("_rope_grad_kernel" in c for c in code)
     assert torch.equal(dx_c, want_dx)
     # the compiled forward is inductor's (it may contract a product into an FMA): close only
     torch.testing.assert_close(out, want_out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kernel_takes_only_what_it_fits():
+    g = torch.randn(2, 5, 3, 8, device="cuda", dtype=torch.bfloat16)
+    cos, sin = (t.cuda() for t in rope_cos_sin(5, 8, 10000.0))
+    assert rope._kernel_fits(g, cos, sin, 1)
+    assert not rope._kernel_fits(g, cos, sin, 2)  # T is dim 1 here
+    assert not rope._kernel_fits(g.transpose(1, 2), cos, sin, 2)  # not contiguous
+    assert not rope._kernel_fits(g, cos[:1], sin[:1], 1)  # [1, D] tables broadcast over T
+    assert not rope._kernel_fits(g, cos[None, :, None], sin[None, :, None], 1)
+    assert not rope._kernel_fits(g, cos.bfloat16(), sin.bfloat16(), 1)
+    assert not rope._kernel_fits(g, cos[:, :4], sin[:, :4], 1)

@@ -16,11 +16,13 @@ block's q and k are [B, T, H, D] projections seen as [B, H, T, D]: the Function 
 former, so SDPA's gradient reaches the kernel contiguous (a [B, H, T, D] Function made
 inductor copy it first, and cloned a strided output: session 79).
 
-The forward stays plain PyTorch (inductor fuses it with its neighbours). The backward gives
-eager autograd's bits of the plain form in every form, the kernel's included: its products
-and sum rounded once each, in that order (tests/test_rope.py), except that Triton flushes
-float32 subnormal results to zero, as inductor's own kernels do. Tables that require grad take
-the plain form.
+The forward stays plain PyTorch (inductor fuses it with its neighbours). The backward has
+eager autograd's bits of the plain form eagerly (any layout) and on the kernel's path (CUDA,
+compiled, 4-D x, contiguous float32 [T, D] tables): its products and sum rounded once each, in
+that order (tests/test_rope.py), except that Triton flushes float32 subnormals, operands and
+results, to zero (as inductor's own kernels do). Elsewhere under compile inductor compiles
+`rope_grad`, and may contract a product into an FMA (docs/hopper.md, "Rules learned"). Tables
+that require grad, or that broadcast x to a larger shape, take the plain form.
 """
 
 from __future__ import annotations
@@ -70,8 +72,10 @@ def rope_grad(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Te
 
 def _kernel_fits(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int) -> bool:
     """Whether the Triton kernel takes these: a contiguous 4-D CUDA gradient whose dim
-    `seq_dim` is the tables' T, and contiguous float32 tables [T, D]."""
+    `seq_dim` is the tables' T, its last D even, and contiguous float32 tables [T, D]."""
     if _triton_rope_grad is None or not g.is_cuda or g.dim() != 4 or g.numel() == 0:
+        return False
+    if g.shape[-1] % 2:
         return False
     shape = (g.shape[seq_dim], g.shape[-1])
     tables = all(
@@ -99,6 +103,8 @@ class _RopeFunction(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         cos, sin = ctx.saved_tensors
         seq_dim = 1 if ctx.tokens_major else 2
+        # under compile g is contiguous here: dynamo makes a Function's gradients contiguous
+        # (a [B, H, T, D] Function cost a copy of SDPA's [B, T, H, D] gradient: session 79)
         if torch.compiler.is_compiling() and _kernel_fits(g, cos, sin, seq_dim):
             inner = g.shape[2] if ctx.tokens_major else 1  # a row's position: (r // inner) % T
             dx = torch.ops.minifloat.rope_grad_traced.default(g, cos, sin, inner)
@@ -125,10 +131,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate ``x`` [B, H, T, head_dim] by position in fp32; returns x's dtype.
 
     Pairs (i, i + head_dim/2) form the complex number x_i + i*x_{i+half}, multiplied by
-    exp(i * t * theta^(-2i/head_dim)). The backward equals eager autograd of the plain form bit
-    for bit, compiled too (module docstring).
+    exp(i * t * theta^(-2i/head_dim)). cos and sin: float tables that broadcast against x
+    ([T, head_dim] from `rope_cos_sin`). The backward's bits: the module docstring.
     """
-    if cos.requires_grad or sin.requires_grad:
+    if x.shape[-1] % 2:
+        raise ValueError(f"RoPE pairs the entries of x's last dim, got an odd size {x.shape[-1]}")
+    if (
+        cos.requires_grad
+        or sin.requires_grad
+        or torch.broadcast_shapes(x.shape, cos.shape, sin.shape) != x.shape
+    ):
         return _rope(x, cos, sin)
     if x.dim() == 4 and cos.dim() == 2 and x.transpose(1, 2).is_contiguous():
         # the attention block's q and k: [B, T, H, D] projections seen as [B, H, T, D]. Their

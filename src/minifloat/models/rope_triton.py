@@ -5,7 +5,8 @@ attention block's layout before its transpose, or [B, H, T, D]); row r's positio
 t = (r // inner) % seq (inner: H, or 1). One program takes BLOCK_R rows as two half-row tiles,
 each loaded once, and writes dx in g's dtype. The arithmetic is eager autograd's, each product
 and the sum rounded once (`mul_rn` and `add_rn` are never contracted into an FMA), so the result
-equals `rope.rope_grad`'s bits:
+equals `rope.rope_grad`'s bits, except where Triton flushes a float32 subnormal (an operand or
+a result) to zero:
 
     dx_lo = g_lo·cos_lo + g_hi·sin_hi          (the first D/2 entries of a row)
     dx_hi = g_hi·cos_hi + -(g_lo·sin_lo)       (the last D/2)
@@ -57,6 +58,9 @@ def rope_grad_rows(
     in g's dtype. `traced`: launched through `torch.library.wrap_triton`, the body of a
     `triton_op` (models/rope.py)."""
     seq, dim = cos.shape
+    if dim % 2 or g.shape[-1] != dim or sin.shape != cos.shape:
+        raise ValueError(f"rope_grad_rows: tables {tuple(cos.shape)} for rows of {g.shape[-1]}")
+    g, cos, sin = g.contiguous(), cos.contiguous(), sin.contiguous()  # no-ops where they are
     dx = torch.empty_like(g)
     rows = g.numel() // dim
     grid = (triton.cdiv(rows, BLOCK_R),)
