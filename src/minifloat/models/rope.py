@@ -4,17 +4,18 @@
     dx  = g·cos + [ (g·sin)_hi, -(g·sin)_lo ]
 
 Why a Function: under torch.compile (torch 2.11) the backward of the plain form reads g at
-three offsets and sin at two, and inductor realizes a reused node past four reads. Its users
-are the quantizers of the q and k projections' gradients (three kernels: row maxima, column
-maxima, casts), which read it after their own `.float()`: inductor stored the rotated
-gradients as float32 [tokens, dim] buffers, written once and read twice, where eager rounds
-them to bf16. Here the compiled backward is one Triton kernel on CUDA (models/rope_triton.py,
-a `triton_op`) that writes dx in g's dtype, and the quantizers read two bytes an entry: those
-kernels took 2.14 against 2.75 ms a 6-layer 1.3B fp4 step, the kernel's own 0.44 included
+three offsets and sin at two, and inductor realizes a reused node past four reads. The reused
+node is the `.float()` of the quantizers of the q and k projections' gradients: inductor stored
+the rotated gradients as float32 [tokens, dim] buffers (the row maxima fused into the kernel
+that writes them), which the column maxima and the casts read back: 4 bytes an entry written
+once and read twice, where eager rounds them to bf16. Here the compiled backward is one
+Triton kernel on CUDA (models/rope_triton.py, a `triton_op`) that writes dx in g's dtype, and
+the quantizers read two bytes an entry: those kernels took 2.14 against 2.75 ms a 6-layer 1.3B
+fp4 step, the kernel's own 0.44 included, in one profiled run each
 (`train_e2e_1.3B_ours_s79_ropeop3_*`; docs/hopper_sessions.md, session 79). The attention
 block's q and k are [B, T, H, D] projections seen as [B, H, T, D]: the Function works on the
-former, so SDPA's gradient reaches the kernel contiguous (a [B, H, T, D] Function made
-inductor copy it first, and cloned a strided output: session 79).
+former, so SDPA's gradient reaches the kernel contiguous (dynamo makes a Function's incoming
+gradients contiguous: a [B, H, T, D] Function cost a copy of it, session 79).
 
 The forward stays plain PyTorch (inductor fuses it with its neighbours). The backward has
 eager autograd's bits of the plain form eagerly (any layout) and on the kernel's path (CUDA,
