@@ -58,9 +58,13 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fresh: bool = False
+) -> torch.Tensor:
+    """The plain form; `fresh`: the result is a tensor of its own even where x is float32 (the
+    last `.to` would otherwise return the sum itself)."""
     x_fp32 = x.float()
-    return (x_fp32 * cos + _rotate_half(x_fp32) * sin).to(x.dtype)
+    return (x_fp32 * cos + _rotate_half(x_fp32) * sin).to(x.dtype, copy=fresh)
 
 
 def rope_grad(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -97,7 +101,10 @@ class _RopeFunction(torch.autograd.Function):
     def forward(ctx, x, cos, sin, tokens_major: bool):
         ctx.save_for_backward(cos, sin)
         ctx.tokens_major = tokens_major
-        return _rope(x, *_broadcast(cos, sin, tokens_major))
+        # a fresh output: torch 2.11's dynamo returns every intermediate of a Function's
+        # forward, and a float32 output that is the sum itself aliases one of them; AOTAutograd
+        # then gave the backward zeros for g (session 80). Under compile the copy is fused.
+        return _rope(x, *_broadcast(cos, sin, tokens_major), fresh=True)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):

@@ -51,7 +51,11 @@ class _SwiGLUFunction(torch.autograd.Function):
         out_dtype = torch.promote_types(g.dtype, u.dtype)
         work = torch.promote_types(out_dtype, torch.float32)
         gf = g.to(work)
-        return (gf * torch.sigmoid(gf) * u.to(work)).to(out_dtype)
+        # copy=True: a float32 output of its own. torch 2.11's dynamo returns every
+        # intermediate of a Function's forward; an output that is the product itself aliases
+        # one, and AOTAutograd then gave the backward zeros for dh (session 80). Under compile
+        # the copy is fused into the kernel.
+        return (gf * torch.sigmoid(gf) * u.to(work)).to(out_dtype, copy=True)
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
