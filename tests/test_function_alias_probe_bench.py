@@ -1,6 +1,7 @@
 """benchmarks/function_alias_probe.py on the CPU: every Function's compiled gradients are
-there (none all zeros) and RoPE's and SwiGLU's equal eager's (torch 2.13 on the CPU; the bug it
-looks for showed under torch 2.11 on CUDA, session 80)."""
+there, none all zeros, and close to eager's. Under torch 2.11 this fails where a Function's
+forward returns a tensor another traced node also is (session 80: RoPE's and SwiGLU's float32
+forwards did); under 2.13 (CI) it runs the probe's rows and checks what they report."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ import torch
 
 from scripts import load_benchmark
 
+# compiled against eager: RoPE's backward is the same ops (exact on the CPU); SwiGLU's sigmoid
+# may differ in its last bits compiled (tests/test_swiglu.py): ~2e-5 for one bf16 ulp in 32768
+BOUND = {"rope_float32": 0.0, "rope_bfloat16": 0.0, "swiglu_float32": 1e-5,
+         "swiglu_bfloat16": 1e-2}  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def bench():
@@ -18,21 +24,18 @@ def bench():
 
 
 def test_cpu_run_finds_every_gradient(bench, tmp_path):
-    results = bench.main(["--device", "cpu", "--no-linear", "--out-dir", str(tmp_path)])
-    written = json.loads((tmp_path / "function_alias_probe_cpu.json").read_text())
-    rows = {k: v for k, v in written.items() if k not in ("torch", "device")}
-    assert set(rows) == {f"{f}_{d}" for f in ("rope", "swiglu") for d in ("float32", "bfloat16")}
-    assert written == json.loads(json.dumps(results))
-    for name, row in rows.items():
-        assert not any(row["zero_grads"]), name
-        # RoPE's backward is the plain form's ops in both; SwiGLU's sigmoid may differ in its
-        # last bits compiled (tests/test_swiglu.py)
-        bound = 0.0 if name.startswith("rope") else 1e-5
-        assert max(row["rel_err"]) <= bound, name
+    records = bench.main(["--device", "cpu", "--no-linear", "--out-dir", str(tmp_path)])
+    (path,) = tmp_path.glob("function_alias_probe_*.json")
+    assert json.loads(path.read_text()) == json.loads(json.dumps(records))
+    assert {r["row"] for r in records} == set(BOUND)
+    for r in records:
+        assert "error" not in r, r
+        assert not any(r["zero_grads"]), r["row"]
+        assert max(r["rel_err"]) <= BOUND[r["row"]], r["row"]
 
 
 def test_a_failing_row_is_reported_not_raised(bench):
     def broken(x):
         raise ValueError("no")
 
-    assert bench.compare(broken, torch.ones(2)).startswith("ValueError")
+    assert bench.compare(broken, torch.ones(2))["error"].startswith("ValueError")

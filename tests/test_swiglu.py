@@ -99,9 +99,8 @@ _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA d
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, _CUDA])])
 def test_compiled_close_to_eager(device, dtype):
     """Compiled, the sigmoid's exp may differ in its last bits (a model op, not a quantizer):
-    the outputs agree to one bf16 rounding. float32 on CUDA: torch 2.11 gave the compiled
-    backward zeros for dh while the forward's output was its own last intermediate (session
-    80)."""
+    the outputs agree to one bf16 rounding. float32: under torch 2.11 (CPU and CUDA) the
+    compiled backward got zeros for dh while the forward ended in a no-op `.to` (session 80)."""
     g, u, dh = (t.to(device) for t in _inputs((64, 96), dtype))
     torch._dynamo.reset()
     compiled = _run(torch.compile(swiglu, fullgraph=True), g, u, dh)

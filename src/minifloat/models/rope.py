@@ -101,9 +101,10 @@ class _RopeFunction(torch.autograd.Function):
     def forward(ctx, x, cos, sin, tokens_major: bool):
         ctx.save_for_backward(cos, sin)
         ctx.tokens_major = tokens_major
-        # a fresh output: torch 2.11's dynamo returns every intermediate of a Function's
-        # forward, and a float32 output that is the sum itself aliases one of them; AOTAutograd
-        # then gave the backward zeros for g (session 80). Under compile the copy is fused.
+        # a fresh output: under torch 2.11 a Function whose forward returns a tensor that
+        # another traced node also is (in float32 the last `.to` returns the sum itself) gets
+        # zeros for g in its compiled backward (docs/hopper.md, "Two torch versions"; session
+        # 80). Eager float32 pays one copy.
         return _rope(x, *_broadcast(cos, sin, tokens_major), fresh=True)
 
     @staticmethod

@@ -51,10 +51,10 @@ class _SwiGLUFunction(torch.autograd.Function):
         out_dtype = torch.promote_types(g.dtype, u.dtype)
         work = torch.promote_types(out_dtype, torch.float32)
         gf = g.to(work)
-        # copy=True: a float32 output of its own. torch 2.11's dynamo returns every
-        # intermediate of a Function's forward; an output that is the product itself aliases
-        # one, and AOTAutograd then gave the backward zeros for dh (session 80). Under compile
-        # the copy is fused into the kernel.
+        # copy=True: an output of its own in float32 and float64 too, where the `.to` would
+        # return the product itself. Under torch 2.11 a Function whose forward returns a tensor
+        # that another traced node also is gets zeros for dh in its compiled backward
+        # (docs/hopper.md, "Two torch versions"; session 80). Eager pays one copy there.
         return (gf * torch.sigmoid(gf) * u.to(work)).to(out_dtype, copy=True)
 
     @staticmethod
