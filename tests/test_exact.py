@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bits import bits_equal
-from minifloat.exact import div_rn_by_scale, round_to_bf16, to_dtype, written_once
+from minifloat.exact import as_dtype, div_rn_by_scale, round_to_bf16, to_dtype, written_once
 
 
 def _probe() -> torch.Tensor:
@@ -90,3 +90,11 @@ def test_div_rn_by_scale_on_cuda_compiled_equals_eager(in_graph):
         assert bits_equal(eager, (x.double() * s.double().reciprocal()).float())
     for s in (scale.t()[:, :300].reshape(1, -1)[:, :512], scale.reshape(1, -1)[:, :512]):
         assert bits_equal(compiled(x, s), div_rn_by_scale(x, s))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_as_dtype_is_the_tensor_itself_or_its_cast(dtype):
+    x = torch.randn(4, 5)
+    y = as_dtype(x, dtype)
+    assert (y is x) == (dtype == torch.float32)
+    assert y.dtype == dtype and torch.equal(y, x.to(dtype))

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 __all__ = [
-    "div_rn", "div_rn_by_scale", "fma_rn", "round_to_bf16", "sqrt_eager", "to_dtype",
-    "written_once",
+    "as_dtype", "div_rn", "div_rn_by_scale", "fma_rn", "round_to_bf16", "sqrt_eager",
+    "to_dtype", "written_once",
 ]  # fmt: skip
 
 
@@ -145,13 +145,17 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), x, rounded)
 
 
+def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)`, and `x` itself where it has `dtype` (the same tensor `.to` returns, but no
+    traced node): torch 2.11's dynamo gives an autograd.Function whose forward returns a no-op
+    `.to` of its result zero gradients when compiled (docs/hopper.md, "Two torch versions";
+    tests/test_compile.py's float32 cases, sessions 42 and 80)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def to_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float32 `x` cast to `dtype`, a bf16 cast through `round_to_bf16` (so a later cast back to
-    float32 keeps the rounding in compiled code too). `x` itself where it has `dtype`: torch
-    2.11's dynamo gives an autograd.Function whose forward returns `x.to(x.dtype)` a zero
-    gradient (tests/test_compile.py's float32 cases)."""
-    if x.dtype == dtype:
-        return x
+    """float32 `x` cast to `dtype` (`as_dtype`), a bf16 cast through `round_to_bf16` (so a later
+    cast back to float32 keeps the rounding in compiled code too)."""
     if dtype == torch.bfloat16 and x.dtype == torch.float32:
         x = round_to_bf16(x)
-    return x.to(dtype)
+    return as_dtype(x, dtype)

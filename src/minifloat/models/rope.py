@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import torch
 
+from minifloat.exact import as_dtype
+
 __all__ = ["rope_cos_sin", "apply_rope", "rope_grad"]
 
 try:  # Triton ships with CUDA builds of torch; CPU machines have none.
@@ -58,13 +60,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def _rope(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fresh: bool = False
-) -> torch.Tensor:
-    """The plain form; `fresh`: the result is a tensor of its own even where x is float32 (the
-    last `.to` would otherwise return the sum itself)."""
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The plain form. `as_dtype`, not `.to`: the Function returns this, and under torch 2.11 a
+    no-op `.to` (float32 x) gave its compiled backward zeros for g (session 80)."""
     x_fp32 = x.float()
-    return (x_fp32 * cos + _rotate_half(x_fp32) * sin).to(x.dtype, copy=fresh)
+    return as_dtype(x_fp32 * cos + _rotate_half(x_fp32) * sin, x.dtype)
 
 
 def rope_grad(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -101,11 +101,7 @@ class _RopeFunction(torch.autograd.Function):
     def forward(ctx, x, cos, sin, tokens_major: bool):
         ctx.save_for_backward(cos, sin)
         ctx.tokens_major = tokens_major
-        # a fresh output: under torch 2.11 a Function whose forward returns a tensor that
-        # another traced node also is (in float32 the last `.to` returns the sum itself) gets
-        # zeros for g in its compiled backward (docs/hopper.md, "Two torch versions"; session
-        # 80). Eager float32 pays one copy.
-        return _rope(x, *_broadcast(cos, sin, tokens_major), fresh=True)
+        return _rope(x, *_broadcast(cos, sin, tokens_major))
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):

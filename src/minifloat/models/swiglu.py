@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from minifloat.exact import as_dtype
+
 __all__ = ["swiglu", "swiglu_grads"]
 
 
@@ -51,11 +53,9 @@ class _SwiGLUFunction(torch.autograd.Function):
         out_dtype = torch.promote_types(g.dtype, u.dtype)
         work = torch.promote_types(out_dtype, torch.float32)
         gf = g.to(work)
-        # copy=True: an output of its own in float32 and float64 too, where the `.to` would
-        # return the product itself. Under torch 2.11 a Function whose forward returns a tensor
-        # that another traced node also is gets zeros for dh in its compiled backward
-        # (docs/hopper.md, "Two torch versions"; session 80). Eager pays one copy there.
-        return (gf * torch.sigmoid(gf) * u.to(work)).to(out_dtype, copy=True)
+        # as_dtype, not `.to`: under torch 2.11 a no-op `.to` (float32, float64) gave the
+        # compiled backward zeros for dh (docs/hopper.md, "Two torch versions"; session 80)
+        return as_dtype(gf * torch.sigmoid(gf) * u.to(work), out_dtype)
 
     @staticmethod
     def backward(ctx, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
