@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 _TORCH_2_11_CPP = pytest.mark.xfail(
     tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
     reason="torch < 2.13 ignores emulate_precision_casts in one CPU kernel (pytorch#185337)",
-    strict=False,
+    raises=AssertionError,  # the bit_exact assert: a crash of the script still fails
+    strict=False,  # 2.12 not tried
 )
 
 
