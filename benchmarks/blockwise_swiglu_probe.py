@@ -4,7 +4,7 @@ take (three forms, `fused`), timed against the same arithmetic as PyTorch under 
 (what training runs today).
 
     PYTHONPATH=src python benchmarks/blockwise_swiglu_probe.py [--m 16384 --ffn 5632]
-        [--forms tile,bands] [--warps 4,8,16] [--bands 16,32]
+        [--forms tile,bands,chunks] [--warps 4,8,16] [--bands 16,32] [--chunks 16,32,64]
 
 Why (session 63): in the 6-layer 1.3B profile (`train_e2e_1.3B_ours_s63_blockprof_l6_...`)
 fp8-blockwise's SwiGLU backward is three kernels a layer, 0.74 ms: the column-group maxima of
@@ -19,6 +19,8 @@ forms (`blockwise_swiglu_probe_s63{,_trans,_2phase}_...`): 1.24 ms and more agai
 second of them (the whole tile's maxima first, then the tile read again: 2.0 ms) is in git
 history (commit 0075889), not here. Session 64 (`blockwise_swiglu_probe_s64_*`, after 125116a's
 mend): the tile form at 8 warps 0.78 ms against inductor's 0.83, the bands 1.08-3.05 ms.
+Session 82 (`blockwise_swiglu_probe_s82{,_7b}_...`) added the column chunks (fewer values live
+at once): 1.12-1.70 ms, the tile form 0.79 again (1.52 against 1.59 at 7B width).
 
 Both sides compute, in float32 from bf16 g, u, dh [M, F]: s = sigmoid(g), h = g·s·u,
 du = dh·g·s, dg = dh·u·s·(1 + g·(1 - s)) (`models/swiglu.py`), and the recipe's E4M3 "inv"
@@ -169,8 +171,49 @@ if triton is not None:
             _col_cast(du, m_du, rows, cols, M, dut_q)
             _col_cast(dg, m_dg, rows, cols, M, dgt_q)
 
+    @triton.jit
+    def _col_groups(v, rows, cols, M, qt_ptr, st_ptr, t0, MIN_AMAX: tl.constexpr,
+                    FMT_MAX: tl.constexpr):  # fmt: skip
+        # v [128 tokens, CHUNK columns]: every 128 x 1 group whole; cast, stored transposed
+        m, sc = _inv(_maxbits(v, 0), MIN_AMAX, FMT_MAX)
+        _col_cast(v, m, rows, cols, M, qt_ptr)
+        tl.store(st_ptr + cols * (M // 128) + t0, sc)
 
-FORMS = ("tile", "bands")
+    @triton.jit
+    def swiglu_backward_chunks(
+        g_ptr, u_ptr, dh_ptr, M, F, dg_q, dg_s, dgt_q, dgt_s, du_q, du_s, dut_q, dut_s, ht_q,
+        ht_s, MIN_AMAX: tl.constexpr, FMT_MAX: tl.constexpr, CHUNK: tl.constexpr,
+    ):  # fmt: skip
+        # The 128 x 128 tile in chunks of CHUNK columns (all 128 tokens), so that few values
+        # are live at once: a chunk holds its 128 x 1 groups whole, so the first sweep casts
+        # and stores the three transposed operands (128 contiguous bytes a column) and carries
+        # the 1 x 128 groups' maxima; the second computes dg and du again from the tile (now in
+        # L1/L2) for the row-wise casts.
+        t0, t1 = tl.program_id(0), tl.program_id(1)
+        rows = t0 * 128 + tl.arange(0, 128)
+        r_du = tl.zeros([128], dtype=tl.int32)
+        r_dg = tl.zeros([128], dtype=tl.int32)
+        for c0 in range(0, 128, CHUNK):
+            cols = t1 * 128 + c0 + tl.arange(0, CHUNK)
+            h, du, dg = _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F)
+            _col_groups(h, rows, cols, M, ht_q, ht_s, t0, MIN_AMAX, FMT_MAX)
+            _col_groups(du, rows, cols, M, dut_q, dut_s, t0, MIN_AMAX, FMT_MAX)
+            _col_groups(dg, rows, cols, M, dgt_q, dgt_s, t0, MIN_AMAX, FMT_MAX)
+            r_du = tl.maximum(r_du, _maxbits(du, 1))
+            r_dg = tl.maximum(r_dg, _maxbits(dg, 1))
+        m_du, s_du = _inv(r_du, MIN_AMAX, FMT_MAX)
+        m_dg, s_dg = _inv(r_dg, MIN_AMAX, FMT_MAX)
+        tl.store(du_s + rows * (F // 128) + t1, s_du)
+        tl.store(dg_s + rows * (F // 128) + t1, s_dg)
+        for c0 in range(0, 128, CHUNK):
+            cols = t1 * 128 + c0 + tl.arange(0, CHUNK)
+            _, du, dg = _swiglu_rows(g_ptr, u_ptr, dh_ptr, rows, cols, F)
+            offs = rows[:, None] * F + cols[None, :]
+            tl.store(du_q + offs, (du * m_du[:, None]).to(tl.float8e4nv))
+            tl.store(dg_q + offs, (dg * m_dg[:, None]).to(tl.float8e4nv))
+
+
+FORMS = ("tile", "bands", "chunks")
 
 
 def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8,
@@ -178,7 +221,8 @@ def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8
     """`reference`'s outputs from a one-pass kernel (M and F multiples of 128): `form` "tile"
     holds each 128 x 128 tile for all its maxima and casts, "bands" works through the tile in
     bands of `sub` tokens (both group directions' maxima in the first sweep, the transposed
-    casts in a second)."""
+    casts in a second), "chunks" in chunks of `sub` columns (the transposed casts in the first
+    sweep, the row-wise ones in a second)."""
     if triton is None:
         raise RuntimeError("the one-pass kernel needs Triton")
     m, f = g.shape
@@ -200,6 +244,8 @@ def fused(g: torch.Tensor, u: torch.Tensor, dh: torch.Tensor, num_warps: int = 8
     grid = (m // 128, f // 128)
     if form == "bands":
         swiglu_backward_blocks_sub[grid](g, u, dh, m, f, *out, SUB=sub, **kw)
+    elif form == "chunks":
+        swiglu_backward_chunks[grid](g, u, dh, m, f, *out, CHUNK=sub, **kw)
     else:
         swiglu_backward_blocks[grid](g, u, dh, m, f, *out, **kw)
     return tuple(out)
@@ -225,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warps", default="4,8,16", help="the kernels' num_warps to try")
     ap.add_argument("--forms", default=",".join(FORMS), help=f"of {FORMS}")
     ap.add_argument("--bands", default="16,32", help="'bands' form: tokens a band")
+    ap.add_argument("--chunks", default="16,32,64", help="'chunks' form: columns a chunk")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
@@ -257,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         (form, int(w), int(b))
         for form in args.forms.split(",")
         for w in args.warps.split(",")
-        for b in (args.bands.split(",") if form == "bands" else ["0"])
+        for b in {"bands": args.bands, "chunks": args.chunks}.get(form, "0").split(",")
     ]
     for form, w, b in variants:
         got = fused(g, u, dh, num_warps=w, form=form, sub=b)
@@ -266,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
             or a.element_size() == 1 else int((a != b).sum())
             for name, a, b in zip(OUTPUTS, got, want, strict=True)
         }  # fmt: skip
-        name = f"{form}{f' of {b} tokens' if b else ''}, num_warps={w}"
+        unit = "columns" if form == "chunks" else "tokens"
+        name = f"{form}{f' of {b} {unit}' if b else ''}, num_warps={w}"
         run = partial(fused, g, u, dh, num_warps=w, form=form, sub=b)
         rec = timed(name, run)
         rec["differing_entries"] = diff

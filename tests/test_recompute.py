@@ -9,17 +9,23 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy
 
 from minifloat import recipes, recompute
+from minifloat.kernels.emulated import EmulatedBackend
+from minifloat.kernels.hopper import HopperBackend
 from test_transpose import _saved, force_hopper_path
 
 aten = torch.ops.aten
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
 
 
+@pytest.mark.parametrize("backend", [EmulatedBackend(), HopperBackend()], ids=lambda b: b.name)
 @pytest.mark.parametrize("name", QUANT_RECIPES)
-def test_region_applies_to_delayed_scaling_only(name):
+def test_region_applies_to_delayed_scaling_on_the_hopper_path_only(name, backend):
+    """Not on the emulation: not measured there, and torch 2.13's CPU code generator
+    miscompiles the region's backward (tests/test_cpu_compile_probe_bench.py)."""
     recipe = recipes.get(name)
     weight = torch.zeros(16, 16)
-    assert recompute.applies(recipe, weight) == (recipe.delayed is not None)
+    want = recipe.delayed is not None and backend.name == "hopper"
+    assert recompute.applies(recipe, weight, backend) == want
 
 
 RECOMPUTE, SAVE = CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.PREFER_SAVE

@@ -490,7 +490,8 @@ class QuantizedGemmMixin:
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, n_out: int
     ) -> torch.Tensor:
         """y = x·weightᵀ + bias through QuantLinearFunction (weight [n_out, in]), x's batch dims.
-        Compiled fp8-delayed layers run it in recompute.py's checkpoint region (memory)."""
+        Compiled fp8-delayed layers on the Hopper path run it in recompute.py's checkpoint
+        region (memory; `recompute.applies`)."""
         device_type = x.device.type
         if torch.is_autocast_enabled(device_type):
             out_dtype = torch.get_autocast_dtype(device_type)
@@ -504,7 +505,7 @@ class QuantizedGemmMixin:
             x.reshape(-1, x.shape[-1]), weight, bias, self.recipe, backend, out_dtype,
             self.amax_history, self.rng_state, torch.is_grad_enabled(),
         )  # fmt: skip
-        if torch.compiler.is_compiling() and recompute.applies(self.recipe, weight):
+        if torch.compiler.is_compiling() and recompute.applies(self.recipe, weight, backend):
             y = recompute.checkpointed(QuantLinearFunction.apply, *args)
         else:
             y = QuantLinearFunction.apply(*args)

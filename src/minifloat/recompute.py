@@ -21,7 +21,12 @@ Measured on an H200: 1.3B fp8-delayed peak memory 0.86x -> 0.81x of bf16's at th
 (1.22x); 125M 0.87x -> 0.81x, and 0.81x -> 0.87x of bf16's speed (host-bound steps; kernel time
 52.6 -> 51.9 ms, 2,072 kernels a step against 1,880).
 
-Applied only where measured: fp8-delayed (`applies`). Tried for every FP8-operand recipe
+Applied only where measured: fp8-delayed on the Hopper path (`applies`). Left out on the
+emulation (the CPU, GPUs without FP8 GEMMs), where it was never measured and where torch
+2.13.0's C++ code generator miscompiles one of its fused backward kernels: compiled fp8-delayed
+on the CPU got 18 of 21 gradients of the tiny LLaMA up to 31 % off eager (pytorch#185702;
+`benchmarks/cpu_compile_probe.py --region always` reproduces it; without the region they agree
+to rounding; docs/hopper_sessions.md, sessions 81-82). Tried for every FP8-operand recipe
 together with opaque transposed copies of the recomputed operands (which the partitioner
 otherwise answers by saving the operands), it gave no speed (1.3B fp8-tensorwise 222.8 vs
 223.3 ms a step) and cost some (fp4-dge 265.6 vs 255.9 ms; docs/hopper_sessions.md, session
@@ -41,6 +46,7 @@ from torch.utils.checkpoint import (
 )
 
 from minifloat.fsdp_weight import GatheredWeight
+from minifloat.kernels.backend import Backend
 from minifloat.recipes import QuantRecipe
 
 __all__ = ["applies", "checkpointed"]
@@ -48,11 +54,16 @@ __all__ = ["applies", "checkpointed"]
 _WIDE_FLOATS = (torch.float32, torch.float64)
 
 
-def applies(recipe: QuantRecipe, weight: torch.Tensor) -> bool:
+def applies(recipe: QuantRecipe, weight: torch.Tensor, backend: Backend) -> bool:
     """Whether a compiled layer under `recipe` runs in the recompute region: fp8-delayed (any
-    recipe with delayed scaling), unless its weight arrives quantized by an FSDP2 all-gather
-    (fsdp_weight.GatheredWeight: left out, not measured with the region)."""
-    return recipe.delayed is not None and not isinstance(weight, GatheredWeight)
+    recipe with delayed scaling) on the Hopper path, unless its weight arrives quantized by an
+    FSDP2 all-gather (fsdp_weight.GatheredWeight). Both exclusions: not measured with the region
+    (and on the emulation, see the module docstring, miscompiled by torch 2.13 on the CPU)."""
+    return (
+        recipe.delayed is not None
+        and backend.name == "hopper"
+        and not isinstance(weight, GatheredWeight)
+    )
 
 
 def _policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
