@@ -34,12 +34,17 @@ _TORCH_2_11_CPP = pytest.mark.xfail(
 )
 
 
+# fp8-delayed: its unsharded model runs the recompute region, the quantized all-gather's does not
+# (recompute.applies); on the emulation neither since session 82, where torch 2.13's C++ code
+# generator had miscompiled the region (pytorch#185702) and the two differed in 18 of 21
+# gradients
 @_TORCH_2_11_CPP
-def test_unsharded_and_quantized_all_gather_agree_compiled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recipe", ["fp8-tensorwise", "fp8-delayed"])
+def test_unsharded_and_quantized_all_gather_agree_compiled(recipe: str, tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "qag_equality.py"), "--model", "tiny",
-         "--device", "cpu", "--recipes", "fp8-tensorwise", "--modes", "none,qag",
+         "--device", "cpu", "--recipes", recipe, "--modes", "none,qag",
          "--steps", "1", "--emulate-precision-casts", "--out", str(tmp_path)],
         check=True, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
     )  # fmt: skip
