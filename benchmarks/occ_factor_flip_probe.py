@@ -5,13 +5,16 @@
         [--date D] [--tag T]
 
 Why (session 82): compiled against eager, the tiny LLaMA's gradients under fp4 and fp4-occ
-differ by 11-16 % even with `emulate_precision_casts` and scalar code (other recipes: at most
-1.3 %), and `compile_drift.py`'s whole-model fp32 difference for fp4 went from 6.5e-6
-(2026-11-23) to 8.9e-2. Compiling only the linear layers still gives eager's bits, so the
-layers are exact; a discrete choice in OCC amplifies the unconverted ops' last-bit differences.
-The choice: `occ.joint_lhs` gives each row a factor f in {1, 1.25, 1.5} (session 65), the one
-that rounds the row's largest remainder to E4M3 closest, so a last-bit change of that remainder
-can flip f and round the whole row's remainder to E4M3 again.
+differed by up to 11-17 % even with `emulate_precision_casts` and scalar code (other recipes: at
+most 1.3 %), and `compile_drift.py`'s whole-model fp32 difference for fp4 had gone from 6.5e-6
+(2026-11-23) to 8.9e-2, while compiling only the linear layers still gave eager's bits. This
+probe found the cause: `occ.joint_lhs` gives each row a factor f in {1, 1.25, 1.5} (session
+65), the one that rounds the row's largest remainder to E4M3 closest, ties to the smaller f;
+but where two factors round it to the same value their errors, computed in float32 through an
+inexact 1 / f, differed in the last bits, so a last-bit change of the remainder flipped f and
+the whole row's remainder was rounded to E4M3 anew (fp4-occ's y moved 8.4e-4 for a 1e-7 change
+of x, fp4-dge's 8.9e-8). `_joint_factor` now compares such ties exactly (`_s82_` results: before
+the fix; `_s82_fixed_`: after, no flips).
 
 For a converted `nn.Linear` and x with outlier columns (every row has clipped entries), x
 perturbed by (1 + eps·u), u uniform in [-1, 1]: the relative L2 change of y, dx and dw; under

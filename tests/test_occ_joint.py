@@ -32,6 +32,19 @@ def test_joint_factors_keep_every_e2m1_value_exact():
         assert not exact(f * 2.0 ** -(least - 1)) and not exact(f * 2.0 ** -(most + 1)), f
 
 
+@pytest.mark.parametrize("center", [3.0, 1.5 * 2.0**-3, 6.0 * 2.0**5, 0.75])
+def test_joint_factor_takes_the_smaller_f_across_a_tie(center):
+    """Where two factors round the row's largest remainder to the same value (3 is E4M3's
+    with f = 1, 1.25 and 1.5: 3.75 and 4.5 are E4M3 values too), the factors are tied however
+    float32 rounds their errors, and f = 1 is taken throughout: with the errors compared as
+    computed, a change of reach's last bits flipped f in such rows and rounded the row's
+    remainder anew (session 82, `benchmarks/occ_factor_flip_probe.py`)."""
+    k = torch.arange(-2000, 2001, dtype=torch.float64)
+    reach = (center * (1 + k * 2.0**-22)).float().reshape(-1, 1)
+    f, f_inv = occ_module._joint_factor(reach)
+    assert torch.equal(f, torch.ones_like(f)) and torch.equal(f_inv, torch.ones_like(f))
+
+
 def test_joint_operands_keep_the_e2m1_halves_exact():
     """joint_lhs / joint_rhs: the E2M1 halves are x_q's and w_q's values times one multiplier
     g per row (so the main product is fp4's own), g = f·2^-a with f in {1, 1.25, 1.5} and a

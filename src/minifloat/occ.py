@@ -312,12 +312,22 @@ def _joint_factor(reach: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # step (session 75)
         a = steps_passed(reach_f, least, most - least) + least
         top = reach_f * _pow2(-a)
-        err = (round_to_storage(top, "e4m3").float() - top).abs() * (_pow2(a) * (1.0 / f))
-        cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f))
+        rounded = round_to_storage(top, "e4m3").float()
+        err = (rounded - top).abs() * (_pow2(a) * (1.0 / f))
+        # f times the value this factor rounds reach to (rounded·2^a / f): exact, an E4M3
+        # value times a power of two
+        value_f = rounded * _pow2(a)
+        cand = (err, torch.full_like(reach, f), torch.full_like(reach, 1.0 / f), value_f)
         if best is None:  # f = 1, the widest range
             best = cand
         else:
-            closer = (cand[0] < best[0]) & (top <= 448.0)  # False for NaN, as before
+            # Two factors that round reach to one value are tied, whatever float32 makes of
+            # their errors (1 / f and reach·f are rounded): compared as computed, a last-bit
+            # change of reach flipped f in such rows, and the row's remainder was rounded
+            # anew (session 82). The values compared cross-multiplied: each product has at
+            # most 7 significant bits, so exact
+            tied = value_f * best[1] == best[3] * f
+            closer = (cand[0] < best[0]) & (top <= 448.0) & ~tied  # False for NaN, as before
             best = tuple(torch.where(closer, c, b) for c, b in zip(cand, best, strict=True))
     return best[1], best[2]
 
