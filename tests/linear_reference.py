@@ -182,26 +182,33 @@ def _joint_compensation(
     rounds to E4M3 closest (ties: the smaller f); Δx·m_x·g (float32) rounded to E4M3; w·m_w·2^6
     rounded to E4M3; the product on xs / g and ws·2^-6 (m_x, m_w: the E2M1 "inv" multipliers
     of x_c's and w's rows). The error of the largest entry is compared as float64 here, in
-    float32 by the layer: a near tie may pick the other f (inputs here have none)."""
+    float32 by the layer; two factors that round it to the same value are tied (compared
+    exactly, as the layer does since session 82), and a near tie that is not one may pick the
+    other f (inputs here have none)."""
     e4m3 = formats.get("e4m3")
     m_x = formats.inv_scales(x_c.abs().amax(1, keepdim=True), 6.0)[0]
     m_w = formats.inv_scales(w.abs().amax(1, keepdim=True), 6.0)[0]
     dv = delta * m_x  # float32
     reach = dv.abs().amax(1, keepdim=True)
-    best_err = best_g = None
+    best_err = best_g = best_f = best_vf = None
     for f, least, most in ((1.0, -6, 8), (1.25, -5, 6), (1.5, -5, 7)):
         top = (reach * f).double()  # float32 product, as the layer rounds it
         a = torch.full_like(top, float(least))
         while bool(((top * 2.0**-a > 448.0) & (a < most)).any()):
             a = torch.where((top * 2.0**-a > 448.0) & (a < most), a + 1, a)
         v = top * 2.0**-a
-        err = (e4m3.round(v.clamp(max=448.0).float()).double() - v).abs() * 2.0**a / f
+        rounded = e4m3.round(v.clamp(max=448.0).float()).double()
+        err = (rounded - v).abs() * 2.0**a / f
         g = f * 2.0**-a
+        vf = rounded * 2.0**a  # f times the value f rounds reach to
         if best_err is None:
-            best_err, best_g = err, g
+            best_err, best_g, best_f, best_vf = err, g, torch.full_like(g, f), vf
         else:
-            best_g = torch.where(err < best_err, g, best_g)
-            best_err = torch.minimum(err, best_err)
+            closer = (err < best_err) & ~(vf * best_f == best_vf * f)
+            best_g = torch.where(closer, g, best_g)
+            best_f = torch.where(closer, f, best_f)
+            best_vf = torch.where(closer, vf, best_vf)
+            best_err = torch.where(closer, err, best_err)
     dq = e4m3.round((dv.double() * best_g).float().clamp(-448.0, 448.0)).double()
     wq = e4m3.round(w * m_w * 64.0).double()
     return gemm_with_bound(dq * xs / best_g, wq * ws / 64.0)
