@@ -10,13 +10,18 @@ parameter gradients against eager:
 - `whole`: the whole model compiled (norms, rotary embeddings, attention, SiLU too).
 - `perturbed`: no compilation; eager with the token embeddings multiplied by (1 + 2^-8 u),
   u uniform in [-1, 1]: a bf16-rounding-sized change of the first layer's input. It shows how much
-  the recipe amplifies a perturbation of that size, whatever its origin.
+  the recipe amplifies a perturbation of that size, whatever its origin. `--perturb 8,23` adds
+  `perturbed 2^-23` (a float32-rounding-sized change, the size of the unconverted model's own
+  compiled-vs-eager differences in fp32): where that one is as large as `whole`, the recipe's
+  rounding amplifies last-bit differences, wherever they come from.
 - `quantization error`: the eager gradients against the unconverted model's in fp32: the noise
   the recipe adds on purpose, the scale any difference between two runs of it saturates at.
 
     PYTHONPATH=src python benchmarks/compile_drift.py [--recipes none,fp8-tensorwise,fp4]
+        [--layers 2] [--precisions bf16,fp32] [--perturb 8] [--tag T] [--date D]
 
-Writes benchmarks/results/compile_drift_cpu_<date>.{md,json}.
+Recipes may be variants (`fp4:occ.one_gemm=off`). Writes
+benchmarks/results/compile_drift[_<tag>]_cpu_<date>.{md,json}.
 """
 
 from __future__ import annotations
@@ -70,8 +75,9 @@ def rel_diff(got: dict, want: dict) -> float:
     return float((num / den).sqrt())
 
 
-def variant(model: nn.Module, mode: str) -> nn.Module:
-    """A copy of `model` compiled as `mode` says, or perturbed ("perturbed")."""
+def variant(model: nn.Module, mode: str, exponent: int = 8) -> nn.Module:
+    """A copy of `model` compiled as `mode` says, or perturbed ("perturbed": the token
+    embeddings times 1 + 2^-exponent u)."""
     m = copy.deepcopy(model)
     if mode == "whole":
         return torch.compile(m)
@@ -84,7 +90,7 @@ def variant(model: nn.Module, mode: str) -> nn.Module:
     gen = torch.Generator().manual_seed(1)
     emb = m.get_input_embeddings().weight
     with torch.no_grad():
-        emb.mul_(1 + 2.0**-8 * (2 * torch.rand(emb.shape, generator=gen) - 1))
+        emb.mul_(1 + 2.0**-exponent * (2 * torch.rand(emb.shape, generator=gen) - 1))
     return m
 
 
@@ -92,8 +98,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--recipes", default="none,fp8-tensorwise,fp4")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--precisions", default="bf16,fp32", help="bf16 (autocast) and/or fp32")
+    ap.add_argument("--perturb", default="8", help="exponents k of the 2^-k perturbations")
     ap.add_argument("--out-dir", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--tag", default="", help="results file suffix")
+    ap.add_argument("--date", default=None, help="the results' date (default today)")
     args = ap.parse_args()
+    precisions = list(dict.fromkeys(args.precisions.split(",")))
+    if set(precisions) - {"bf16", "fp32"}:
+        raise SystemExit(f"--precisions takes bf16 and/or fp32, got {args.precisions!r}")
+    try:
+        exponents = list(dict.fromkeys(int(k) for k in args.perturb.split(",")))
+    except ValueError:
+        raise SystemExit(f"--perturb takes integers, got {args.perturb!r}") from None
+    if not all(1 <= k <= 24 for k in exponents):  # 1 + 2^-k u rounds to 1 in float32 past 24
+        raise SystemExit(f"--perturb exponents must lie in 1..24, got {args.perturb!r}")
+    modes = [("linears", 0), ("whole", 0)] + [("perturbed", k) for k in exponents]
     # Compiled linears may recompile per shape and module: room for all of them, so that no
     # layer silently falls back to eager at dynamo's recompile limit (8 by default).
     torch._dynamo.config.cache_size_limit = 64
@@ -105,7 +125,7 @@ def main() -> None:
         model = copy.deepcopy(base)
         if recipe != "none":
             model = minifloat.convert(model, recipe)
-        for amp in (True, False):
+        for amp in [p == "bf16" for p in precisions]:
             eager = grads(model, ids, amp)
             rows.append(
                 {
@@ -115,16 +135,16 @@ def main() -> None:
                     "grad_rel_diff": rel_diff(eager, exact),
                 }
             )
-            for mode in ("linears", "whole", "perturbed"):
+            for mode, exponent in modes:
                 torch._dynamo.reset()
                 counters.clear()
                 start = time.time()
-                diff = rel_diff(grads(variant(model, mode), ids, amp), eager)
+                diff = rel_diff(grads(variant(model, mode, exponent), ids, amp), eager)
                 rows.append(
                     {
                         "recipe": recipe,
                         "precision": "bf16 autocast" if amp else "fp32",
-                        "mode": mode,
+                        "mode": _mode_name(mode, exponent),
                         "grad_rel_diff": diff,
                         "graphs": counters["stats"].get("unique_graphs", 0),
                         "seconds": round(time.time() - start, 1),
@@ -134,32 +154,48 @@ def main() -> None:
     write(rows, args)
 
 
+def _mode_name(mode: str, exponent: int) -> str:
+    """'perturbed' for the 2^-8 perturbation (the column's name before --perturb), else
+    'perturbed 2^-k'; other modes as they are."""
+    return mode if mode != "perturbed" or exponent == 8 else f"perturbed 2^-{exponent}"
+
+
 def write(rows: list[dict], args: argparse.Namespace) -> None:
-    date = datetime.date.today().isoformat()
+    """`compile_drift[_<tag>]_cpu_<date>.{md,json}` under --out-dir: the table, a row per
+    recipe and precision, a column per mode."""
+    date = args.date or datetime.date.today().isoformat()
+    name = "_".join(filter(None, ("compile_drift", args.tag, "cpu", date)))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lines = [
         f"# Compiled vs eager gradients of a converted LlamaForCausalLM, CPU, {date}",
         "",
-        f"`PYTHONPATH=src python benchmarks/compile_drift.py --recipes {args.recipes} "
-        f"--layers {args.layers}`; torch {torch.__version__}, transformers "
+        f"`PYTHONPATH=src python benchmarks/compile_drift.py --recipes {args.recipes} --layers "
+        f"{args.layers} --precisions {args.precisions} --perturb {args.perturb}`; "
+        f"torch {torch.__version__}, transformers "
         f"{transformers.__version__}. Relative L2 difference of all parameter gradients against "
         "eager (module docstring: linears = only the linear layers compiled; whole = the whole "
-        "model; perturbed = eager, token embeddings x (1 + 2^-8 u)).",
+        "model; perturbed = eager, token embeddings x (1 + 2^-8 u)"
+        + (
+            "; perturbed 2^-k: x (1 + 2^-k u)"
+            if any(r["mode"].startswith("perturbed 2^") for r in rows)
+            else ""
+        )
+        + ").",
         "",
-        "| recipe | precision | linears | whole | perturbed | quantization error |",
-        "|---|---|---|---|---|---|",
     ]
+    columns = list(dict.fromkeys(r["mode"] for r in rows if r["mode"] != "quantization error"))
+    columns.append("quantization error")
+    lines += ["| recipe | precision | " + " | ".join(columns) + " |",
+              "|---|---|" + "---|" * len(columns)]  # fmt: skip
     by_key: dict[tuple, dict] = {}
     for r in rows:
         by_key.setdefault((r["recipe"], r["precision"]), {})[r["mode"]] = r["grad_rel_diff"]
     for (recipe, precision), d in by_key.items():
-        lines.append(
-            f"| {recipe} | {precision} | {d['linears']:.2e} | {d['whole']:.2e} | "
-            f"{d['perturbed']:.2e} | {d['quantization error']:.2e} |"
-        )
-    (out / f"compile_drift_cpu_{date}.md").write_text("\n".join(lines) + "\n")
-    (out / f"compile_drift_cpu_{date}.json").write_text(json.dumps(rows, indent=1) + "\n")
+        cells = " | ".join(f"{d[c]:.2e}" for c in columns)
+        lines.append(f"| {recipe} | {precision} | {cells} |")
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(rows, indent=1) + "\n")
     print("\n".join(lines))
 
 
