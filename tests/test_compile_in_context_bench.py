@@ -19,7 +19,8 @@ probe = load_benchmark("compile_in_context")
 def _assert_exact(records: list[dict], layers: int) -> None:
     assert len(records) == layers
     for r in records:
-        assert probe._exact(r), r
+        flags = {k: r[k] for k in ("graphs", "y_equal", "dx_equal", "dw_equal", "taps_neutral")}
+        assert probe._exact(r), (r["layer"], flags)
 
 
 def test_tap_keeps_a_tensor_and_its_gradient() -> None:
@@ -55,12 +56,14 @@ def test_a_layer_off_eager_only_when_compiled_is_caught(monkeypatch) -> None:
 
 def test_table_and_arguments() -> None:
     row = {"recipe": "fp4", "precision": "fp32", "graphs": 1, "taps_neutral": True,
+           "taps_vs_plain": 0.0,
            "layer": "l", "y_equal": True, "dx_equal": False, "dw_equal": True,
            "x_vs_eager": 0.0, "y_vs_eager": 0.0, "dw_vs_eager": 0.0}  # fmt: skip
     table = probe._table([row])
     assert "| fp4 | fp32 | 1 | yes | 0 of 1 |" in table and "| l | yes | **no** | yes |" in table
     assert not probe._exact(row) and probe._exact({**row, "dx_equal": True})
     assert not probe._exact({**row, "dx_equal": True, "graphs": 3})
+    assert probe._exact({**row, "dx_equal": True, "taps_neutral": False})  # reported only
     for bad in (["--layers", "0"], ["--precisions", "fp16"], ["--recipes", "fp4,nope"]):
         with pytest.raises(SystemExit):
             probe.main(bad)
