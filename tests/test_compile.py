@@ -15,7 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from bits import bits_equal
-from minifloat import recipes
+from minifloat import occ_gemm, recipes
 from minifloat.linear import QuantLinear
 
 # Every quantized recipe, plus OCC with a strided threshold sample (64 x 128 inputs hold fewer
@@ -76,10 +76,11 @@ def test_compiled_equals_eager_without_breaks_or_recompiles(name, autocast):
 
 
 def _one_step_compiled_equals_eager(
-    name: str, k: int, n: int, m: int, *, options: dict | None = None, outliers: bool = False
-) -> None:
-    """One bf16-autocast step of a [k -> n] layer on m tokens, compiled (inductor `options`) and
-    eager: y, dx and dw bit for bit."""
+    name: str, k: int, n: int, m: int, *, options: dict | None = None, outliers: bool = False,
+    autocast: bool = True,
+) -> None:  # fmt: skip
+    """One step (bf16 autocast, unless not `autocast`) of a [k -> n] layer on m tokens, compiled
+    (inductor `options`) and eager: y, dx and dw bit for bit."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(0)
     eager = QuantLinear(k, n, bias=False, recipe=name, backend="emulated")
@@ -88,7 +89,7 @@ def _one_step_compiled_equals_eager(
     x, dy = torch.randn(m, k, generator=gen), torch.randn(m, n, generator=gen)
     if outliers:
         x[3, :4] *= 50.0
-    want, got = _step(eager, x, dy, True), _step(compiled, x, dy, True)
+    want, got = _step(eager, x, dy, autocast), _step(compiled, x, dy, autocast)
     for key, a, b in zip(("y", "dx", "dw"), want, got, strict=True):
         assert a.dtype == b.dtype and bits_equal(a, b), f"compiled {key} differs from eager"
 
@@ -113,6 +114,34 @@ BLOCK_CASES = [("fp8-blockwise", 256, 256, 64), ("fp8-blockwise", 128, 96, 200),
 @pytest.mark.parametrize(("name", "k", "n", "m"), BLOCK_CASES)
 def test_block_scaled_compiled_equals_eager_at_awkward_shapes(name, k, n, m):
     _one_step_compiled_equals_eager(name, k, n, m)
+
+
+# The fp32 reference compensation at contractions of 256 (256 tokens: wgrad's; K = 256: fprop's
+# too): inductor rewrites an fp32 `mm(a, b) + c` into `addmm(c, a, b)` on the CPU, whose BLAS
+# sums c in with the products in another order, so eager's mm and add gave other last bits (dw
+# in both cases, y at K = 256 in fp32) until the GEMMs became an opaque op (occ_gemm.fp32_mm,
+# session 84).
+@pytest.mark.slow
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize(("k", "n"), [(256, 128), (128, 256)])
+def test_fp32_compensation_compiled_equals_eager_at_long_contractions(k, n, autocast):
+    name = "fp4:occ.compensation_format=fp32"
+    _one_step_compiled_equals_eager(name, k, n, 256, outliers=True, autocast=autocast)
+
+
+def test_fp32_mm_is_float32_under_autocast_and_one_graph_node():
+    """The op takes any layout and dtype, computes in float32 under bf16 autocast too, and stays
+    one opaque node when compiled (no graph break, eager's bits)."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(300, 64, generator=gen).bfloat16(), torch.randn(48, 300, generator=gen)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda p, q: occ_gemm.fp32_mm(p.t(), q.t()), fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want, got = occ_gemm.fp32_mm(a.t(), b.t()), compiled(a, b)
+    assert want.dtype == got.dtype == torch.float32 and bits_equal(got, want)
+    assert torch.equal(want, a.float().t().contiguous() @ b.t().contiguous())
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
 
 
 @pytest.mark.parametrize("name", ["fp8-tensorwise", "fp4"])

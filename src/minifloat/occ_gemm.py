@@ -14,9 +14,10 @@ With compensation format "e4m3":
            otherwise dw += Q8(dyᵀ)·Q8(Δxᵀ)ᵀ [N,M]x[M,K], both E4M3 per row along the tokens.
 Otherwise (`occ.one_gemm=off`, or operands of other formats) fprop's two products are bf16
 under bf16 autocast (`partial_dtype`), summed in float32.
-With "fp32" (the reference): both corrections are dense fp32 GEMMs of Δx, saved in fp32.
-Operands in fp32 are `QOperand`s with fmt "fp32" and a unit tensor scale: every backend's
-`scaled_mm` multiplies them in fp32 (no FP8 path takes them).
+With "fp32" (the reference): both corrections are dense fp32 GEMMs of Δx, saved in fp32, each an
+opaque op (`fp32_mm`) so that eager and compiled code make the same BLAS call. The Δx saved for
+wgrad is a `QOperand` with fmt "fp32" and a unit tensor scale (`remainder_wgrad_operand`), so
+that it is stashed like the other operands; no `scaled_mm` takes it.
 """
 
 from __future__ import annotations
@@ -39,10 +40,51 @@ __all__ = [
     "folded_wgrad_operand",
     "remainder_wgrad_operand",
     "wgrad_correction",
+    "fp32_mm",
 ]
 
 _E4M3_ROWS = OperandSpec(fmt="e4m3", granularity="row")
 Clip = tuple[torch.Tensor, torch.Tensor]
+
+# The fp32 reference's GEMMs sum inexact products, in an order the BLAS picks by the operands'
+# layouts (cuBLAS: its algorithm, split-K or not), and compiled code chooses layouts of its own:
+# dyᵀ for wgrad went to cuBLAS transposed where eager's was row-major, 317 of 98,304 entries of
+# dw other bits at 1024 tokens (H100), even through `.contiguous()`, which inductor may satisfy
+# by a layout of its choice. Inductor also rewrites an fp32 `mm(a, b) + c` into
+# `addmm(c, a, b)` (on the CPU always), whose BLAS sums c in with the products: y and dw other
+# bits at contractions of 256 (session 84). An opaque op copies its operands row-major inside,
+# where inductor does not reach, and is no mm to rewrite. Library-defined, as exact.py's ops.
+_LIB = torch.library.Library("minifloat", "FRAGMENT")
+_LIB.define("fp32_mm(Tensor a, Tensor b) -> Tensor")
+
+
+def _fresh_fp32(t: torch.Tensor) -> torch.Tensor:
+    """A new row-major float32 copy of t: the same layout and a fresh allocation's alignment
+    whatever layout and offset t came in (cuBLAS may pick its algorithm by either)."""
+    return torch.empty(t.shape, dtype=torch.float32, device=t.device).copy_(t)
+
+
+def _fp32_mm_impl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(a.device.type, enabled=False):  # float32 under autocast too
+        return torch.mm(_fresh_fp32(a), _fresh_fp32(b))
+
+
+_LIB.impl("fp32_mm", _fp32_mm_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("minifloat::fp32_mm")
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    torch._check(a.dim() == 2 and b.dim() == 2, lambda: "fp32_mm takes 2-D operands")
+    torch._check(a.shape[1] == b.shape[0], lambda: "fp32_mm: contraction dims differ")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.float32)
+
+
+def fp32_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b [R, C] in float32 from fresh row-major float32 copies of a [R, J] and b [J, C]:
+    the same BLAS call eager and compiled (the comment above says why), float32 under autocast
+    too. No autograd: call it under no_grad or inside an autograd.Function's forward/backward
+    (as QuantLinearFunction does)."""
+    return torch.ops.minifloat.fp32_mm(a, b)
 
 
 def compensation(recipe: QuantRecipe) -> str | None:
@@ -147,9 +189,7 @@ def fprop_correction(
     """Δx·wᵀ [M, N] in `out_dtype` (float32 for "fp32"), through an E4M3 GEMM ("e4m3") or in
     fp32 ("fp32")."""
     if fmt == "fp32":
-        return backend.scaled_mm(
-            _fp32_operand(occ.remainder(x, *clip)), _fp32_operand(weight), out_dtype=torch.float32
-        )
+        return fp32_mm(occ.remainder(x, *clip), weight.t())
     delta_q = backend.quantize(x, _E4M3_ROWS, clip=clip, remainder=True)
     w_q = backend.quantize(weight, _E4M3_ROWS)
     return backend.scaled_mm(delta_q, w_q, out_dtype=out_dtype, fast_accum=fast_accum)
@@ -191,7 +231,6 @@ def wgrad_correction(
 ) -> torch.Tensor:
     """dyᵀ·Δx [N, K] in float32, `delta_rhs` from `remainder_wgrad_operand`."""
     if fmt == "fp32":
-        dy_t = _fp32_operand(dy.t())
-    else:
-        dy_t = backend.quantize(dy, _E4M3_ROWS, transpose=True)
+        return fp32_mm(dy.t(), delta_rhs.values().t())
+    dy_t = backend.quantize(dy, _E4M3_ROWS, transpose=True)
     return backend.scaled_mm(dy_t, delta_rhs, out_dtype=torch.float32)
