@@ -13,6 +13,11 @@ whether 80 % is there to take:
 - `col`: the same of float32 x·s along each column (int32 & 0x7fffffff): each program reduces
   a band of `band` rows x `cols` columns, `rows` rows a load, into a partial; one torch.amax of
   the partials (its kernel time counted too).
+- `inductor partials=N`: inductor's own code with another first-stage width than the quantizers'
+  256 (`row_amax`'s `cols_per_partial`, `_column_amax`'s `rows_per_partial`; a width that does
+  not divide the reduced dim is skipped, since the quantizers then reduce in one stage; "no
+  partials": one `amax`, which inductor may still split itself), to tell whether that choice,
+  not inductor, holds the maxima under 80 %.
 
 Every kernel's maxima equal inductor's bit for bit (checked). Times are GPU kernel time from the
 profiler with the L2 flushed (`do_bench_using_profiling`, all of a form's kernels together, as
@@ -43,6 +48,8 @@ ROW_TILES = [(1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (8, 512, 8), (16, 256, 4)
              (8, 1024, 8), (32, 256, 8)]  # fmt: skip
 COL_TILES = [(256, 32, 128, 4), (256, 16, 256, 4), (512, 32, 128, 8), (128, 64, 64, 4),
              (256, 64, 128, 8), (1024, 32, 128, 8)]  # fmt: skip
+# first-stage widths of inductor's two-stage maxima besides the quantizers' 256; 0: one stage
+PARTIALS = (128, 512, 1024, 2048, 0)
 
 
 @functools.cache
@@ -116,6 +123,11 @@ def _launch_col(col_max, x, s, part, band, rows, cols, warps) -> torch.Tensor:
     return part.amax(dim=0)
 
 
+def _prescaled_column_amax(v: torch.Tensor, r: torch.Tensor, rows: int = 256) -> torch.Tensor:
+    """The wgrad fold's column maxima: of v's rows times r, float32, in bands of `rows`."""
+    return operand._column_amax(v.float() * r, rows)
+
+
 def shape_records(m: int, k: int, bw: float, copies: dict) -> list[dict]:
     """Inductor's and every Triton tiling's row and column maxima of a random bf16 [m, k]."""
     row_max, col_max = _kernels()
@@ -124,7 +136,7 @@ def shape_records(m: int, k: int, bw: float, copies: dict) -> list[dict]:
     s = torch.rand(m, 1, device="cuda") + 0.5
     torch._dynamo.reset()
     row_ref = torch.compile(operand.row_amax, fullgraph=True)
-    col_ref = torch.compile(lambda v, r: operand._column_amax(v.float() * r), fullgraph=True)
+    col_ref = torch.compile(_prescaled_column_amax, fullgraph=True)
     want_row, want_col = row_ref(x).view(-1), col_ref(x, s).view(-1)  # float32 maxima
     row_bytes, col_bytes = 2 * x.numel() + 2 * m, 2 * x.numel() + 4 * m + 4 * k
     records = [
@@ -133,6 +145,7 @@ def shape_records(m: int, k: int, bw: float, copies: dict) -> list[dict]:
         _record(shape, "col", "inductor (_column_amax of x*s)", _bench(lambda: col_ref(x, s)),
                 col_bytes, bw, copies, True),
     ]  # fmt: skip
+    records += _partial_records(shape, x, s, want_row, want_col, (row_bytes, col_bytes), bw, copies)
     out = torch.empty(m, dtype=torch.int16, device="cuda")
     for rows, cols, warps in ROW_TILES:
         run = functools.partial(_launch_row, row_max, x.view(torch.int16), out, rows, cols, warps)
@@ -150,8 +163,35 @@ def shape_records(m: int, k: int, bw: float, copies: dict) -> list[dict]:
     return records
 
 
+def _partial_records(shape, x, s, want_row, want_col, nbytes, bw, copies) -> list[dict]:
+    """Inductor's row and column maxima with each of `PARTIALS`' first-stage widths."""
+    records = []
+    for n in PARTIALS:
+        form = f"inductor partials={n}" if n else "inductor no partials"
+        # a width that does not divide the dim falls back to no partials: timed once, as such
+        rows_n, cols_n = n or x.shape[0], n or x.shape[1]
+        torch._dynamo.reset()
+        if not (n and _falls_back(x.shape[1], n)):
+            row = functools.partial(torch.compile(operand.row_amax, fullgraph=True), x, cols_n)
+            exact = torch.equal(row().view(-1), want_row)
+            records.append(_record(shape, "row", form, _bench(row), nbytes[0], bw, copies, exact))
+        if not (n and _falls_back(x.shape[0], n)):
+            col = functools.partial(
+                torch.compile(_prescaled_column_amax, fullgraph=True), x, s, rows_n
+            )
+            exact = torch.equal(col().view(-1), want_col)
+            records.append(_record(shape, "col", form, _bench(col), nbytes[1], bw, copies, exact))
+    return records
+
+
+def _falls_back(dim: int, width: int) -> bool:
+    """Whether `row_reduce`/`_column_amax` reduce `dim` in one stage at this first-stage width."""
+    return bool(dim % width) or dim <= width
+
+
 def table(records: list[dict], bw: float) -> str:
-    """Every form's row, then inductor's against the best bit-exact Triton tiling per shape."""
+    """Every form's row, then per shape inductor's maxima against the best bit-exact other
+    first-stage width and the best bit-exact Triton tiling."""
     lines = [f"Copy bandwidth {bw:.0f} GB/s (256 MiB copy, read + write).", "",
              "| shape | maxima | form | us | % of copy | % of a same-size copy | bit-exact |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -159,17 +199,25 @@ def table(records: list[dict], bw: float) -> str:
         lines.append(f"| {r['shape']} | {r['kind']} | {r['form']} | {r['us']:.1f} | "
                      f"{r['frac_of_copy']:.0%} | {r['frac_of_same_copy']:.0%} | "
                      f"{'yes' if r['exact'] else '**no**'} |")  # fmt: skip
-    best = {}
+    best: dict[tuple, dict] = {}
     for r in records:
-        if r["form"].startswith("triton") and r["exact"]:
-            key = (r["shape"], r["kind"])
-            best[key] = max(best.get(key, 0.0), r["frac_of_copy"])
-    lines += ["", "| shape | maxima | inductor, % of copy | best Triton tiling, % of copy |",
-              "|---|---|---|---|"]  # fmt: skip
+        family = "triton" if r["form"].startswith("triton") else "partials"
+        if r["form"].startswith("inductor (") or not r["exact"]:
+            continue
+        key = (r["shape"], r["kind"], family)
+        if key not in best or r["frac_of_copy"] > best[key]["frac_of_copy"]:
+            best[key] = r
+    lines += ["", "| shape | maxima | inductor, % of copy | best other first-stage width, % of "
+              "copy | best Triton tiling, % of copy |", "|---|---|---|---|---|"]  # fmt: skip
     for r in records:
-        if r["form"].startswith("inductor"):
-            got = best.get((r["shape"], r["kind"]), float("nan"))
-            lines.append(f"| {r['shape']} | {r['kind']} | {r['frac_of_copy']:.0%} | {got:.0%} |")
+        if r["form"].startswith("inductor ("):
+            part = best.get((r["shape"], r["kind"], "partials"))
+            tri = best.get((r["shape"], r["kind"], "triton"))
+            width = part["form"].removeprefix("inductor ") if part else ""
+            part_cell = f"{part['frac_of_copy']:.0%} ({width})" if part else "—"
+            tri_cell = f"{tri['frac_of_copy']:.0%}" if tri else "—"
+            lines.append(f"| {r['shape']} | {r['kind']} | {r['frac_of_copy']:.0%} | {part_cell} | "
+                         f"{tri_cell} |")  # fmt: skip
     return "\n".join(lines)
 
 
