@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import copy_bandwidth, probe_parser, require_cuda, write_probe  # noqa: E402
 from kernels import SHAPES, same_size_copy_us  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
+from minifloat.kernels.clip import one_stage  # noqa: E402
 
 # (rows, cols, warps) for the row maxima; (band, rows, cols, warps) for the column maxima
 ROW_TILES = [(1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (8, 512, 8), (16, 256, 4), (4, 512, 4),
@@ -171,22 +172,17 @@ def _partial_records(shape, x, s, want_row, want_col, nbytes, bw, copies) -> lis
         # a width that does not divide the dim falls back to no partials: timed once, as such
         rows_n, cols_n = n or x.shape[0], n or x.shape[1]
         torch._dynamo.reset()
-        if not (n and _falls_back(x.shape[1], n)):
+        if not (n and one_stage(x.shape[1], n)):
             row = functools.partial(torch.compile(operand.row_amax, fullgraph=True), x, cols_n)
             exact = torch.equal(row().view(-1), want_row)
             records.append(_record(shape, "row", form, _bench(row), nbytes[0], bw, copies, exact))
-        if not (n and _falls_back(x.shape[0], n)):
+        if not (n and one_stage(x.shape[0], n)):
             col = functools.partial(
                 torch.compile(_prescaled_column_amax, fullgraph=True), x, s, rows_n
             )
             exact = torch.equal(col().view(-1), want_col)
             records.append(_record(shape, "col", form, _bench(col), nbytes[1], bw, copies, exact))
     return records
-
-
-def _falls_back(dim: int, width: int) -> bool:
-    """Whether `row_reduce`/`_column_amax` reduce `dim` in one stage at this first-stage width."""
-    return bool(dim % width) or dim <= width
 
 
 def table(records: list[dict], bw: float) -> str:
@@ -201,9 +197,9 @@ def table(records: list[dict], bw: float) -> str:
                      f"{'yes' if r['exact'] else '**no**'} |")  # fmt: skip
     best: dict[tuple, dict] = {}
     for r in records:
-        family = "triton" if r["form"].startswith("triton") else "partials"
         if r["form"].startswith("inductor (") or not r["exact"]:
             continue
+        family = "triton" if r["form"].startswith("triton") else "partials"
         key = (r["shape"], r["kind"], family)
         if key not in best or r["frac_of_copy"] > best[key]["frac_of_copy"]:
             best[key] = r

@@ -10,6 +10,7 @@ from minifloat.kernels import EmulatedBackend
 from minifloat.kernels.clip import (
     clamp,
     clamped_row_amax,
+    one_stage,
     remainder,
     remainder_row_amax,
     row_reduce,
@@ -80,6 +81,18 @@ def test_row_reduce_two_stages_equal_one(reduce):
     x = torch.randn(8, 2048)
     two = row_reduce(x, reduce)
     torch.testing.assert_close(two, reduce(x, dim=1, keepdim=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("dim", "width", "single"),
+    [(2048, 256, False), (11008, 256, False), (11008, 512, True), (768, 512, True),
+     (256, 256, True), (128, 256, True)],
+)  # fmt: skip
+def test_one_stage_where_partials_would_not_tile_the_dim_or_would_be_one(dim, width, single):
+    assert one_stage(dim, width) is single
+    x = torch.randn(2, dim)
+    # either way the reduction is the one-stage one's, bit for bit
+    assert torch.equal(row_reduce(x, torch.amax, width), x.amax(dim=1, keepdim=True))
 
 
 @pytest.mark.parametrize("fmt", ["e2m1", "e4m3"])

@@ -32,7 +32,14 @@ import torch
 
 from minifloat.partition_hints import finite
 
-__all__ = ["clamp", "remainder", "row_reduce", "clamped_row_amax", "remainder_row_amax"]
+__all__ = [
+    "clamp",
+    "remainder",
+    "row_reduce",
+    "one_stage",
+    "clamped_row_amax",
+    "remainder_row_amax",
+]
 
 
 def clamp(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -90,6 +97,12 @@ def remainder(
     return torch.where(finite(xf), delta, lo - lo)
 
 
+def one_stage(dim: int, width: int) -> bool:
+    """Whether a two-stage reduction over `dim` with first-stage partials `width` wide runs as
+    one reduction instead: where the partials would not tile `dim`, or there would be one."""
+    return bool(dim % width) or dim <= width
+
+
 def row_reduce(
     v: torch.Tensor, reduce: Callable[..., torch.Tensor], cols_per_partial: int = 256
 ) -> torch.Tensor:
@@ -99,7 +112,7 @@ def row_reduce(
     out of the reduction's kernel: a store fused there is tiled a few rows by a whole row wide,
     and a transposed store of the same input fused into it is ~10x slower."""
     r, c = v.shape
-    if c % cols_per_partial or c <= cols_per_partial:
+    if one_stage(c, cols_per_partial):
         return reduce(v, dim=1, keepdim=True)
     chunks = reduce(v.reshape(r, c // cols_per_partial, cols_per_partial), dim=2)
     return reduce(chunks, dim=1, keepdim=True)
