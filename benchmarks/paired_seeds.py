@@ -10,6 +10,11 @@ what a default is chosen by:
     python benchmarks/paired_seeds.py benchmarks/results/runs_s39_fp4_direct_fast \
         --ref fp4-direct --name fast_accum_fp4_direct_125M_seeds_h200_2026-11-28
     -> benchmarks/results/<name>.{md,json}
+
+Several folders pool their seeds (each seed in one folder only), so that a later call's seeds
+join a stored run's: `paired_seeds.py runs_s86_fp4_tiefix DIR_OF_SEEDS_6_7_8 --ref ...`. The
+summary gives each run's mean final gap with its standard error and t = mean / standard error
+(with n - 1 degrees of freedom for n seeds).
 """
 
 from __future__ import annotations
@@ -56,17 +61,38 @@ def paired_gaps(root: Path, ref: str) -> list[dict]:
     return records
 
 
+def pooled_gaps(roots: list[Path], ref: str) -> list[dict]:
+    """`paired_gaps` of several folders together, by seed; a seed found in two is refused (its
+    pairs would count twice)."""
+    records, seen = [], {}
+    for root in roots:
+        for seed_dir in root.glob("seed*"):
+            if seed_dir.name in seen:
+                raise SystemExit(
+                    f"paired_seeds: {seed_dir.name} is in {seen[seed_dir.name]} and {root}"
+                )
+            seen[seed_dir.name] = root
+        records += paired_gaps(root, ref)
+    return sorted(records, key=lambda r: (r["run"], r["seed"]))
+
+
 def summary(records: list[dict]) -> list[dict]:
-    """Per run: its final gaps over seeds, their mean and sample standard deviation."""
+    """Per run: its final gaps over seeds, their mean, sample standard deviation, the mean's
+    standard error and t = mean / standard error (None for one seed or a spread of zero)."""
     out = []
     for run in dict.fromkeys(r["run"] for r in records):
         finals = [r["final_gap_pct"] for r in records if r["run"] == run]
+        mean = statistics.fmean(finals)
+        std = statistics.stdev(finals) if len(finals) > 1 else None
+        se = None if std is None else std / len(finals) ** 0.5
         out.append(
             {
                 "run": run,
                 "final_gaps_pct": finals,
-                "mean_pct": statistics.fmean(finals),
-                "std_pct": statistics.stdev(finals) if len(finals) > 1 else None,
+                "mean_pct": mean,
+                "std_pct": std,
+                "se_pct": se,
+                "t": mean / se if se else None,
             }
         )
     return out
@@ -86,27 +112,37 @@ def markdown(records: list[dict], rows: list[dict], ref: str) -> str:
             f"| {r['run']} | {r['seed']} | {r['val_loss']:.4f} ({r['ref_val_loss']:.4f}) | "
             f"{steps} | {r['final_gap_pct']:+.2f} % |"
         )
-    lines += ["", "| run | final gaps | mean | std |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| run | final gaps | mean | std | standard error | t (n - 1 df) |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in rows:
         std = "—" if row["std_pct"] is None else f"{row['std_pct']:.2f} %"
+        se = "—" if row["se_pct"] is None else f"{row['se_pct']:.2f} %"
+        t = "—" if row["t"] is None else f"{row['t']:+.1f} ({len(row['final_gaps_pct']) - 1})"
         gaps = ", ".join(f"{g:+.2f}" for g in row["final_gaps_pct"])
-        lines.append(f"| {row['run']} | {gaps} | {row['mean_pct']:+.2f} % | {std} |")
+        lines.append(f"| {row['run']} | {gaps} | {row['mean_pct']:+.2f} % | {std} | {se} | {t} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", type=Path, help="side_by_side.sh's folder (seed<S>/<run>/...)")
+    parser.add_argument(
+        "roots", type=Path, nargs="+", help="side_by_side.sh's folders (seed<S>/<run>/...)"
+    )
     parser.add_argument("--ref", required=True, help="the run every other is compared with")
     parser.add_argument("--name", required=True, help="results file stem")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
-    records = paired_gaps(args.root, args.ref)
+    records = pooled_gaps(args.roots, args.ref)
     if not records:
-        raise SystemExit(f"paired_seeds: no run beside {args.ref!r} under {args.root}")
+        roots = " ".join(map(str, args.roots))
+        raise SystemExit(f"paired_seeds: no run beside {args.ref!r} under {roots}")
     rows = summary(records)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = f"`python benchmarks/paired_seeds.py {args.root} --ref {args.ref} --name {args.name}`"
+    roots = " ".join(map(str, args.roots))
+    cmd = f"`python benchmarks/paired_seeds.py {roots} --ref {args.ref} --name {args.name}`"
     body = f"# {args.name}\n\n{cmd}\n\n{markdown(records, rows, args.ref)}"
     (args.out_dir / f"{args.name}.md").write_text(body)
     payload = {"records": records, "summary": rows}

@@ -31,8 +31,28 @@ def test_gaps_pair_each_run_with_its_own_seeds_reference(tmp_path):
     assert records[1]["final_gap_pct"] == pytest.approx(1.0)
     (row,) = paired_seeds.summary(records)
     assert row["mean_pct"] == pytest.approx(0.0) and row["std_pct"] == pytest.approx(2**0.5)
+    assert row["se_pct"] == pytest.approx(1.0) and row["t"] == pytest.approx(0.0)
     text = paired_seeds.markdown(records, [row], "ref")
     assert "| ref:v=on | 0 | 2.9700 (3.0000) | 100: +1.00, 200: -1.00 | -1.00 % |" in text
+    assert "| ref:v=on | -1.00, +1.00 | +0.00 % | 1.41 % | 1.00 % | +0.0 (1) |" in text
+
+
+def test_folders_pool_their_seeds_and_a_seed_in_two_is_refused(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root, seed, gap_val in ((first, 0, 3.03), (first, 1, 3.06), (second, 2, 3.09)):
+        _write(root, seed, "ref", {100: 3.0})
+        _write(root, seed, "ref:v=on", {100: gap_val})
+    (row,) = paired_seeds.summary(paired_seeds.pooled_gaps([first, second], "ref"))
+    assert row["final_gaps_pct"] == pytest.approx([1.0, 2.0, 3.0])
+    assert row["se_pct"] == pytest.approx(1 / 3**0.5) and row["t"] == pytest.approx(2 * 3**0.5)
+    _write(second, 1, "ref", {100: 3.0})
+    with pytest.raises(SystemExit, match="seed1 is in"):
+        paired_seeds.pooled_gaps([first, second], "ref")
+
+
+def test_one_seed_has_no_spread():
+    (row,) = paired_seeds.summary([{"run": "r", "final_gap_pct": 0.5}])
+    assert row["std_pct"] is None and row["se_pct"] is None and row["t"] is None
 
 
 def test_a_folder_without_pairs_is_refused(tmp_path, monkeypatch):
