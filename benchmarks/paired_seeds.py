@@ -62,23 +62,27 @@ def paired_gaps(root: Path, ref: str) -> list[dict]:
 
 
 def pooled_gaps(roots: list[Path], ref: str) -> list[dict]:
-    """`paired_gaps` of several folders together, by seed; a seed found in two is refused (its
-    pairs would count twice)."""
+    """`paired_gaps` of several folders together, sorted by run, then seed. A folder with no
+    seed<S> folder is refused (a mistyped path would silently drop its seeds), and so is a seed
+    found in two folders (its pairs would count twice)."""
     records, seen = [], {}
     for root in roots:
-        for seed_dir in root.glob("seed*"):
-            if seed_dir.name in seen:
-                raise SystemExit(
-                    f"paired_seeds: {seed_dir.name} is in {seen[seed_dir.name]} and {root}"
-                )
-            seen[seed_dir.name] = root
+        seed_dirs = list(root.glob("seed*"))
+        if not seed_dirs:
+            raise SystemExit(f"paired_seeds: no seed<S> folder under {root}")
+        for seed_dir in seed_dirs:
+            seed = int(seed_dir.name[4:])
+            if seed in seen:
+                raise SystemExit(f"paired_seeds: seed {seed} is in {seen[seed]} and {root}")
+            seen[seed] = root
         records += paired_gaps(root, ref)
     return sorted(records, key=lambda r: (r["run"], r["seed"]))
 
 
 def summary(records: list[dict]) -> list[dict]:
     """Per run: its final gaps over seeds, their mean, sample standard deviation, the mean's
-    standard error and t = mean / standard error (None for one seed or a spread of zero)."""
+    standard error and t = mean / standard error. The standard deviation and error are None for
+    one seed; t is None for one seed or a spread of zero."""
     out = []
     for run in dict.fromkeys(r["run"] for r in records):
         finals = [r["final_gap_pct"] for r in records if r["run"] == run]
@@ -135,13 +139,12 @@ def main() -> None:
     parser.add_argument("--name", required=True, help="results file stem")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args()
+    roots = " ".join(map(str, args.roots))
     records = pooled_gaps(args.roots, args.ref)
     if not records:
-        roots = " ".join(map(str, args.roots))
         raise SystemExit(f"paired_seeds: no run beside {args.ref!r} under {roots}")
     rows = summary(records)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    roots = " ".join(map(str, args.roots))
     cmd = f"`python benchmarks/paired_seeds.py {roots} --ref {args.ref} --name {args.name}`"
     body = f"# {args.name}\n\n{cmd}\n\n{markdown(records, rows, args.ref)}"
     (args.out_dir / f"{args.name}.md").write_text(body)

@@ -12,7 +12,7 @@
 # status and seconds of each). Here, a seed's report:
 #   python benchmarks/convergence_report.py DIR/seed0 --model 125M --name NAME --order REF,...
 # and every run's gap to REF of its own seed, over all seeds:
-#   python benchmarks/paired_seeds.py DIR --ref REF --name NAME
+#   python benchmarks/paired_seeds.py DIR [DIR...] --ref REF --name NAME   (folders pool seeds)
 # Settings (environment): MODEL (125M), STEPS (600), EVAL (100: evaluation every EVAL
 # steps), EVAL_BATCHES (20), BATCH (32), SEQ (1024), LR (6e-4), DATA (.carry/english.xz),
 # LIMIT (520 s a run: a run cut off keeps the metrics it logged), COMPILE (default: per

@@ -37,17 +37,59 @@ def test_gaps_pair_each_run_with_its_own_seeds_reference(tmp_path):
     assert "| ref:v=on | -1.00, +1.00 | +0.00 % | 1.41 % | 1.00 % | +0.0 (1) |" in text
 
 
-def test_folders_pool_their_seeds_and_a_seed_in_two_is_refused(tmp_path):
+def test_folders_pool_their_seeds_sorted_by_run_then_seed(tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
-    for root, seed, gap_val in ((first, 0, 3.03), (first, 1, 3.06), (second, 2, 3.09)):
+    # the second folder holds the lowest seed: pooling sorts, it does not concatenate
+    for root, seed, gap_val in ((first, 1, 3.06), (first, 2, 3.09), (second, 0, 3.03)):
         _write(root, seed, "ref", {100: 3.0})
         _write(root, seed, "ref:v=on", {100: gap_val})
-    (row,) = paired_seeds.summary(paired_seeds.pooled_gaps([first, second], "ref"))
-    assert row["final_gaps_pct"] == pytest.approx([1.0, 2.0, 3.0])
-    assert row["se_pct"] == pytest.approx(1 / 3**0.5) and row["t"] == pytest.approx(2 * 3**0.5)
-    _write(second, 1, "ref", {100: 3.0})
-    with pytest.raises(SystemExit, match="seed1 is in"):
+        _write(root, seed, "ref:a=on", {100: 3.3})
+    records = paired_seeds.pooled_gaps([first, second], "ref")
+    assert [(r["run"], r["seed"]) for r in records] == [
+        ("ref:a=on", 0), ("ref:a=on", 1), ("ref:a=on", 2),
+        ("ref:v=on", 0), ("ref:v=on", 1), ("ref:v=on", 2),
+    ]  # fmt: skip
+    same, varied = paired_seeds.summary(records)
+    assert varied["final_gaps_pct"] == pytest.approx([1.0, 2.0, 3.0])
+    assert varied["se_pct"] == pytest.approx(1 / 3**0.5)
+    assert varied["t"] == pytest.approx(2 * 3**0.5)
+    # the same gap at every seed: a standard error of zero and no t
+    assert same["mean_pct"] == pytest.approx(10.0) and same["se_pct"] == pytest.approx(0.0)
+    assert same["t"] is None
+
+
+@pytest.mark.parametrize("clash", ["seed1", "seed01"])
+def test_a_seed_in_two_folders_is_refused(tmp_path, clash):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root, seed in ((first, 1), (second, 2)):
+        _write(root, seed, "ref", {100: 3.0})
+        _write(root, seed, "ref:v=on", {100: 3.03})
+    (second / clash / "ref").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="seed 1 is in"):
         paired_seeds.pooled_gaps([first, second], "ref")
+
+
+def test_a_folder_without_seeds_is_refused(tmp_path):
+    _write(tmp_path / "a", 0, "ref", {100: 3.0})
+    with pytest.raises(SystemExit, match="no seed<S> folder under .*missing"):
+        paired_seeds.pooled_gaps([tmp_path / "a", tmp_path / "missing"], "ref")
+
+
+def test_main_pools_folders_into_one_results_file(tmp_path, monkeypatch):
+    first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    for root, seed, gap_val in ((first, 3, 3.06), (first, 4, 3.09), (second, 6, 3.12)):
+        _write(root, seed, "ref", {100: 3.0})
+        _write(root, seed, "ref:v=on", {100: gap_val})
+    argv = [str(first), str(second), "--ref", "ref", "--name", "x", "--out-dir", str(out)]
+    monkeypatch.setattr(sys, "argv", ["paired_seeds", *argv])
+    paired_seeds.main()
+    text = (out / "x.md").read_text()
+    assert f"`python benchmarks/paired_seeds.py {first} {second} --ref ref --name x`" in text
+    # gaps 2, 3, 4 %: mean 3, standard error 1/sqrt(3), t = 3 sqrt(3) = 5.2 with 2 df
+    assert "| ref:v=on | +2.00, +3.00, +4.00 | +3.00 % | 1.00 % | 0.58 % | +5.2 (2) |" in text
+    (row,) = json.loads((out / "x.json").read_text())["summary"]
+    assert [r["seed"] for r in json.loads((out / "x.json").read_text())["records"]] == [3, 4, 6]
+    assert row["t"] == pytest.approx(3 * 3**0.5)
 
 
 def test_one_seed_has_no_spread():
