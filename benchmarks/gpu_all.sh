@@ -8,7 +8,7 @@
 # Stages: tests (pytest -m gpu, six xdist workers if installed; tests-blocks and tests-rest split
 # it in two: the model-width block tests, then the rest, for device calls with a 600 s limit:
 # the whole suite took 390 s in session 49 and ~585 s on a fresh machine in session 50),
-# kernels (benchmarks/kernels.py),
+# kernels (benchmarks/quantizer_bandwidth.py),
 # linear (one layer, compiled, 7B shapes), e2e-1.3B / e2e-125M / e2e-hf (benchmarks/train_e2e.py),
 # optim (optimizer step time, benchmarks/optim_states.py --step-time), gradcomm (the fp8 gradient
 # all-reduce's passes per bucket, eager vs compiled, benchmarks/grad_comm_codec.py; one GPU).
@@ -39,7 +39,7 @@ run_stage() {
            python3 -m pytest -m gpu -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} \
              --durations=10 "${targets[@]}" "$@" \
              2>&1 | tee "$OUT/pytest_gpu${stage#tests}.log" | tail -40 ;;
-    kernels) python3 benchmarks/kernels.py --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
+    kernels) python3 benchmarks/quantizer_bandwidth.py --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;
     linear) python3 benchmarks/linear.py --out-dir "$OUT" --compile --shapes 7b "$@" \
               2>&1 | tail -60 ;;
     e2e-1.3B) python3 benchmarks/train_e2e.py --model 1.3B --out-dir "$OUT" "$@" 2>&1 | tail -60 ;;

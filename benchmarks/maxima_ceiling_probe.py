@@ -3,10 +3,10 @@
 Issue 13 asks every quantization pass for >= 80 % of copy bandwidth. On HEAD 27 of the 29
 rated passes under that line are maxima passes (`kernels_s82_h200_2026-12-02.md`): among them
 the row maxima at widths 768-4096 (71-78 %) and the wgrad fold's column maxima of prescaled rows
-(59-72 %). This times, at kernels.py's shapes, the maxima alone as the quantizers compute them
-(inductor: `operand.row_amax` of x, and `operand._column_amax` of x·s for a row multiplier s),
-against Triton kernels written for nothing but that read, over a sweep of tilings, to tell
-whether 80 % is there to take:
+(59-72 %; quantizer_bandwidth.py, kernels.py then). This times, at its shapes, the maxima alone
+as the quantizers compute them (inductor: `operand.row_amax` of x, and `operand._column_amax` of
+x·s for a row multiplier s), against Triton kernels written for nothing but that read, over a
+sweep of tilings, to tell whether 80 % is there to take:
 
 - `row`: integer maxima of x's magnitude bits (bf16 -> int16 & 0x7fff) along each row; each
   program reduces `rows` rows, `cols` columns a load, `warps` warps.
@@ -21,10 +21,10 @@ whether 80 % is there to take:
 
 Every kernel's maxima equal inductor's bit for bit (checked). Times are GPU kernel time from the
 profiler with the L2 flushed (`do_bench_using_profiling`, all of a form's kernels together, as
-kernels.py times its same-size copies; kernels.py times each quantizer pass alone with inductor's
-bandwidth profiler, so its maxima passes read a few points higher); bytes are x's (plus s's and
-the maxima; not the column partials); rated against a 256 MiB copy's bandwidth and against a
-copy of the same bytes (kernels.py's `same_size_copy_us`).
+quantizer_bandwidth.py times its same-size copies; it times each quantizer pass alone with
+inductor's bandwidth profiler, so its maxima passes read a few points higher); bytes are x's
+(plus s's and the maxima; not the column partials); rated against a 256 MiB copy's bandwidth
+and against a copy of the same bytes (quantizer_bandwidth.py's `same_size_copy_us`).
 
     PYTHONPATH=src python benchmarks/maxima_ceiling_probe.py [--tag T] [--out-dir D]
 """
@@ -40,9 +40,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import copy_bandwidth, probe_parser, require_cuda, write_probe  # noqa: E402
-from kernels import SHAPES, same_size_copy_us  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 from minifloat.kernels.clip import one_stage  # noqa: E402
+from quantizer_bandwidth import SHAPES, same_size_copy_us  # noqa: E402
 
 # (rows, cols, warps) for the row maxima; (band, rows, cols, warps) for the column maxima
 ROW_TILES = [(1, 1024, 4), (2, 1024, 4), (4, 1024, 8), (8, 512, 8), (16, 256, 4), (4, 512, 4),

@@ -3,13 +3,14 @@
     PYTHONPATH=src python benchmarks/nd_tiling_probe.py [--out-dir DIR] [--date D]
     python benchmarks/nd_tiling_probe.py --render RESULTS.json    # the table again, no GPU
 
-`kernels.py`'s per-pass table (session 28) put the casts of transposed row-scaled operands (one
-scale per column of x) at ~60-64 % of copy bandwidth against ~85-90 % for row-scaled casts with
-the same bytes. Inductor emits both as 1-D kernels, so the column casts load their float64
-reciprocal once per element (8 bytes from L1 for 2 read and 1 written), where a row's is one
-broadcast value. This times every memory pass of the row, column and block quantizers at
-M = 16384 by inductor's default (1-D) tiling and with `triton.prefer_nd_tiling`, whose 2-D tiles
-load a column's reciprocal once per tile column (passes and bytes as in kernels.py).
+The per-pass table of quantizer_bandwidth.py (kernels.py then; session 28) put the casts of
+transposed row-scaled operands (one scale per column of x) at ~60-64 % of copy bandwidth against
+~85-90 % for row-scaled casts with the same bytes. Inductor emits both as 1-D kernels, so the
+column casts load their float64 reciprocal once per element (8 bytes from L1 for 2 read and 1
+written), where a row's is one broadcast value. This times every memory pass of the row, column
+and block quantizers at M = 16384 by inductor's default (1-D) tiling and with
+`triton.prefer_nd_tiling`, whose 2-D tiles load a column's reciprocal once per tile column
+(passes and bytes as in quantizer_bandwidth.py).
 Results: benchmarks/results/nd_tiling_probe_<gpu>_<date>.{md,json}.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kernels  # noqa: E402
+import quantizer_bandwidth as kernels  # noqa: E402
 from common import copy_bandwidth, write_results  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 

@@ -5,6 +5,7 @@ train (DESIGN.md)."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -166,3 +167,27 @@ def test_trainer_modules_stay_small() -> None:
             if is_function and node.end_lineno - node.lineno + 1 > 80:
                 long_functions.append(f"{name}.{node.name}")
     assert long_files == [] and long_functions == []
+
+
+def _shadowing(folder: Path) -> list[str]:
+    """The scripts in `folder` named like a standard-library module or a top-level module of an
+    installed distribution."""
+    taken = set(sys.stdlib_module_names) | set(importlib.metadata.packages_distributions())
+    return sorted(path.name for path in folder.glob("*.py") if path.stem in taken)
+
+
+def test_no_script_on_sys_path_shadows_an_installed_module() -> None:
+    """benchmarks/ lands first on sys.path (each script inserts it; pytest inserts tests/), so a
+    script named like an installed module replaces it for every later import in that process:
+    benchmarks/kernels.py hid Hugging Face's `kernels`, which transformers 5 imports, and 33 CI
+    tests failed (session 88; the script is quantizer_bandwidth.py now)."""
+    root = PACKAGE.parents[1]
+    assert _shadowing(root / "benchmarks") == []
+    assert _shadowing(root / "tests") == []
+
+
+def test_the_shadowing_check_finds_a_clash(tmp_path: Path) -> None:
+    """A script named like the standard library's `json` or like torch is caught."""
+    for name in ("json.py", "torch.py", "bench_ok.py"):
+        (tmp_path / name).write_text("")
+    assert _shadowing(tmp_path) == ["json.py", "torch.py"]

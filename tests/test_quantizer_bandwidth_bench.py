@@ -1,5 +1,5 @@
-"""benchmarks/kernels.py's per-pass table on the CPU: each quantizer case is rated by its
-slowest rated pass, against the copy bandwidth and against a copy of the pass's own bytes."""
+"""benchmarks/quantizer_bandwidth.py's per-pass table on the CPU: each quantizer case is rated by
+its slowest rated pass, against the copy bandwidth and against a copy of the pass's own bytes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def _pass(case, frac, same, rated=True, shape="32768x768"):
 
 
 def test_slowest_rated_pass_decides_each_case():
-    bench = load_benchmark("kernels")
+    bench = load_benchmark("quantizer_bandwidth")
     passes = [
         _pass("row e4m3", 0.71, 0.92), _pass("row e4m3", 0.95, 1.01),
         _pass("tensor e4m3", 0.85, 0.97), _pass("tensor e4m3", 0.01, 0.02, rated=False),
@@ -31,5 +31,5 @@ def test_records_without_same_size_copies_still_render():
     """Results files before session 63 have no same-size copy: NaN, not a crash."""
     rec = _pass("row e4m3", 0.9, 0.0)
     del rec["frac_of_same_copy"]
-    lines = load_benchmark("kernels")._pass_lines([rec])
+    lines = load_benchmark("quantizer_bandwidth")._pass_lines([rec])
     assert "| 32768x768 | row e4m3 | 1 (1) | 90% | nan% |" in lines

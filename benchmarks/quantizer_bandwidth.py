@@ -1,6 +1,6 @@
 """Quantizer bandwidth and exactness on the GPU, and `_scaled_mm` behaviour probes.
 
-    PYTHONPATH=src python benchmarks/kernels.py [--out-dir DIR] [--date D] [--tag T]
+    PYTHONPATH=src python benchmarks/quantizer_bandwidth.py [--out-dir DIR] [--date D] [--tag T]
         [--scale-format inv|fp32]
 
 For each operand quantization QuantLinear runs (M = 16384 tokens at the 7B widths, and the 125M
@@ -18,7 +18,9 @@ row-wise `_scaled_mm` applies scales in (the emulation uses the same).
 Scales in the "inv" format by default, the one every absmax recipe quantizes with since session
 38 (`--scale-format fp32`: the format these tables used until session 58, whose casts keep a clamp
 to the format's range that the "inv" casts leave out; `round_to_storage`).
-Results: benchmarks/results/kernels[_<tag>]_<gpu>_<date>.{md,json}.
+Results: benchmarks/results/kernels[_<tag>]_<gpu>_<date>.{md,json} (the script was kernels.py until
+session 88: benchmarks/ lands on sys.path, and a module named `kernels` there shadowed the
+Hugging Face `kernels` package that `transformers` imports when it finds one).
 """
 
 from __future__ import annotations
