@@ -35,8 +35,9 @@ def test_tap_keeps_a_tensor_and_its_gradient() -> None:
 @pytest.mark.slow
 def test_fp4_layers_give_eagers_bits_inside_a_compiled_model() -> None:
     """fp4 (OCC, DGE) in fp32: the recipe with the most quantizer ops to fuse, and the one whose
-    whole-model difference grew (4.0e-2 in compile_drift_s83_cpu_...)."""
-    _assert_exact(probe.check("fp4", layers=1, amp=False), layers=7)
+    whole-model difference grew (4.0e-2 in compile_drift_s83_cpu_...). The taps' neutrality is
+    reported, not required (`_exact`), so its second compilation is left out here."""
+    _assert_exact(probe.check("fp4", layers=1, amp=False, neutrality=False), layers=7)
 
 
 @pytest.mark.slow
@@ -49,8 +50,12 @@ def test_a_layer_off_eager_only_when_compiled_is_caught(monkeypatch) -> None:
         return y * 1.0001 if torch.compiler.is_compiling() else y
 
     monkeypatch.setattr(QuantLinear, "forward", skewed)
-    records = probe.check("fp8-tensorwise", layers=1, amp=False)
-    assert len(records) == 7 and not any(r["y_equal"] for r in records)
+    records = probe.check("fp8-tensorwise", layers=1, amp=False, neutrality=False)
+    assert (
+        len(records) == 7
+        and all(r["taps_neutral"] is None for r in records)
+        and not any(r["y_equal"] for r in records)
+    )
     assert all(r["graphs"] == 1 for r in records)
 
 
@@ -62,6 +67,8 @@ def test_table_and_arguments() -> None:
     table = probe._table([row])
     assert "| fp4 | fp32 | 1 | yes | 0 of 1 |" in table and "| l | yes | **no** | yes |" in table
     assert not probe._exact(row) and probe._exact({**row, "dx_equal": True})
+    unchecked = probe._table([{**row, "taps_neutral": None, "taps_vs_plain": None}])
+    assert "| fp4 | fp32 | 1 | not checked | 0 of 1 |" in unchecked
     assert not probe._exact({**row, "dx_equal": True, "graphs": 3})
     assert probe._exact({**row, "dx_equal": True, "taps_neutral": False})  # reported only
     for bad in (["--layers", "0"], ["--precisions", "fp16"], ["--recipes", "fp4,nope"]):
@@ -77,5 +84,5 @@ def test_hopper_layers_give_eagers_bits_inside_a_compiled_model(recipe: str, lay
     """On the Hopper path under bf16 autocast, with `emulate_precision_casts` (without it the
     taps change what inductor fuses: the norm's bf16 output unrounded; module docstring).
     fp8-blockwise keeps k and v (64 outputs)."""
-    records = probe.check(recipe, layers=1, amp=True, device="cuda", casts=True)
+    records = probe.check(recipe, layers=1, amp=True, device="cuda", casts=True, neutrality=False)
     _assert_exact(records, layers=layers)
