@@ -20,8 +20,10 @@ demo: $(STAMP)
 	$(BIN)/minifloat compare --recipes bf16,fp8-tensorwise,fp4 --model tiny --data stdlib --steps 150 --out runs/demo --overwrite
 
 # Two xdist workers, each test module on one of them (module fixtures run once): the suite is
-# mostly compilation and subprocesses, 885 s against ~1300 s serially on 2 cores (session 56).
-# The 15 slowest tests are listed at the end, to keep the suite's ~20-minute budget in view.
+# mostly compilation and subprocesses. Session 88, 2 cores: 1254 s with a warm inductor cache
+# (~2450 s of tests), 2868 s with a mostly cold one, as on a fresh CI machine (CI: 1146-2151 s
+# over the last six runs). The 15 slowest tests are listed at the end, to keep the suite's
+# ~20-minute budget in view.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadscope --durations=15
 
