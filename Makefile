@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 # Two xdist workers, each test module on one of them (module fixtures run once): the suite is
 # mostly compilation and subprocesses. Session 88, 2 cores: 1254 s with a warm inductor cache
-# (~2450 s of tests), 2868 s with a mostly cold one, as on a fresh CI machine (CI: 1146-2151 s
+# (~2450 s of tests), 2868 s with a mostly cold one, as on a fresh CI machine (CI: 986-2151 s
 # over the last six runs). The 15 slowest tests are listed at the end, to keep the suite's
 # ~20-minute budget in view.
 test: $(STAMP) lint
