@@ -192,8 +192,10 @@ def _table(records: list[dict]) -> str:
     for recipe, precision in keys:
         rs = [r for r in records if (r["recipe"], r["precision"]) == (recipe, precision)]
         exact = sum(r["y_equal"] and r["dx_equal"] and r["dw_equal"] for r in rs)
-        neutral = {True: "yes", None: "not checked"}.get(rs[0]["taps_neutral"])
-        neutral = neutral or f"**no** ({rs[0]['taps_vs_plain']:.1e})"
+        if rs[0]["taps_neutral"] is None:
+            neutral = "not checked"
+        else:
+            neutral = "yes" if rs[0]["taps_neutral"] else f"**no** ({rs[0]['taps_vs_plain']:.1e})"
         lines.append(
             f"| {recipe} | {precision} | {rs[0]['graphs']} | {neutral} | {exact} of {len(rs)} | "
             f"{max(r['x_vs_eager'] for r in rs):.2e} | {max(r['y_vs_eager'] for r in rs):.2e} | "

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import minifloat
+from scripts import BENCHMARKS
 
 PACKAGE = Path(minifloat.__file__).parent
 TRAIN = "minifloat.train"
@@ -181,9 +182,8 @@ def test_no_script_on_sys_path_shadows_an_installed_module() -> None:
     script named like an installed module replaces it for every later import in that process:
     benchmarks/kernels.py hid Hugging Face's `kernels`, which transformers 5 imports, and 33 CI
     tests failed (session 88; the script is quantizer_bandwidth.py now)."""
-    root = PACKAGE.parents[1]
-    assert _shadowing(root / "benchmarks") == []
-    assert _shadowing(root / "tests") == []
+    assert _shadowing(BENCHMARKS) == []
+    assert _shadowing(Path(__file__).parent) == []
 
 
 def test_the_shadowing_check_finds_a_clash(tmp_path: Path) -> None:
