@@ -138,10 +138,13 @@ def _row(key: tuple, calls: int, own_s: float, cum_s: float) -> dict:
 def _generated_calls(stats: pstats.Stats) -> dict[str, dict]:
     """For each inductor-generated `call` (a compiled graph's wrapper code): its source file
     and its callees' calls and times per step, largest cumulative first."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    generated = cache_dir()  # where inductor writes its wrapper code (TORCHINDUCTOR_CACHE_DIR)
     calls = {}
     for key in stats.stats:
         file, _, func = key
-        if func == "call" and "torchinductor" in file:
+        if func == "call" and file.startswith(generated):
             callees = []
             for callee, (_, _, _, _, callers) in stats.stats.items():
                 if key in callers:
