@@ -1,8 +1,10 @@
 """recompute.py: which layers run in the recompute region, what its policy recomputes, and what a
 compiled LLaMA block under fp8-delayed saves for backward with it (Hopper path forced on the
-CPU; bytes counted with `saved_tensors_hooks`, as tests/test_transpose.py does)."""
+CPU; bytes counted from inductor's partition, as tests/test_transpose.py does)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -49,6 +51,11 @@ def test_policy_recomputes_elementwise_ops_and_narrowing_casts(func, dtype, want
     assert recompute._policy(None, func, **kwargs) == want
 
 
+def _nbytes(saved: list[tuple[torch.dtype, tuple[int, ...]]]) -> list[tuple[int, torch.dtype]]:
+    """(bytes, dtype) of each saved tensor from test_transpose's (dtype, shape) list."""
+    return [(math.prod(shape) * dtype.itemsize, dtype) for dtype, shape in saved]
+
+
 def test_compiled_delayed_block_saves_what_tensorwise_saves(monkeypatch):
     """fp8-delayed, compiled, saves no FP8 operand and no more than fp8-tensorwise (its amaxes
     aside). Without the region the layers reading an input another layer had cast with its own
@@ -57,9 +64,9 @@ def test_compiled_delayed_block_saves_what_tensorwise_saves(monkeypatch):
     conversions too, the shared float64 conversion of the input (docs/hopper_sessions.md,
     session 18)."""
     force_hopper_path(monkeypatch)
-    delayed, tensorwise = _saved("fp8-delayed"), _saved("fp8-tensorwise")
+    delayed, tensorwise = _nbytes(_saved("fp8-delayed")), _nbytes(_saved("fp8-tensorwise"))
     narrow = (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8)
-    assert not [d for _, d in delayed.values() if d in narrow]
-    assert not [n for n, d in delayed.values() if d == torch.float64 and n > 8]
-    extra = sum(n for n, _ in delayed.values()) - sum(n for n, _ in tensorwise.values())
+    assert not [d for _, d in delayed if d in narrow]
+    assert not [n for n, d in delayed if d == torch.float64 and n > 8]
+    extra = sum(n for n, _ in delayed) - sum(n for n, _ in tensorwise)
     assert 0 <= extra <= 64, extra  # the scalar amaxes backward records in the history
