@@ -196,10 +196,15 @@ def _saved(recipe: str, *, wide: bool = False) -> list[tuple[torch.dtype, tuple[
     vocab 1000; `wide`: the 1.3B model's dim 2048, FFN 5632 and 16 heads) converted to `recipe`
     saves for backward, parameters and the block's inputs left out. Read from inductor's own
     partition of the block's graph (`partition_probe.forward_saves`), which is what the compiled
-    block saves when it runs; its code is not generated (5-10x faster on the CPU)."""
+    block saves when it runs; its code is not generated (the fp4 block at 1.3B width: 42 s
+    against 114 s compiled and run, cold caches, 2-core CPU)."""
     net = _PROBE.one_block_llama(recipe, "1.3B" if wide else "small", compile_block=False)
     tokens = torch.randint(0, 1000, (1, 128) if wide else (2, 128))
-    saves = _PROBE.forward_saves(net, tokens)
+    return _activations(_PROBE.forward_saves(net, tokens))
+
+
+def _activations(saves: list[tuple[str, torch.dtype, tuple]]) -> list[tuple[torch.dtype, tuple]]:
+    """`forward_saves`' entries without the parameters and inputs passed through (`primals_*`)."""
     return [(dtype, shape) for name, dtype, shape in saves if not name.startswith("primals")]
 
 
@@ -279,7 +284,7 @@ def test_compiled_fp4_occ_transformers_block_saves_no_quantized_operand(monkeypa
     )  # fmt: skip
     net = convert(transformers.LlamaForCausalLM(cfg), "fp4")
     saves = _PROBE.forward_saves(net, torch.randint(0, 1000, (2, 128)), net.model.layers)
-    dtypes = {dtype for name, dtype, _ in saves if not name.startswith("primals")}
+    dtypes = {dtype for dtype, _ in _activations(saves)}
     assert not {torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2} & dtypes, dtypes
 
 
