@@ -13,7 +13,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 
@@ -209,6 +209,19 @@ def kernel_times(prof, calls: int) -> tuple[dict[str, float], dict[str, float]]:
             us[e.name] = us.get(e.name, 0.0) + e.device_time_total
             count[e.name] = count.get(e.name, 0) + 1
     return {n: t / 1000.0 / calls for n, t in us.items()}, {n: c / calls for n, c in count.items()}
+
+
+def raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes as uint8 for one-byte dtypes (FP8: `torch.equal` on the bytes, so a NaN equals
+    itself), else t itself."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def same_bits(want: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> bool:
+    """Whether two sequences of tensors hold the same bits, pairwise (`raw_bits`)."""
+    return len(want) == len(got) and all(
+        torch.equal(raw_bits(a), raw_bits(b)) for a, b in zip(want, got, strict=True)
+    )
 
 
 def copy_bandwidth() -> float:

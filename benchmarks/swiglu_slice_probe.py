@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_ms, kernel_times, write_results  # noqa: E402
+from common import alternating_ms, kernel_times, same_bits, write_results  # noqa: E402
 from gemm_orientation import block_gemm_args  # noqa: E402
 from minifloat.kernels import get_backend  # noqa: E402
 from minifloat.models.llama import get_config  # noqa: E402
@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     forms = inputs(m, f, args.device)
     if not cuda:  # eager, untimed: the two forms agree
         want, got = casts(*forms["two"]), casts(*forms["slices"])
-        assert all(torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a,
-                               b.view(torch.uint8) if b.dtype.itemsize == 1 else b)
-                   for a, b in zip(want, got, strict=True))  # fmt: skip
+        assert same_bits(want, got)
         print("cpu smoke run: both forms built, same bits")
         return
     from torch._inductor.virtualized import V
@@ -112,10 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         records.append({"form": form, "m": m, "f": f, "decisions": log,
                         "kernels": sorted(ms.items(), key=lambda kv: -kv[1])})  # fmt: skip
     V.set_choices_handler(None)
-    ref = compiled["two"][3]
-    same = all(torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a,
-                           b.view(torch.uint8) if b.dtype.itemsize == 1 else b)
-               for a, b in zip(ref, compiled["slices"][3], strict=True))  # fmt: skip
+    same = same_bits(compiled["two"][3], compiled["slices"][3])
     times = alternating_ms({k: (lambda v=v: v[0](v[1], v[2])) for k, v in compiled.items()},
                            reps=args.reps)  # fmt: skip
     for rec in records:

@@ -23,17 +23,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, time_ms, write_results  # noqa: E402
+from common import copy_bandwidth, raw_bits, same_bits, time_ms, write_results  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 from minifloat.kernels.transpose import transpose_copy  # noqa: E402
 
 SHAPES = ((16384, 2048), (16384, 5504), (2048, 5504), (16384, 4096), (16384, 11008))
 TILE_CANDIDATES = ((64, 64, 4), (128, 64, 4), (64, 128, 4), (128, 128, 4), (128, 128, 8),
                    (256, 128, 8))  # fmt: skip
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.element_size() == 1 else t
 
 
 def _gbps(nbytes: int, ms: float) -> float:
@@ -49,13 +45,13 @@ def copy_table(bw: float) -> list[dict]:
     for rows, cols in SHAPES:
         for dtype in (torch.float8_e4m3fn, torch.bfloat16):
             x = torch.randn(rows, cols, device="cuda").to(dtype)
-            want = _bits(x.t().contiguous())
+            want = raw_bits(x.t().contiguous())
             variants = {"aten": lambda x=x: x.t().contiguous(), "inductor": lambda x=x: inductor(x)}
             for tile in TILE_CANDIDATES:
                 name = f"triton {tile[0]}x{tile[1]} w{tile[2]}"
                 variants[name] = lambda x=x, tile=tile: transpose_2d(x, tile)
             for name, fn in variants.items():
-                equal = torch.equal(_bits(fn()), want)
+                equal = torch.equal(raw_bits(fn()), want)
                 ms = time_ms(fn)
                 gbps = _gbps(x.numel() * x.element_size(), ms)
                 records.append(
@@ -89,7 +85,7 @@ def swiglu_table() -> list[dict]:
     opaque = torch.compile(lambda *a: _swiglu_backward(*a, opaque=True), fullgraph=True)
     want = fused(g, u, dh)
     got = opaque(g, u, dh)
-    equal = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(want, got, strict=True))
+    equal = same_bits(want, got)
     records = []
     for name, fn in (("fused by inductor", fused), ("transpose_copy", opaque)):
         ms = time_ms(lambda fn=fn: fn(g, u, dh))

@@ -4,8 +4,6 @@ CPU; bytes counted from inductor's partition, as tests/test_transpose.py does)."
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
@@ -13,7 +11,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 from minifloat import recipes, recompute
 from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.kernels.hopper import HopperBackend
-from test_transpose import _saved, force_hopper_path
+from test_transpose import _nbytes, _saved, force_hopper_path
 
 aten = torch.ops.aten
 QUANT_RECIPES = [n for n in recipes.names() if recipes.get(n).quantized]
@@ -49,11 +47,6 @@ POLICY_CASES = [
 def test_policy_recomputes_elementwise_ops_and_narrowing_casts(func, dtype, want):
     kwargs = {} if dtype is None else {"dtype": dtype}
     assert recompute._policy(None, func, **kwargs) == want
-
-
-def _nbytes(saved: list[tuple[torch.dtype, tuple[int, ...]]]) -> list[tuple[int, torch.dtype]]:
-    """(bytes, dtype) of each saved tensor from test_transpose's (dtype, shape) list."""
-    return [(math.prod(shape) * dtype.itemsize, dtype) for dtype, shape in saved]
 
 
 def test_compiled_delayed_block_saves_what_tensorwise_saves(monkeypatch):

@@ -182,7 +182,12 @@ def force_hopper_path(monkeypatch) -> None:
 
 def _saved_bytes(recipe: str) -> int:
     """Bytes a compiled one-block LLaMA's block saves for backward (parameters left out)."""
-    return sum(math.prod(shape) * dtype.itemsize for dtype, shape in _saved(recipe))
+    return sum(n for n, _ in _nbytes(_saved(recipe)))
+
+
+def _nbytes(saved: list[tuple[torch.dtype, tuple[int, ...]]]) -> list[tuple[int, torch.dtype]]:
+    """(bytes, dtype) of each tensor of a `_saved` list."""
+    return [(math.prod(shape) * dtype.itemsize, dtype) for dtype, shape in saved]
 
 
 def _saved_dtypes(recipe: str, *, wide: bool = False) -> set[torch.dtype]:
