@@ -120,7 +120,11 @@ class QuantLinearFunction(torch.autograd.Function):
                     backend, x, clip, x_q, unit_scale=recipe.folds("wgrad"),
                     recompute_values=occ_gemm.recomputes_x_values(recipe),
                 )  # fmt: skip
-            w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
+            if reuse_w and s_w is None and _plain(weight) and not recipe.folds("dgrad"):
+                # made with its transpose: one kernel for fp8-blockwise (kernels/weight_blocks.py)
+                w_q, w_rhs = backend.quantize_with_transpose(weight, recipe.fprop.rhs)
+            else:
+                w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
             y = _fprop(
                 backend, recipe, comp, x_q, w_q, bias, out_dtype, occ_input=(x, clip, weight)
             )
@@ -135,7 +139,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 )  # fmt: skip
             if need_dw and comp is not None and not occ_gemm.folds_remainder(recipe):
                 delta_rhs = occ_gemm.remainder_wgrad_operand(backend, comp, x, clip)
-            if reuse_w:
+            if reuse_w and w_rhs is None:
                 w_rhs = backend.transpose(w_q, unit_scale=recipe.folds("dgrad"))
 
         ctx.recipe, ctx.backend, ctx.amax_history = recipe, backend, amax_history
@@ -248,6 +252,11 @@ def _weight_operand(
         values, w_scale = gathered_operand(weight, transpose)
         return fp32_scaled(values, w_scale, spec.fmt, spec.granularity, transpose)
     return backend.quantize(weight, spec, transpose=transpose, scale=scale)
+
+
+def _plain(weight: torch.Tensor) -> bool:
+    """Whether the weight is a tensor of its own (not FSDP2's all-gathered quantized weight)."""
+    return not isinstance(weight, GatheredWeight)
 
 
 def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, tuple | None]:

@@ -168,6 +168,13 @@ class Backend(Protocol):
         unit_scale=True."""
         ...
 
+    def quantize_with_transpose(
+        self, w: torch.Tensor, spec: OperandSpec
+    ) -> tuple[QOperand, QOperand]:
+        """(`quantize(w, spec)`, its `transpose`): a weight's fprop operand and the same values
+        transposed for dgrad, which a backend may make together (kernels/weight_blocks.py)."""
+        ...
+
     def scaled_mm(
         self,
         a: QOperand,

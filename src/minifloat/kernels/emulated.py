@@ -72,6 +72,12 @@ class EmulatedBackend:
             return fp32_scaled(values, s, spec.fmt, spec.granularity, transpose, m)
         return _reference_quantize(x, spec, prescale, transpose, clip, scale)
 
+    def quantize_with_transpose(
+        self, w: torch.Tensor, spec: OperandSpec
+    ) -> tuple[QOperand, QOperand]:
+        q = self.quantize(w, spec)
+        return q, self.transpose(q)
+
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
         data = q.data.t()  # a view: made contiguous by whatever needs it so (a GEMM, a save)
         flipped = not q.transposed

@@ -31,11 +31,12 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from minifloat.exact import to_dtype, written_once
-from minifloat.kernels import microscale
+from minifloat.kernels import microscale, weight_blocks
 from minifloat.kernels import scaled_mm as smm
-from minifloat.kernels.backend import QOperand
+from minifloat.kernels.backend import QOperand, fp32_scaled
 from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.kernels.transpose import transpose_copy
+from minifloat.recipes import OperandSpec
 
 __all__ = ["HopperBackend", "FallbackWarning"]
 
@@ -69,6 +70,22 @@ class HopperBackend(EmulatedBackend):
         if like.is_cuda and not torch.compiler.is_compiling() and not is_fake(like):
             return _compiled(fn)
         return fn
+
+    def quantize_with_transpose(
+        self, w: torch.Tensor, spec: OperandSpec
+    ) -> tuple[QOperand, QOperand]:
+        """fp8-blockwise's 128x128-block weights in one opaque kernel that writes both layouts
+        (kernels/weight_blocks.py: five inductor kernels a weight before); else as emulated."""
+        if not weight_blocks.supports(w, spec.fmt, spec.granularity, spec.scale_format):
+            return super().quantize_with_transpose(w, spec)
+        values, values_t, scale, scale_t = weight_blocks.weight_blocks(
+            w, inv=spec.scale_format == "inv"
+        )
+        block = spec.granularity
+        return (
+            fp32_scaled(values, scale, spec.fmt, block, False),
+            fp32_scaled(values_t, scale_t, spec.fmt, block[::-1], False),
+        )
 
     def scaled_mm(
         self,

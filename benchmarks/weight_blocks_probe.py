@@ -1,0 +1,146 @@
+"""fp8-blockwise's weight operands (128x128-block E4M3 values, row-major and transposed) by
+inductor from kernels/operand.py against the one Triton kernel of kernels/weight_blocks.py.
+
+    PYTHONPATH=src python benchmarks/weight_blocks_probe.py --model 1.3B [--reps 30]
+
+Why (docs/hopper_sessions.md, session 91): in a 1.3B training step each fp8-blockwise weight
+costs five kernels, ~23 us for a 2048 x 2048 float32 weight that a single pass reads in ~5 us:
+the block maxima in two reductions, the forward's cast, the backward's cast again into the
+transposed layout, and the transposed scales. Forms timed, per weight shape of the model's
+block (float32 master weights, "inv" scales as the recipe has them):
+
+- "inductor fwd": `quantize_operand` compiled (the forward's part, values and scales);
+- "inductor both": the same plus the transposed values and scales as HEAD's backward writes
+  them (`written_once`, then `.t().contiguous()`), in one compiled function;
+- "triton tT wN": `weight_blocks_2d` with N warps a block and transpose mode T (both layouts,
+  both scale layouts; kernels/weight_blocks_triton.py's `TRANSPOSE`).
+
+Every form's bytes are checked against the eager `quantize_operand` first (values, transposed
+values, scales), its outputs allocated where 0x55 bytes were (`poisoned`). Times: medians of
+alternating CUDA-event timings, L2 flushed (`common.alternating_ms`), and each form's kernel
+count from the profiler. Writes
+`weight_blocks_probe_<model>[_<tag>]_<gpu>_<date>.{md,json}`. `--device cpu` checks the eager
+forms on the tiny preset's shapes (a smoke test: no Triton there).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import alternating_ms, kernel_times, probe_parser, same_bits, write_probe  # noqa: E402
+from minifloat.exact import written_once  # noqa: E402
+from minifloat.kernels.operand import quantize_operand  # noqa: E402
+from minifloat.models.llama import get_config  # noqa: E402
+
+
+def weight_shapes(model: str) -> list[tuple[str, int, int]]:
+    """(names, out_features, in_features) of one block's distinct weight shapes."""
+    cfg = get_config(model)
+    d, f = cfg.dim, cfg.ffn_dim
+    kv = (cfg.n_kv_heads or cfg.n_heads) * (d // cfg.n_heads)
+    shapes = {(d, d): "q, o", (kv, d): "k, v", (f, d): "gate, up", (d, f): "down"}
+    if kv == d:
+        shapes[(d, d)] = "q, k, v, o"
+    return [(name, n, k) for (n, k), name in shapes.items()]
+
+
+def inductor_fwd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_operand(w, "e4m3", (128, 128), scale_format="inv")
+
+
+def inductor_both(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    values, scale = inductor_fwd(w)
+    return values, written_once(values).t().contiguous(), scale, scale.t().contiguous()
+
+
+def cuda_forms(
+    w: torch.Tensor, warps: list[int], transposes: list[int]
+) -> dict[str, Callable[[], tuple]]:
+    """The timed forms of one CUDA weight (the module docstring)."""
+    from minifloat.kernels.weight_blocks_triton import weight_blocks_2d
+
+    fwd, both = torch.compile(inductor_fwd), torch.compile(inductor_both)
+    forms = {"inductor fwd": lambda: fwd(w), "inductor both": lambda: both(w)}
+    for t in transposes:
+        for n in warps:
+            forms[f"triton t{t} w{n}"] = lambda n=n, t=t: weight_blocks_2d(
+                w, 448.0, True, num_warps=n, transpose=t
+            )
+    return forms
+
+
+def poisoned(fn: Callable[[], tuple], like: tuple[torch.Tensor, ...]) -> tuple:
+    """fn() after buffers of its outputs' sizes were filled with 0x55 bytes and freed: the
+    caching allocator hands such blocks out again, so bytes a kernel fails to write show up
+    instead of a previous call's right ones."""
+    junk = [torch.full((t.numel() * t.element_size(),), 0x55, dtype=torch.uint8,
+                       device=t.device) for t in like]  # fmt: skip
+    del junk
+    return fn()
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = probe_parser(__doc__)  # --out-dir, --date, --tag
+    ap.add_argument("--model", default="1.3B")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--warps", default="4,8,16")
+    ap.add_argument("--transposes", default="0,1,2", help="weight_blocks_2d's transpose modes")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = ap.parse_args(argv)
+    cuda = args.device == "cuda"
+    model = args.model if cuda else "tiny"
+    gen = torch.Generator().manual_seed(0)
+    if not cuda:
+        for _, n, k in weight_shapes(model):
+            w = torch.randn(n, k, generator=gen) * 0.02
+            pad_n, pad_k = -n % 128, -k % 128  # the tiny preset's dims are not whole blocks
+            w = torch.nn.functional.pad(w, (0, pad_k, 0, pad_n))
+            values, t_values, scale, t_scale = inductor_both(w)
+            assert same_bits((values.t(), scale.t()), (t_values, t_scale))
+        print("cpu smoke run: the eager forms agree")
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    records = []
+    for names, n, k in weight_shapes(model):
+        w = (torch.randn(n, k, generator=gen) * 0.02).cuda()
+        want = inductor_both(w)  # eager: the definition
+        forms = cuda_forms(w, _ints(args.warps), _ints(args.transposes))
+        same = {}
+        for form, fn in forms.items():
+            got = poisoned(fn, want)  # (q, q_t, s, s_t), or inductor fwd's (q, s)
+            same[form] = same_bits(want if len(got) == 4 else (want[0], want[2]), got)
+        ms = alternating_ms(forms, reps=args.reps)
+        for form, fn in forms.items():
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            kernels, launches = kernel_times(prof, 1)
+            records.append({"weights": names, "rows": n, "cols": k, "form": form,
+                            "ms": ms[form], "same_bits": same[form],
+                            "kernels": round(sum(launches.values())),
+                            "kernel_ms": sum(kernels.values()),
+                            "gbps_read": n * k * 4 / ms[form] / 1e6})  # fmt: skip
+    lines = [f"{model}: one block's weights (float32), E4M3 in 128 x 128 blocks with \"inv\" "
+             f"scales; median of {args.reps} alternating timings, L2 flushed; kernels per call "
+             "from the profiler.", "",
+             "| weights | shape | form | ms | kernels | kernel ms | weight read GB/s | "
+             "same bits |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        lines.append(f"| {r['weights']} | {r['rows']} x {r['cols']} | {r['form']} | "
+                     f"{r['ms'] * 1e3:.1f} us | {r['kernels']} | {r['kernel_ms'] * 1e3:.1f} us | "
+                     f"{r['gbps_read']:.0f} | {r['same_bits']} |")  # fmt: skip
+    write_probe(f"weight_blocks_probe_{model}", args, records, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
