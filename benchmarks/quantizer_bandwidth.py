@@ -11,7 +11,9 @@ written over the kernel time, against a measured device-to-device copy's rate. T
 pass on its own: every kernel inductor makes of a quantizer, timed by inductor's bandwidth
 profiler with the bytes inductor counts for it (each buffer read or written once), and the
 transposed FP8 copy (`transpose_copy`) that eager Hopper GEMMs run after the transposed ones
-(compiled training ran it too until session 60; now the cast's kernel writes them). Checks that the
+(compiled training ran it too until session 60; now the cast's kernel writes them), and
+fp8-blockwise's weight quantizer, one Triton kernel a weight since session 91
+(`weight_passes`). Checks that the
 compiled quantizer's values and scales equal `minifloat.quantize.quantize` on the CPU bit for
 bit (random data with exact grid midpoints, zeros, NaN, inf, subnormals). Also: which fp32 order
 row-wise `_scaled_mm` applies scales in (the emulation uses the same).
@@ -158,6 +160,34 @@ def pass_table(bw: float, scale_format: str) -> list[dict]:
         gb = 2 * q.numel() / 1e9
         records.append(dict(shape=f"{m}x{k}", case="transpose_copy e4m3",
                             kernel="_transpose_kernel", us=kms * 1e3, gb=gb,
+                            frac_of_copy=gb / kms * 1e3 / bw,
+                            frac_of_same_copy=same_size_copy_us(gb, copies) / (kms * 1e3),
+                            rated=True))  # fmt: skip
+        print(records[-1], flush=True)
+    return records + weight_passes(bw, copies)
+
+
+# fp8-blockwise's weights (out_features, in_features) at the 7B and 1.3B widths, float32 masters
+WEIGHT_SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (2048, 2048), (5632, 2048),
+                 (2048, 5632))  # fmt: skip
+
+
+def weight_passes(bw: float, copies: dict[int, float]) -> list[dict]:
+    """fp8-blockwise's weight quantizer (kernels/weight_blocks.py: one Triton kernel reading the
+    float32 weight once and writing its E4M3 values twice, row-major and transposed, and both
+    scale layouts) as one pass a weight, timed as inductor's bandwidth profiler times its passes
+    (profiler durations, L2 flushed between calls: a 1.3B weight would otherwise stay in L2)."""
+    from torch._inductor.utils import do_bench_using_profiling
+
+    from minifloat.kernels.weight_blocks import weight_blocks
+
+    records = []
+    for n, k in WEIGHT_SHAPES:
+        w = torch.randn(n, k, device="cuda") * 0.02
+        kms = do_bench_using_profiling(lambda: weight_blocks(w, inv=True))  # noqa: B023
+        gb = (4 + 1 + 1) * w.numel() / 1e9 + 2 * 4 * (n // 128) * (k // 128) / 1e9
+        records.append(dict(shape=f"{n}x{k}", case="weight 128x128 e4m3 (values and transpose)",
+                            kernel="_weight_blocks_kernel", us=kms * 1e3, gb=gb,
                             frac_of_copy=gb / kms * 1e3 / bw,
                             frac_of_same_copy=same_size_copy_us(gb, copies) / (kms * 1e3),
                             rated=True))  # fmt: skip
