@@ -1,7 +1,9 @@
 """fp8-blockwise's weight operands (128x128-block E4M3 values, row-major and transposed) by
-inductor from kernels/operand.py against the one Triton kernel of kernels/weight_blocks.py.
+inductor from kernels/operand.py against the one Triton kernel of kernels/weight_blocks.py;
+with `--granularity tensor`, fp8-tensorwise's against kernels/weight_tensor_triton.py's two.
 
     PYTHONPATH=src python benchmarks/weight_blocks_probe.py --model 1.3B [--reps 30]
+        [--granularity block|tensor]
 
 Why (docs/hopper_sessions.md, session 91): in a 1.3B training step each fp8-blockwise weight
 costs five kernels, ~23 us for a 2048 x 2048 float32 weight that a single pass reads in ~5 us:
@@ -13,7 +15,9 @@ block (float32 master weights, "inv" scales as the recipe has them):
 - "inductor both": the same plus the transposed values and scales as HEAD's backward writes
   them (`written_once`, then `.t().contiguous()`), in one compiled function;
 - "triton tT wN": `weight_blocks_2d` with N warps a block and transpose mode T (both layouts,
-  both scale layouts; kernels/weight_blocks_triton.py's `TRANSPOSE`).
+  both scale layouts; kernels/weight_blocks_triton.py's `TRANSPOSE`); for tensor scales
+  "triton wN": `weight_tensor_2d` (block maxima, then the cast of both layouts; not yet used
+  by a backend: this probe decides).
 
 Every form's bytes are checked against the eager `quantize_operand` first (values, transposed
 values, scales), its outputs allocated where 0x55 bytes were (`poisoned`). Times: medians of
@@ -25,6 +29,7 @@ forms on the tiny preset's shapes (a smoke test: no Triton there).
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -49,25 +54,36 @@ def weight_shapes(model: str) -> list[tuple[str, int, int]]:
     return [(name, n, k) for (n, k), name in shapes.items()]
 
 
-def inductor_fwd(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return quantize_operand(w, "e4m3", (128, 128), scale_format="inv")
+GRANULARITY = {"block": (128, 128), "tensor": "tensor"}
 
 
-def inductor_both(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    values, scale = inductor_fwd(w)
-    return values, written_once(values).t().contiguous(), scale, scale.t().contiguous()
+def inductor_fwd(w: torch.Tensor, granularity: str = "block") -> tuple[torch.Tensor, ...]:
+    """The forward's operand (values, scale), as QuantLinear's compiled graph quantizes it."""
+    return quantize_operand(w, "e4m3", GRANULARITY[granularity], scale_format="inv")
+
+
+def inductor_both(w: torch.Tensor, granularity: str = "block") -> tuple[torch.Tensor, ...]:
+    """(values, transposed values, scale): the forward's operand and dgrad's, as the compiled
+    backward writes the transposed copy (`written_once`, then `.t().contiguous()`)."""
+    values, scale = inductor_fwd(w, granularity)
+    return values, written_once(values).t().contiguous(), scale
 
 
 def cuda_forms(
-    w: torch.Tensor, warps: list[int], transposes: list[int]
+    w: torch.Tensor, granularity: str, warps: list[int], transposes: list[int]
 ) -> dict[str, Callable[[], tuple]]:
     """The timed forms of one CUDA weight (the module docstring)."""
     from minifloat.kernels.weight_blocks_triton import weight_blocks_2d
+    from minifloat.kernels.weight_tensor_triton import weight_tensor_2d
 
-    fwd, both = torch.compile(inductor_fwd), torch.compile(inductor_both)
+    fwd = torch.compile(functools.partial(inductor_fwd, granularity=granularity))
+    both = torch.compile(functools.partial(inductor_both, granularity=granularity))
     forms = {"inductor fwd": lambda: fwd(w), "inductor both": lambda: both(w)}
-    for t in transposes:
-        for n in warps:
+    for n in warps:
+        if granularity == "tensor":
+            forms[f"triton w{n}"] = lambda n=n: weight_tensor_2d(w, 448.0, True, num_warps=n)
+            continue
+        for t in transposes:
             forms[f"triton t{t} w{n}"] = lambda n=n, t=t: weight_blocks_2d(
                 w, 448.0, True, num_warps=n, transpose=t
             )
@@ -94,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warps", default="4,8,16")
     ap.add_argument("--transposes", default="0,1,2", help="weight_blocks_2d's transpose modes")
+    ap.add_argument("--granularity", default="block", choices=sorted(GRANULARITY),
+                    help="block: fp8-blockwise's weights; tensor: fp8-tensorwise's")  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
@@ -104,8 +122,8 @@ def main(argv: list[str] | None = None) -> None:
             w = torch.randn(n, k, generator=gen) * 0.02
             pad_n, pad_k = -n % 128, -k % 128  # the tiny preset's dims are not whole blocks
             w = torch.nn.functional.pad(w, (0, pad_k, 0, pad_n))
-            values, t_values, scale, t_scale = inductor_both(w)
-            assert same_bits((values.t(), scale.t()), (t_values, t_scale))
+            values, t_values, _ = inductor_both(w, args.granularity)
+            assert same_bits((values.t(),), (t_values,))
         print("cpu smoke run: the eager forms agree")
         return
     from torch.profiler import ProfilerActivity, profile
@@ -113,12 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     records = []
     for names, n, k in weight_shapes(model):
         w = (torch.randn(n, k, generator=gen) * 0.02).cuda()
-        want = inductor_both(w)  # eager: the definition
-        forms = cuda_forms(w, _ints(args.warps), _ints(args.transposes))
+        want = inductor_both(w, args.granularity)  # eager: the definition
+        forms = cuda_forms(w, args.granularity, _ints(args.warps), _ints(args.transposes))
         same = {}
         for form, fn in forms.items():
-            got = poisoned(fn, want)  # (q, q_t, s, s_t), or inductor fwd's (q, s)
-            same[form] = same_bits(want if len(got) == 4 else (want[0], want[2]), got)
+            got = poisoned(fn, want)  # (q, q_t, s, ...), or inductor fwd's (q, s)
+            got = (got[0], got[1], got[2]) if len(got) > 2 else got
+            same[form] = same_bits(want if len(got) == 3 else (want[0], want[2]), got)
         ms = alternating_ms(forms, reps=args.reps)
         for form, fn in forms.items():
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -130,8 +149,9 @@ def main(argv: list[str] | None = None) -> None:
                             "kernels": round(sum(launches.values())),
                             "kernel_ms": sum(kernels.values()),
                             "gbps_read": n * k * 4 / ms[form] / 1e6})  # fmt: skip
-    lines = [f"{model}: one block's weights (float32), E4M3 in 128 x 128 blocks with \"inv\" "
-             f"scales; median of {args.reps} alternating timings, L2 flushed; kernels per call "
+    scales = "128 x 128 blocks" if args.granularity == "block" else "one a tensor"
+    lines = [f"{model}: one block's weights (float32), E4M3 with \"inv\" scales, {scales}; "
+             f"median of {args.reps} alternating timings, L2 flushed; kernels per call "
              "from the profiler.", "",
              "| weights | shape | form | ms | kernels | kernel ms | weight read GB/s | "
              "same bits |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -139,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {r['weights']} | {r['rows']} x {r['cols']} | {r['form']} | "
                      f"{r['ms'] * 1e3:.1f} us | {r['kernels']} | {r['kernel_ms'] * 1e3:.1f} us | "
                      f"{r['gbps_read']:.0f} | {r['same_bits']} |")  # fmt: skip
-    write_probe(f"weight_blocks_probe_{model}", args, records, "\n".join(lines))
+    base = f"weight_blocks_probe_{model}" + ("_tensor" if args.granularity == "tensor" else "")
+    write_probe(base, args, records, "\n".join(lines))
 
 
 if __name__ == "__main__":

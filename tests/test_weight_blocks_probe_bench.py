@@ -22,3 +22,8 @@ def test_weight_shapes_of_a_block(bench):
 def test_the_cpu_smoke_run(bench, capsys):
     bench.main(["--device", "cpu"])
     assert "the eager forms agree" in capsys.readouterr().out
+
+
+def test_the_cpu_smoke_run_with_tensor_scales(bench, capsys):
+    bench.main(["--device", "cpu", "--granularity", "tensor"])
+    assert "the eager forms agree" in capsys.readouterr().out

@@ -1,0 +1,98 @@
+"""A weight's tensor-scaled E4M3 operand and its transpose in two Triton kernels (a candidate
+for fp8-tensorwise's weights, timed by benchmarks/weight_blocks_probe.py; not yet used by a
+backend).
+
+Inductor makes four kernels of a tensor-scaled weight's quantization in a 1.3B step (the maxima
+in two reductions, the forward's cast, and in backward the cast again from the float32 weight,
+written transposed: ~25 us for a 2048 x 2048 weight, session 63's profile). Here the first
+kernel takes each 128 x 128 block's maximum magnitude (as integers, `operand.abs_amax`); the
+second reads those partial maxima in every program, forms the tensor's scale as
+`formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does, and casts its block, storing
+it row-major and, after a barrier, loaded back and transposed (kernels/weight_blocks_triton.py
+says why not `tl.trans` of the cast's registers). Importing this module needs Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["weight_tensor_2d"]
+
+BLOCK = 128
+
+
+@triton.jit
+def _block_maxima_kernel(w, partial, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+    pr = tl.program_id(0)
+    pc = tl.program_id(1)
+    r = pr * BLOCK + tl.arange(0, BLOCK)
+    c = pc * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(w + r[:, None].to(tl.int64) * cols + c[None, :]).to(tl.float32)
+    bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tl.store(partial + pr * tl.num_programs(1) + pc, tl.max(tl.max(bits, axis=1), axis=0))
+
+
+@triton.jit
+def _tensor_cast_kernel(
+    w, partial, n_partial, q, q_t, scale, multiplier, rows, cols,
+    FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
+):  # fmt: skip  # pragma: no cover - runs on the GPU
+    p = tl.arange(0, P)
+    maxima = tl.load(partial + p, mask=p < n_partial, other=0)
+    amax = tl.max(maxima, axis=0).to(tl.float32, bitcast=True)
+    zero = (amax == 0).to(tl.float32)
+    one64 = tl.full([], 1.0, tl.float64)
+    fmt_max64 = tl.full([], FMT_MAX, tl.float64)
+    pr = tl.program_id(0)
+    pc = tl.program_id(1)
+    r = pr * BLOCK + tl.arange(0, BLOCK)
+    c = pc * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(w + r[:, None].to(tl.int64) * cols + c[None, :]).to(tl.float32)
+    if INV:  # formats.inv_scales, as kernels/weight_blocks_triton.py forms it for a block
+        floor = tl.full([], FMT_MAX * 2.0**-126, tl.float32)
+        clamped = tl.where(amax < floor, floor, amax)
+        m = (fmt_max64 * (one64 / clamped.to(tl.float64))).to(tl.float32)
+        m = m * (1.0 - zero) + zero + (amax - amax)
+        s = (one64 / m.to(tl.float64)).to(tl.float32)
+        values = (v * m).to(tl.float8e4nv)
+    else:  # operand.scale_from_amax, exact.div_rn's quotient, round_to_storage's clamp
+        tiny = tl.full([], 1, tl.int32).to(tl.float32, bitcast=True)
+        raw = (amax.to(tl.float64) * (one64 / fmt_max64)).to(tl.float32)
+        raw = tl.where(raw < tiny, tiny, raw)
+        s = raw + zero + (amax - amax)
+        quotient = (v.to(tl.float64) * (one64 / s.to(tl.float64))).to(tl.float32)
+        quotient = tl.where(quotient > FMT_MAX, FMT_MAX, quotient)
+        quotient = tl.where(quotient < -FMT_MAX, -FMT_MAX, quotient)
+        values = quotient.to(tl.float8e4nv)
+        m = s  # no multiplier: the scale again
+    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
+    tl.debug_barrier()
+    tile = tl.load(q + r[:, None].to(tl.int64) * cols + c[None, :])
+    tl.store(q_t + c[:, None].to(tl.int64) * rows + r[None, :], tl.trans(tile))
+    if (pr == 0) & (pc == 0):
+        tl.store(scale, s)
+        tl.store(multiplier, m)
+
+
+def weight_tensor_2d(
+    w: torch.Tensor, fmt_max: float, inv: bool, *, num_warps: int = 8
+) -> tuple[torch.Tensor, ...]:  # pragma: no cover - runs on the GPU
+    """(values [R, C], values transposed [C, R], scale [1, 1], multiplier [1, 1]: "inv"'s m, the
+    scale again for fp32 scales) of a contiguous 2-D CUDA tensor whose dims are multiples of
+    128, quantized to float8_e4m3fn with one scale for the tensor."""
+    rows, cols = w.shape
+    grid = (rows // BLOCK, cols // BLOCK)
+    partial = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=w.device)
+    q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=w.device)
+    q_t = torch.empty((cols, rows), dtype=torch.float8_e4m3fn, device=w.device)
+    scale = torch.empty((1, 1), dtype=torch.float32, device=w.device)
+    multiplier = torch.empty((1, 1), dtype=torch.float32, device=w.device)
+    _block_maxima_kernel[grid](w, partial, cols, BLOCK=BLOCK, num_warps=num_warps)
+    _tensor_cast_kernel[grid](
+        w, partial, partial.numel(), q, q_t, scale, multiplier, rows, cols,
+        FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, P=triton.next_power_of_2(partial.numel()),
+        num_warps=num_warps,
+    )  # fmt: skip
+    return q, q_t, scale, multiplier
