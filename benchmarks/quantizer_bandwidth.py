@@ -158,13 +158,20 @@ def pass_table(bw: float, scale_format: str) -> list[dict]:
         q = x.to(torch.float8_e4m3fn)
         kms = kernel_ms(lambda: transpose_copy(q))  # noqa: B023
         gb = 2 * q.numel() / 1e9
-        records.append(dict(shape=f"{m}x{k}", case="transpose_copy e4m3",
-                            kernel="_transpose_kernel", us=kms * 1e3, gb=gb,
-                            frac_of_copy=gb / kms * 1e3 / bw,
-                            frac_of_same_copy=same_size_copy_us(gb, copies) / (kms * 1e3),
-                            rated=True))  # fmt: skip
+        records.append(_kernel_pass(f"{m}x{k}", "transpose_copy e4m3", "_transpose_kernel",
+                                    kms, gb, bw, copies))  # fmt: skip
         print(records[-1], flush=True)
     return records + weight_passes(bw, copies)
+
+
+def _kernel_pass(
+    shape: str, case: str, kernel: str, ms: float, gb: float, bw: float, copies: dict[int, float]
+) -> dict:
+    """A rated pass record of one kernel of ours (not inductor's) taking `ms` for `gb` GB."""
+    return dict(shape=shape, case=case, kernel=kernel, us=ms * 1e3, gb=gb,
+                frac_of_copy=gb / ms * 1e3 / bw,
+                frac_of_same_copy=same_size_copy_us(gb, copies) / (ms * 1e3),
+                rated=True)  # fmt: skip
 
 
 # fp8-blockwise's weights (out_features, in_features) at the 7B and 1.3B widths, float32 masters
@@ -186,11 +193,8 @@ def weight_passes(bw: float, copies: dict[int, float]) -> list[dict]:
         w = torch.randn(n, k, device="cuda") * 0.02
         kms = do_bench_using_profiling(lambda: weight_blocks(w, inv=True))  # noqa: B023
         gb = (4 + 1 + 1) * w.numel() / 1e9 + 2 * 4 * (n // 128) * (k // 128) / 1e9
-        records.append(dict(shape=f"{n}x{k}", case="weight 128x128 e4m3 (values and transpose)",
-                            kernel="_weight_blocks_kernel", us=kms * 1e3, gb=gb,
-                            frac_of_copy=gb / kms * 1e3 / bw,
-                            frac_of_same_copy=same_size_copy_us(gb, copies) / (kms * 1e3),
-                            rated=True))  # fmt: skip
+        records.append(_kernel_pass(f"{n}x{k}", "weight 128x128 e4m3 (values and transpose)",
+                                    "_weight_blocks_kernel", kms, gb, bw, copies))  # fmt: skip
         print(records[-1], flush=True)
     return records
 

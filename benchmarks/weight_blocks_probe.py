@@ -14,10 +14,11 @@ block (float32 master weights, "inv" scales as the recipe has them):
 - "inductor fwd": `quantize_operand` compiled (the forward's part, values and scales);
 - "inductor both": the same plus the transposed values and scales as HEAD's backward writes
   them (`written_once`, then `.t().contiguous()`), in one compiled function;
-- "triton tT wN": `weight_blocks_2d` with N warps a block and transpose mode T (both layouts,
-  both scale layouts; kernels/weight_blocks_triton.py's `TRANSPOSE`); for tensor scales
-  "triton wN": `weight_tensor_2d` (block maxima, then the cast of both layouts; not yet used
-  by a backend: this probe decides).
+- "triton wN": `weight_blocks_2d` with N warps a block (both layouts, both scale layouts;
+  session 91's runs also timed transposed stores by `tl.trans` of the cast, wrong bytes, and
+  by a separate transpose kernel, slower: `weight_blocks_probe_1.3B_s91b_...`); for tensor
+  scales `weight_tensor_2d` (block maxima, then the cast of both layouts; not yet used by a
+  backend: this probe decides).
 
 Every form's bytes are checked against the eager `quantize_operand` first (values, transposed
 values, scales), its outputs allocated where 0x55 bytes were (`poisoned`). Times: medians of
@@ -69,9 +70,7 @@ def inductor_both(w: torch.Tensor, granularity: str = "block") -> tuple[torch.Te
     return values, written_once(values).t().contiguous(), scale
 
 
-def cuda_forms(
-    w: torch.Tensor, granularity: str, warps: list[int], transposes: list[int]
-) -> dict[str, Callable[[], tuple]]:
+def cuda_forms(w: torch.Tensor, granularity: str, warps: list[int]) -> dict[str, Callable]:
     """The timed forms of one CUDA weight (the module docstring)."""
     from minifloat.kernels.weight_blocks_triton import weight_blocks_2d
     from minifloat.kernels.weight_tensor_triton import weight_tensor_2d
@@ -79,14 +78,9 @@ def cuda_forms(
     fwd = torch.compile(functools.partial(inductor_fwd, granularity=granularity))
     both = torch.compile(functools.partial(inductor_both, granularity=granularity))
     forms = {"inductor fwd": lambda: fwd(w), "inductor both": lambda: both(w)}
+    triton_form = weight_tensor_2d if granularity == "tensor" else weight_blocks_2d
     for n in warps:
-        if granularity == "tensor":
-            forms[f"triton w{n}"] = lambda n=n: weight_tensor_2d(w, 448.0, True, num_warps=n)
-            continue
-        for t in transposes:
-            forms[f"triton t{t} w{n}"] = lambda n=n, t=t: weight_blocks_2d(
-                w, 448.0, True, num_warps=n, transpose=t
-            )
+        forms[f"triton w{n}"] = lambda n=n: triton_form(w, 448.0, True, num_warps=n)
     return forms
 
 
@@ -109,7 +103,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="1.3B")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--warps", default="4,8,16")
-    ap.add_argument("--transposes", default="0,1,2", help="weight_blocks_2d's transpose modes")
     ap.add_argument("--granularity", default="block", choices=sorted(GRANULARITY),
                     help="block: fp8-blockwise's weights; tensor: fp8-tensorwise's")  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -132,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     for names, n, k in weight_shapes(model):
         w = (torch.randn(n, k, generator=gen) * 0.02).cuda()
         want = inductor_both(w, args.granularity)  # eager: the definition
-        forms = cuda_forms(w, args.granularity, _ints(args.warps), _ints(args.transposes))
+        forms = cuda_forms(w, args.granularity, _ints(args.warps))
         same = {}
         for form, fn in forms.items():
             got = poisoned(fn, want)  # (q, q_t, s, ...), or inductor fwd's (q, s)

@@ -120,7 +120,8 @@ class QuantLinearFunction(torch.autograd.Function):
                     backend, x, clip, x_q, unit_scale=recipe.folds("wgrad"),
                     recompute_values=occ_gemm.recomputes_x_values(recipe),
                 )  # fmt: skip
-            if reuse_w and s_w is None and _plain(weight) and not recipe.folds("dgrad"):
+            plain_w = not isinstance(weight, GatheredWeight)  # not FSDP2's quantized all-gather's
+            if reuse_w and s_w is None and plain_w and not recipe.folds("dgrad"):
                 # made with its transpose: one kernel for fp8-blockwise (kernels/weight_blocks.py)
                 w_q, w_rhs = backend.quantize_with_transpose(weight, recipe.fprop.rhs)
             else:
@@ -252,11 +253,6 @@ def _weight_operand(
         values, w_scale = gathered_operand(weight, transpose)
         return fp32_scaled(values, w_scale, spec.fmt, spec.granularity, transpose)
     return backend.quantize(weight, spec, transpose=transpose, scale=scale)
-
-
-def _plain(weight: torch.Tensor) -> bool:
-    """Whether the weight is a tensor of its own (not FSDP2's all-gathered quantized weight)."""
-    return not isinstance(weight, GatheredWeight)
 
 
 def _stash(backend: Backend, q: QOperand | None) -> tuple[torch.Tensor | None, tuple | None]:

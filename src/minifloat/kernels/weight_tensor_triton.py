@@ -7,9 +7,8 @@ in two reductions, the forward's cast, and in backward the cast again from the f
 written transposed: ~25 us for a 2048 x 2048 weight, session 63's profile). Here the first
 kernel takes each 128 x 128 block's maximum magnitude (as integers, `operand.abs_amax`); the
 second reads those partial maxima in every program, forms the tensor's scale as
-`formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does, and casts its block, storing
-it row-major and, after a barrier, loaded back and transposed (kernels/weight_blocks_triton.py
-says why not `tl.trans` of the cast's registers). Importing this module needs Triton.
+`formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does, and casts its block into
+both layouts, with kernels/weight_blocks_triton.py's helpers. Importing this module needs Triton.
 """
 
 from __future__ import annotations
@@ -17,6 +16,13 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from minifloat.kernels.weight_blocks_triton import (
+    block_tile,
+    magnitude_max,
+    scaled_e4m3,
+    store_both,
+)
 
 __all__ = ["weight_tensor_2d"]
 
@@ -27,11 +33,8 @@ BLOCK = 128
 def _block_maxima_kernel(w, partial, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
-    r = pr * BLOCK + tl.arange(0, BLOCK)
-    c = pc * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(w + r[:, None].to(tl.int64) * cols + c[None, :]).to(tl.float32)
-    bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    tl.store(partial + pr * tl.num_programs(1) + pc, tl.max(tl.max(bits, axis=1), axis=0))
+    v = block_tile(w, pr, pc, cols, BLOCK)
+    tl.store(partial + pr * tl.num_programs(1) + pc, magnitude_max(v))
 
 
 @triton.jit
@@ -42,35 +45,11 @@ def _tensor_cast_kernel(
     p = tl.arange(0, P)
     maxima = tl.load(partial + p, mask=p < n_partial, other=0)
     amax = tl.max(maxima, axis=0).to(tl.float32, bitcast=True)
-    zero = (amax == 0).to(tl.float32)
-    one64 = tl.full([], 1.0, tl.float64)
-    fmt_max64 = tl.full([], FMT_MAX, tl.float64)
     pr = tl.program_id(0)
     pc = tl.program_id(1)
-    r = pr * BLOCK + tl.arange(0, BLOCK)
-    c = pc * BLOCK + tl.arange(0, BLOCK)
-    v = tl.load(w + r[:, None].to(tl.int64) * cols + c[None, :]).to(tl.float32)
-    if INV:  # formats.inv_scales, as kernels/weight_blocks_triton.py forms it for a block
-        floor = tl.full([], FMT_MAX * 2.0**-126, tl.float32)
-        clamped = tl.where(amax < floor, floor, amax)
-        m = (fmt_max64 * (one64 / clamped.to(tl.float64))).to(tl.float32)
-        m = m * (1.0 - zero) + zero + (amax - amax)
-        s = (one64 / m.to(tl.float64)).to(tl.float32)
-        values = (v * m).to(tl.float8e4nv)
-    else:  # operand.scale_from_amax, exact.div_rn's quotient, round_to_storage's clamp
-        tiny = tl.full([], 1, tl.int32).to(tl.float32, bitcast=True)
-        raw = (amax.to(tl.float64) * (one64 / fmt_max64)).to(tl.float32)
-        raw = tl.where(raw < tiny, tiny, raw)
-        s = raw + zero + (amax - amax)
-        quotient = (v.to(tl.float64) * (one64 / s.to(tl.float64))).to(tl.float32)
-        quotient = tl.where(quotient > FMT_MAX, FMT_MAX, quotient)
-        quotient = tl.where(quotient < -FMT_MAX, -FMT_MAX, quotient)
-        values = quotient.to(tl.float8e4nv)
-        m = s  # no multiplier: the scale again
-    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
-    tl.debug_barrier()
-    tile = tl.load(q + r[:, None].to(tl.int64) * cols + c[None, :])
-    tl.store(q_t + c[:, None].to(tl.int64) * rows + r[None, :], tl.trans(tile))
+    v = block_tile(w, pr, pc, cols, BLOCK)
+    values, s, m = scaled_e4m3(v, amax, FMT_MAX, INV)
+    store_both(q, q_t, values, pr, pc, rows, cols, BLOCK)
     if (pr == 0) & (pc == 0):
         tl.store(scale, s)
         tl.store(multiplier, m)
