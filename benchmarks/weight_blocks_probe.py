@@ -17,8 +17,8 @@ block (float32 master weights, "inv" scales as the recipe has them):
 - "triton wN": `weight_blocks_2d` with N warps a block (both layouts, both scale layouts;
   session 91's runs also timed transposed stores by `tl.trans` of the cast, wrong bytes, and
   by a separate transpose kernel, slower: `weight_blocks_probe_1.3B_s91b_...`); for tensor
-  scales `weight_tensor_2d` (block maxima, then the cast of both layouts; not yet used by a
-  backend: this probe decides).
+  scales `weight_tensor_2d` (block maxima, then the cast of both layouts; session 92's run,
+  `weight_blocks_probe_1.3B_tensor_s92t_...`, put it in the Hopper backend).
 
 Every form's bytes are checked against the eager `quantize_operand` first (values, transposed
 values, scales), its outputs allocated where 0x55 bytes were (`poisoned`). Times: medians of

@@ -12,6 +12,7 @@ import torch
 from bits import bits_equal, same_e4m3
 from minifloat import recipes
 from minifloat.kernels import weight_blocks as wb
+from minifloat.kernels import weight_tensor as wt
 from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.kernels.operand import quantize_operand
 
@@ -45,8 +46,11 @@ def _want(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
     return values, values.t().contiguous(), scale, scale.t().contiguous()
 
 
-def _check(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
-    names = ("values", "transposed values", "scales", "transposed scales")
+def _check(
+    got: tuple[torch.Tensor, ...],
+    want: tuple[torch.Tensor, ...],
+    names: tuple[str, ...] = ("values", "transposed values", "scales", "transposed scales"),
+) -> None:
     for name, g, w in zip(names, got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype, name
         assert g.is_contiguous(), name
@@ -62,16 +66,23 @@ def test_op_equals_operand_quantizer_on_cpu(shape, dtype, inv):
     _check(wb.weight_blocks(w, inv=inv), _want(w, inv))
 
 
-def test_op_compiles_on_cpu_with_its_fake_shapes():
+@pytest.mark.parametrize("op", ["weight_blocks", "weight_tensor"])
+def test_op_compiles_on_cpu_with_its_fake_shapes(op):
+    # both weight ops (kernels/weight_tensor.py shares this module's checks and fake outputs)
+    fn = wb.weight_blocks if op == "weight_blocks" else wt.weight_tensor
     w = _weight(256, 384, torch.float32, "cpu")
-    got = torch.compile(lambda t: wb.weight_blocks(t, inv=True), fullgraph=True)(w)
-    _check(got, _want(w, True))
+    got = torch.compile(lambda t: fn(t, inv=True), fullgraph=True)(w)
+    for g, want in zip(got, fn(w, inv=True), strict=True):
+        assert g.shape == want.shape and g.dtype == want.dtype
+        assert torch.equal(g.view(torch.uint8), want.view(torch.uint8))
 
 
+@pytest.mark.parametrize("op", ["weight_blocks", "weight_tensor"])
 @pytest.mark.parametrize("shape", [(100, 128), (128, 100), (128,), (0, 128)])
-def test_op_rejects_shapes_off_the_blocks(shape):
-    with pytest.raises(ValueError, match="multiples of 128"):
-        wb.weight_blocks(torch.ones(shape), inv=True)
+def test_op_rejects_shapes_off_the_blocks(op, shape):
+    fn = wb.weight_blocks if op == "weight_blocks" else wt.weight_tensor
+    with pytest.raises(ValueError, match=f"{op} takes .* multiples of 128"):
+        fn(torch.ones(shape), inv=True)
 
 
 def test_supports_only_e4m3_128_blocks_of_cuda_weights():
@@ -87,7 +98,9 @@ def test_supports_only_e4m3_128_blocks_of_cuda_weights():
     assert not wb.supports(w[:, :200], "e4m3", (128, 128), "inv")
 
 
-@pytest.mark.parametrize("name", ["fp8-blockwise", "fp8-blockwise:scale_format=fp32"])
+@pytest.mark.parametrize(
+    "name", ["fp8-blockwise", "fp8-blockwise:scale_format=fp32", "fp8-tensorwise"]
+)
 def test_emulated_quantize_with_transpose_is_quantize_then_transpose(name):
     spec = recipes.get(name).fprop.rhs
     backend = EmulatedBackend()
@@ -108,18 +121,22 @@ def test_emulated_quantize_with_transpose_is_quantize_then_transpose(name):
 @needs_gpu
 def test_triton_kernel_equals_operand_quantizer(shape, dtype, inv, compiled):
     w = _weight(*shape, dtype, "cuda", seed=len(shape) + shape[0])
-    fn = lambda t: wb.weight_blocks(t, inv=inv)  # noqa: E731
+    want = _want(w, inv)
+    _check(poisoned_call(lambda t: wb.weight_blocks(t, inv=inv), w, want, compiled), want)
+
+
+def poisoned_call(fn, w: torch.Tensor, want: tuple[torch.Tensor, ...], compiled: bool):
+    """fn(w), compiled first if asked, after blocks of `want`'s sizes were filled with 0x55 and
+    freed: the caching allocator hands them out again, so bytes the kernel fails to write cannot
+    pass as a previous call's right ones (Triton 3.6's `tl.trans` of cast fp8 tiles wrote wrong
+    bytes)."""
     if compiled:
         torch._dynamo.reset()
         fn = torch.compile(fn, fullgraph=True)
-    want = _want(w, inv)
-    # Blocks of the outputs' sizes filled with 0x55 and freed first: the caching allocator
-    # hands them out again, so bytes the kernel fails to write cannot pass as a previous
-    # call's right ones (Triton 3.6's `tl.trans` of cast fp8 tiles wrote wrong bytes).
     junk = [torch.full((t.numel() * t.element_size(),), 0x55, dtype=torch.uint8, device="cuda")
             for t in want]  # fmt: skip
     del junk
-    _check(fn(w), want)
+    return fn(w)
 
 
 @pytest.mark.parametrize("name", ["fp8-blockwise", "fp8-blockwise:scale_format=fp32"])

@@ -1,37 +1,95 @@
-"""kernels/weight_tensor_triton.py (a candidate for fp8-tensorwise's weights, not yet used by a
-backend): values, their transpose and the tensor's scale equal kernels/operand.py's bit for bit
-on the GPU, over weights with all-zero, subnormal, huge, inf and NaN blocks."""
+"""kernels/weight_tensor.py: a weight's tensor-scaled E4M3 operand and its transpose in one op.
+
+Values, transposed values, scale and "inv" multiplier equal kernels/operand.py's (the
+definition) bit for bit: on the CPU through the op's own fallback, on the GPU through the two
+Triton kernels, eagerly and compiled, over weights with all-zero, subnormal, huge, inf and NaN
+blocks (test_weight_blocks.py's). The Hopper backend's `quantize_with_transpose` equals the
+emulation's `quantize` and `transpose`.
+"""
 
 import pytest
 import torch
 
-from bits import bits_equal, same_e4m3
+from bits import bits_equal
+from minifloat import recipes
+from minifloat.kernels import weight_tensor as wt
+from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.kernels.operand import quantize_operand
-from test_weight_blocks import _weight
+from test_weight_blocks import CUDA_FP8, GPU_SHAPES, SHAPES, _weight, needs_gpu, poisoned_call
+from test_weight_blocks import _check as check_operands
 
-CUDA_FP8 = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+
+def _want(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
+    fmt = "inv" if inv else "fp32"
+    values, scale, m = quantize_operand(
+        w.cpu(), "e4m3", "tensor", scale_format=fmt, with_multiplier=True
+    )
+    return values, values.t().contiguous(), scale, scale if m is None else m
+
+
+def _check(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]) -> None:
+    check_operands(got, want, ("values", "transposed values", "scale", "multiplier"))
+
+
+def _inputs(shape: tuple[int, int], dtype: torch.dtype, device: str, specials: bool):
+    """A weight with one block of each special kind, or a plain Gaussian one (one tensor scale:
+    a special block sets it for the whole weight, so plain weights test ordinary scales)."""
+    if specials:
+        return _weight(*shape, dtype, device, seed=shape[0])
+    gen = torch.Generator().manual_seed(1)
+    return (torch.randn(*shape, generator=gen) * 0.02).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("specials", [False, True])
+@pytest.mark.parametrize("inv", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_op_equals_operand_quantizer_on_cpu(shape, dtype, inv, specials):
+    w = _inputs(shape, dtype, "cpu", specials)
+    _check(wt.weight_tensor(w, inv=inv), _want(w, inv))
+
+
+def test_supports_only_e4m3_tensor_scales_of_cuda_weights():
+    cpu = torch.ones(256, 256)
+    assert not wt.supports(cpu, "e4m3", "tensor", "inv")  # the CPU: the backends' own path
+    if not CUDA_FP8:
+        return
+    w = cpu.cuda()
+    assert wt.supports(w, "e4m3", "tensor", "inv") and wt.supports(w, "e4m3", "tensor", "fp32")
+    assert not wt.supports(w, "e4m3", "row", "inv")
+    assert not wt.supports(w, "e5m2", "tensor", "inv")
+    assert not wt.supports(w, "e4m3", "tensor", "pow2")
+    assert not wt.supports(w[:, :200], "e4m3", "tensor", "inv")
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA_FP8, reason="needs a CUDA GPU with FP8 tensor cores")
+@needs_gpu
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("specials", [False, True])
 @pytest.mark.parametrize("inv", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(128, 128), (256, 384), (384, 256), (2048, 5632)])
-@pytest.mark.parametrize("specials", [False, True])
-def test_triton_kernels_equal_operand_quantizer(shape, dtype, inv, specials):
-    from minifloat.kernels.weight_tensor_triton import weight_tensor_2d
+@pytest.mark.parametrize("shape", GPU_SHAPES)
+def test_triton_kernels_equal_operand_quantizer(shape, dtype, inv, specials, compiled):
+    w = _inputs(shape, dtype, "cuda", specials)
+    want = _want(w, inv)
+    _check(poisoned_call(lambda t: wt.weight_tensor(t, inv=inv), w, want, compiled), want)
 
-    if specials:
-        w = _weight(*shape, dtype, "cuda", seed=shape[0])
+
+@pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-tensorwise:scale_format=fp32"])
+@pytest.mark.gpu
+@needs_gpu
+def test_hopper_quantize_with_transpose_uses_the_kernels(name):
+    from minifloat.kernels.hopper import HopperBackend
+
+    spec = recipes.get(name).fprop.rhs
+    w = _inputs((256, 384), torch.float32, "cuda", False)
+    q, q_t = HopperBackend().quantize_with_transpose(w, spec)
+    assert q_t.data.is_contiguous() and not q_t.transposed  # written, not a view
+    want = EmulatedBackend().quantize(w.cpu(), spec)
+    assert bits_equal(q.dequantize().cpu(), want.dequantize())
+    assert bits_equal(q_t.dequantize().cpu(), want.dequantize().t())
+    if spec.scale_format == "inv":  # DGE's m, as the operand quantizer gives it
+        m = _want(w, True)[3]
+        assert bits_equal(q.multiplier.cpu(), m)
     else:
-        gen = torch.Generator().manual_seed(1)
-        w = (torch.randn(*shape, generator=gen) * 0.02).to(dtype).cuda()
-    fmt = "inv" if inv else "fp32"
-    values, scale = quantize_operand(w.cpu(), "e4m3", "tensor", scale_format=fmt)
-    # freed blocks of the outputs' sizes filled with 0x55 first (test_weight_blocks.py says why)
-    junk = [torch.full((n,), 0x55, dtype=torch.uint8, device="cuda") for n in (w.numel(),) * 2]
-    del junk
-    q, q_t, s, _ = weight_tensor_2d(w.contiguous(), 448.0, inv)
-    assert same_e4m3(q.cpu(), values)
-    assert same_e4m3(q_t.cpu(), values.t().contiguous())
-    assert bits_equal(s.cpu(), scale)
+        assert q.multiplier is None

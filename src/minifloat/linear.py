@@ -122,7 +122,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 )  # fmt: skip
             plain_w = not isinstance(weight, GatheredWeight)  # not FSDP2's quantized all-gather's
             if reuse_w and s_w is None and plain_w and not recipe.folds("dgrad"):
-                # made with its transpose: one kernel for fp8-blockwise (kernels/weight_blocks.py)
+                # made with its transpose (Hopper: kernels/weight_blocks.py, weight_tensor.py)
                 w_q, w_rhs = backend.quantize_with_transpose(weight, recipe.fprop.rhs)
             else:
                 w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)

@@ -172,7 +172,8 @@ class Backend(Protocol):
         self, w: torch.Tensor, spec: OperandSpec
     ) -> tuple[QOperand, QOperand]:
         """(`quantize(w, spec)`, its `transpose`): a weight's fprop operand and the same values
-        transposed for dgrad, which a backend may make together (kernels/weight_blocks.py)."""
+        transposed for dgrad, which a backend may make together (kernels/weight_blocks.py,
+        kernels/weight_tensor.py)."""
         ...
 
     def scaled_mm(

@@ -9,6 +9,9 @@ these differences, so results never depend on which one ran:
   its graph, where inductor fuses them with their neighbours; called eagerly, they run through a
   `torch.compile`d copy (fused kernels without the caller compiling anything). Both are
   bit-identical to the eager emulation (GPU tests).
+- Weights whose fprop values dgrad reuses transposed (fp8-blockwise's 128 x 128 blocks,
+  fp8-tensorwise's one scale; `quantize_with_transpose`): opaque Triton kernels that write both
+  layouts from the weight (kernels/weight_blocks.py, kernels/weight_tensor.py), same bits.
 - scaled_mm: `torch._scaled_mm` (kernels/scaled_mm.py), tensor-wise / row-wise / (1x128,
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
@@ -31,7 +34,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from minifloat.exact import to_dtype, written_once
-from minifloat.kernels import microscale, weight_blocks
+from minifloat.kernels import microscale, weight_blocks, weight_tensor
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand, fp32_scaled
 from minifloat.kernels.emulated import EmulatedBackend
@@ -74,18 +77,25 @@ class HopperBackend(EmulatedBackend):
     def quantize_with_transpose(
         self, w: torch.Tensor, spec: OperandSpec
     ) -> tuple[QOperand, QOperand]:
-        """fp8-blockwise's 128x128-block weights in one opaque kernel that writes both layouts
-        (kernels/weight_blocks.py: five inductor kernels a weight before); else as emulated."""
-        if not weight_blocks.supports(w, spec.fmt, spec.granularity, spec.scale_format):
-            return super().quantize_with_transpose(w, spec)
-        values, values_t, scale, scale_t = weight_blocks.weight_blocks(
-            w, inv=spec.scale_format == "inv"
-        )
-        block = spec.granularity
-        return (
-            fp32_scaled(values, scale, spec.fmt, block, False),
-            fp32_scaled(values_t, scale_t, spec.fmt, block[::-1], False),
-        )
+        """A weight's E4M3 operand and its transpose written by opaque kernels: fp8-blockwise's
+        128x128 blocks in one (kernels/weight_blocks.py: five inductor kernels a weight before),
+        fp8-tensorwise's one scale in two (kernels/weight_tensor.py); else as emulated."""
+        args = (w, spec.fmt, spec.granularity, spec.scale_format)
+        inv = spec.scale_format == "inv"
+        if weight_blocks.supports(*args):
+            values, values_t, scale, scale_t = weight_blocks.weight_blocks(w, inv=inv)
+            block = spec.granularity
+            return (
+                fp32_scaled(values, scale, spec.fmt, block, False),
+                fp32_scaled(values_t, scale_t, spec.fmt, block[::-1], False),
+            )
+        if weight_tensor.supports(*args):
+            values, values_t, scale, m = weight_tensor.weight_tensor(w, inv=inv)
+            return (
+                fp32_scaled(values, scale, spec.fmt, "tensor", False, m if inv else None),
+                fp32_scaled(values_t, scale, spec.fmt, "tensor", False),
+            )
+        return super().quantize_with_transpose(w, spec)
 
     def scaled_mm(
         self,

@@ -26,7 +26,7 @@ import torch
 from minifloat import formats
 from minifloat.kernels.operand import quantize_operand
 
-__all__ = ["BLOCK", "supports", "weight_blocks"]
+__all__ = ["BLOCK", "check_shape", "fake_operands", "fits", "supports", "weight_blocks"]
 
 try:  # Triton ships with CUDA builds of torch; CPU machines have none.
     from minifloat.kernels.weight_blocks_triton import weight_blocks_2d as _triton_blocks
@@ -56,16 +56,22 @@ def _weight_blocks(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
 _LIB.impl("weight_blocks", _weight_blocks, "CompositeExplicitAutograd")
 
 
-@torch.library.register_fake("minifloat::weight_blocks")
-def _(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
+def fake_operands(w: torch.Tensor, scale_shape: tuple[int, int]) -> tuple[torch.Tensor, ...]:
+    """The shapes and dtypes of a weight op's outputs (values, values transposed, scale and the
+    scale's transpose or multiplier) for torch.compile's fake tensors."""
     rows, cols = w.shape
     fp8, f32 = torch.float8_e4m3fn, torch.float32
     return (
         w.new_empty((rows, cols), dtype=fp8),
         w.new_empty((cols, rows), dtype=fp8),
-        w.new_empty((rows // BLOCK, cols // BLOCK), dtype=f32),
-        w.new_empty((cols // BLOCK, rows // BLOCK), dtype=f32),
+        w.new_empty(scale_shape, dtype=f32),
+        w.new_empty(scale_shape[::-1], dtype=f32),
     )
+
+
+@torch.library.register_fake("minifloat::weight_blocks")
+def _(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
+    return fake_operands(w, (w.shape[0] // BLOCK, w.shape[1] // BLOCK))
 
 
 if _triton_blocks is not None:
@@ -77,6 +83,26 @@ if _triton_blocks is not None:
         return _triton_blocks(w.contiguous(), formats.get("e4m3").max, inv, traced=True)
 
 
+def fits(w: torch.Tensor) -> bool:
+    """Whether `w` is a 2-D CUDA float tensor whose dims are non-zero multiples of 128, the
+    weights this module's kernel and kernels/weight_tensor.py's take."""
+    return (
+        w.is_cuda
+        and w.dim() == 2
+        and w.dtype in _DTYPES
+        and w.numel() > 0
+        and w.shape[0] % BLOCK == 0
+        and w.shape[1] % BLOCK == 0
+    )
+
+
+def check_shape(w: torch.Tensor, op: str) -> None:
+    """A one-line ValueError unless `w` is 2-D with dims non-zero multiples of 128."""
+    if w.dim() != 2 or w.numel() == 0 or w.shape[0] % BLOCK or w.shape[1] % BLOCK:
+        raise ValueError(f"{op} takes a 2-D tensor with dims non-zero multiples of {BLOCK}, "
+                         f"got shape {tuple(w.shape)}")  # fmt: skip
+
+
 def supports(w: torch.Tensor, fmt: str, granularity: object, scale_format: str) -> bool:
     """Whether `weight_blocks` takes this weight and operand spec: E4M3 in 128 x 128 blocks with
     "inv" or fp32 scales, a 2-D CUDA float tensor whose dims are non-zero multiples of 128, on a
@@ -86,21 +112,14 @@ def supports(w: torch.Tensor, fmt: str, granularity: object, scale_format: str) 
         and fmt == "e4m3"
         and granularity == (BLOCK, BLOCK)
         and scale_format in ("inv", "fp32")
-        and w.is_cuda
-        and w.dim() == 2
-        and w.dtype in _DTYPES
-        and w.numel() > 0
-        and w.shape[0] % BLOCK == 0
-        and w.shape[1] % BLOCK == 0
+        and fits(w)
     )
 
 
 def weight_blocks(w: torch.Tensor, *, inv: bool) -> tuple[torch.Tensor, ...]:
     """(values [R, C], values transposed [C, R], scales [R/128, C/128], scales transposed) of
     `w` quantized to E4M3 in 128 x 128 blocks ("inv" or fp32 scales), without gradient."""
-    if w.dim() != 2 or w.numel() == 0 or w.shape[0] % BLOCK or w.shape[1] % BLOCK:
-        raise ValueError(f"weight_blocks takes a 2-D tensor with dims non-zero multiples of "
-                         f"{BLOCK}, got shape {tuple(w.shape)}")  # fmt: skip
+    check_shape(w, "weight_blocks")
     w = w.detach()
     if _triton_blocks is not None and w.is_cuda and torch.compiler.is_compiling():
         return torch.ops.minifloat.weight_blocks_traced.default(w, inv)  # pragma: no cover

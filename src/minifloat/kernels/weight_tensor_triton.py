@@ -1,6 +1,5 @@
-"""A weight's tensor-scaled E4M3 operand and its transpose in two Triton kernels (a candidate
-for fp8-tensorwise's weights, timed by benchmarks/weight_blocks_probe.py; not yet used by a
-backend).
+"""A weight's tensor-scaled E4M3 operand and its transpose in two Triton kernels, the CUDA body
+of kernels/weight_tensor.py's op (fp8-tensorwise's weights).
 
 Inductor makes four kernels of a tensor-scaled weight's quantization in a 1.3B step (the maxima
 in two reductions, the forward's cast, and in backward the cast again from the float32 weight,
@@ -56,11 +55,12 @@ def _tensor_cast_kernel(
 
 
 def weight_tensor_2d(
-    w: torch.Tensor, fmt_max: float, inv: bool, *, num_warps: int = 8
-) -> tuple[torch.Tensor, ...]:  # pragma: no cover - runs on the GPU
+    w: torch.Tensor, fmt_max: float, inv: bool, *, num_warps: int = 8, traced: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # pragma: no cover - GPU
     """(values [R, C], values transposed [C, R], scale [1, 1], multiplier [1, 1]: "inv"'s m, the
     scale again for fp32 scales) of a contiguous 2-D CUDA tensor whose dims are multiples of
-    128, quantized to float8_e4m3fn with one scale for the tensor."""
+    128, quantized to float8_e4m3fn with one scale for the tensor. `traced`: launched through
+    `torch.library.wrap_triton` (the body of a `triton_op`)."""
     rows, cols = w.shape
     grid = (rows // BLOCK, cols // BLOCK)
     partial = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=w.device)
@@ -68,8 +68,11 @@ def weight_tensor_2d(
     q_t = torch.empty((cols, rows), dtype=torch.float8_e4m3fn, device=w.device)
     scale = torch.empty((1, 1), dtype=torch.float32, device=w.device)
     multiplier = torch.empty((1, 1), dtype=torch.float32, device=w.device)
-    _block_maxima_kernel[grid](w, partial, cols, BLOCK=BLOCK, num_warps=num_warps)
-    _tensor_cast_kernel[grid](
+    maxima_kernel, cast_kernel = _block_maxima_kernel, _tensor_cast_kernel
+    if traced:
+        maxima_kernel, cast_kernel = map(torch.library.wrap_triton, (maxima_kernel, cast_kernel))
+    maxima_kernel[grid](w, partial, cols, BLOCK=BLOCK, num_warps=num_warps)
+    cast_kernel[grid](
         w, partial, partial.numel(), q, q_t, scale, multiplier, rows, cols,
         FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, P=triton.next_power_of_2(partial.numel()),
         num_warps=num_warps,
