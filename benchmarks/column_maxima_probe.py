@@ -1,0 +1,149 @@
+"""Why do the wgrad fold's column maxima run slower than the same input's plain column maxima?
+
+The bandwidth target's misses that nothing explains yet (docs/hopper.md's target table): the
+wgrad fold's quantizer takes the column maxima of x·s (bf16 x [M, K], float32 row multipliers s
+[M, 1]) at 52-72 % of copy bandwidth, where the plain transposed quantizer's column maxima of
+the same x reach 72-92 % (`kernels_s92_h200_2026-12-04.md`: 23.5 against 16.9 us at 32768 x
+768, 45.6 against 37.5 us at 32768 x 2048), the bytes read the same but for s. Session 84's
+hand-written Triton tilings of the fold's maxima were slower still. Session 58 found the
+quantizers bound by their instructions, not their bytes. The forms here take one step at a
+time from the plain maxima to the fold's, each `operand._column_amax` (bands of 256 rows, then
+the bands' maximum) compiled alone:
+
+- "bf16 x": the magnitude bits of x itself (16-bit integers), as the plain quantizer does;
+- "float32 x": of x converted to float32 (32-bit integers: the width);
+- "float32 x * 2": times a constant (the multiply, no second input);
+- "float32 x * s": times s, the fold's maxima (the load of s along the reduced dim).
+
+Each form's maxima equal its eager run bit for bit (checked), its GPU time is the profiler's
+with the L2 flushed (`do_bench_using_profiling`, all its kernels), rated against the copy and
+against a copy of the same bytes (quantizer_bandwidth.py's `same_size_copy_us`), and the
+results file keeps what decides a reduction's speed for reading afterwards: each kernel's
+source as inductor wrote it (size hints, reduction hint, persistent or looped) and the
+configuration its autotuner kept.
+
+    PYTHONPATH=src python benchmarks/column_maxima_probe.py [--tag T] [--out-dir D]
+    PYTHONPATH=src python benchmarks/column_maxima_probe.py --device cpu   # smoke run, no times
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth, probe_parser, write_probe  # noqa: E402
+from minifloat.kernels import operand  # noqa: E402
+from quantizer_bandwidth import SHAPES, same_size_copy_us  # noqa: E402
+
+CPU_SHAPES = ((512, 256), (1024, 128))
+
+
+def forms() -> dict[str, tuple[Callable, int]]:
+    """name -> (fn(x, s) -> [1, K] float32 maxima, bytes read per element of x besides x's 2)."""
+    return {
+        "bf16 x": (lambda x, s: operand._column_amax(x), 0),
+        "float32 x": (lambda x, s: operand._column_amax(x.float()), 0),
+        "float32 x * 2": (lambda x, s: operand._column_amax(x.float() * 2.0), 0),
+        "float32 x * s": (lambda x, s: operand._column_amax(x.float() * s), 1),
+    }
+
+
+def compiled_with_sources(fn: Callable, *args: torch.Tensor) -> tuple[Callable, list[str], dict]:
+    """`fn` compiled (fullgraph), its kernels' sources as inductor wrote them, and the
+    configuration each Triton kernel's autotuner kept ({} where there are none: the CPU)."""
+    from torch._inductor.codecache import PyCodeCache
+    from torch._inductor.utils import run_and_get_kernels
+
+    compiled = torch.compile(fn, fullgraph=True)
+    before = len(PyCodeCache.modules)
+    _, sources = run_and_get_kernels(compiled, *args, remove_quote=True)
+    return compiled, sources, kept_configs(PyCodeCache.modules[before:])
+
+
+def kept_configs(modules: list) -> dict[str, str]:
+    """{kernel name: the config its launcher runs (after autotuning, the one kept), and how
+    many it chose from} of the Triton kernels in inductor's generated `modules`."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    kept = {}
+    for module in modules:
+        for name, obj in vars(module).items():
+            if isinstance(obj, CachingAutotuner) and obj.launchers:
+                kept[name] = f"{obj.launchers[0].config} (of {len(obj.configs)})"
+    return kept
+
+
+def shape_records(m: int, k: int, device: str, bw: float | None, copies: dict) -> list[dict]:
+    """Every form at [m, k]: bit check against eager, time and rates (GPU), sources, configs."""
+    gen = torch.Generator().manual_seed(m + k)
+    x = torch.randn(m, k, generator=gen).bfloat16().to(device)
+    s = (torch.rand(m, 1, generator=gen) + 0.5).to(device)
+    records = []
+    for name, (fn, s_per_row) in forms().items():
+        torch._dynamo.reset()
+        compiled, sources, configs = compiled_with_sources(fn, x, s)
+        got, want = compiled(x, s), fn(x, s)
+        exact = torch.equal(got.view(torch.int32), want.view(torch.int32))
+        nbytes = 2 * x.numel() + 4 * m * s_per_row + 4 * k
+        rec = dict(shape=f"{m}x{k}", form=name, exact=exact, gb=nbytes / 1e9,
+                   kernels=len(sources), sources=sources, configs=configs)  # fmt: skip
+        if bw is not None:
+            from torch._inductor.utils import do_bench_using_profiling
+
+            us = do_bench_using_profiling(lambda: compiled(x, s)) * 1e3  # noqa: B023
+            rec |= dict(us=us, frac_of_copy=rec["gb"] / us * 1e6 / bw,
+                        frac_of_same_copy=same_size_copy_us(rec["gb"], copies) / us)  # fmt: skip
+        print({key: v for key, v in rec.items() if key != "sources"}, flush=True)
+        records.append(rec)
+    return records
+
+
+def table(records: list[dict], bw: float | None) -> str:
+    """The forms' times and rates, then each form's kept configs and kernel sources (from the
+    first shape: the same code at every shape but for the size hints)."""
+    head = f"Copy bandwidth {bw:.0f} GB/s (256 MiB copy, read + write)." if bw else "CPU: no times."
+    lines = [head, "", "| shape | form | us | % of copy | % of a same-size copy | kernels | "
+             "bit-exact |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in records:
+        us = f"{r['us']:.1f}" if "us" in r else "—"
+        rates = [
+            f"{r[key]:.0%}" if key in r else "—" for key in ("frac_of_copy", "frac_of_same_copy")
+        ]
+        lines.append(f"| {r['shape']} | {r['form']} | {us} | {rates[0]} | {rates[1]} | "
+                     f"{r['kernels']} | {'yes' if r['exact'] else '**no**'} |")  # fmt: skip
+    for r in records:
+        lines += ["", f"### {r['shape']}, {r['form']}", ""]
+        lines += [f"- `{name}`: {config}" for name, config in r["configs"].items()]
+        for source in r["sources"]:
+            lines += ["", "```python", source.strip(), "```"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = probe_parser(__doc__)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("column_maxima_probe.py needs a CUDA GPU (or --device cpu)")
+    gpu = args.device == "cuda"
+    bw = copy_bandwidth() if gpu else None
+    records, copies = [], {}
+    for i, (m, k) in enumerate(SHAPES if gpu else CPU_SHAPES):
+        shape = shape_records(m, k, args.device, bw, copies)
+        if i:  # the sources once: the first shape's
+            shape = [r | dict(sources=[], configs={}) for r in shape]
+        records += shape
+    exact = all(r["exact"] for r in records)
+    verdict = "equal eager's" if exact else "differ from eager's: see the table"
+    print(f"every form's compiled maxima {verdict}" if exact else f"some forms' maxima {verdict}")
+    if not gpu:  # a smoke run: the forms compile and agree; no times to write
+        return
+    write_probe("column_maxima_probe", args, records, table(records, bw))
+
+
+if __name__ == "__main__":
+    main()

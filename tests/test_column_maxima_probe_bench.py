@@ -1,0 +1,36 @@
+"""benchmarks/column_maxima_probe.py on the CPU: every form compiles and equals its eager run,
+the kernels' sources are captured, and the table shows each form's row and sources (times and
+the Triton kernels' kept configs need a GPU: column_maxima_probe_*_<gpu>_<date>.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def probe():
+    return load_benchmark("column_maxima_probe")
+
+
+def test_forms_compile_equal_eager_and_keep_their_sources(probe):
+    records = probe.shape_records(512, 256, "cpu", None, {})
+    assert [r["form"] for r in records] == list(probe.forms())
+    assert all(r["exact"] for r in records)
+    assert all(r["sources"] and r["kernels"] == len(r["sources"]) for r in records)
+    assert all(r["configs"] == {} for r in records)  # no Triton autotuner on the CPU
+    text = probe.table(records, None)
+    assert "| 512x256 | float32 x * s | — | — | — |" in text
+    assert "### 512x256, bf16 x" in text and "```python" in text
+
+
+def test_the_cpu_smoke_run(probe, capsys):
+    probe.main(["--device", "cpu"])
+    assert "every form's compiled maxima equal eager's" in capsys.readouterr().out
+
+
+def test_without_a_gpu_it_exits_with_a_message(probe, monkeypatch):
+    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        probe.main([])
