@@ -86,16 +86,19 @@ def test_op_rejects_shapes_off_the_blocks(op, shape):
 
 
 def test_supports_only_e4m3_128_blocks_of_cuda_weights():
+    block = (128, 128)
     cpu = torch.ones(256, 256)
-    assert not wb.supports(cpu, "e4m3", (128, 128), "inv")  # the CPU: the backends' own path
+    assert not wb.supports(cpu, "e4m3", block, "inv", "nearest")  # CPU: the backends' own path
     if not CUDA_FP8:
         return
     w = cpu.cuda()
-    assert wb.supports(w, "e4m3", (128, 128), "inv") and wb.supports(w, "e4m3", (128, 128), "fp32")
-    assert not wb.supports(w, "e4m3", (1, 128), "inv")
-    assert not wb.supports(w, "e5m2", (128, 128), "inv")
-    assert not wb.supports(w, "e4m3", (128, 128), "pow2")
-    assert not wb.supports(w[:, :200], "e4m3", (128, 128), "inv")
+    assert wb.supports(w, "e4m3", block, "inv", "nearest")
+    assert wb.supports(w, "e4m3", block, "fp32", "nearest")
+    assert not wb.supports(w, "e4m3", (1, 128), "inv", "nearest")
+    assert not wb.supports(w, "e5m2", block, "inv", "nearest")
+    assert not wb.supports(w, "e4m3", block, "pow2", "nearest")
+    assert not wb.supports(w, "e4m3", block, "inv", "stochastic")
+    assert not wb.supports(w[:, :200], "e4m3", block, "inv", "nearest")
 
 
 @pytest.mark.parametrize(
@@ -123,6 +126,24 @@ def test_triton_kernel_equals_operand_quantizer(shape, dtype, inv, compiled):
     w = _weight(*shape, dtype, "cuda", seed=len(shape) + shape[0])
     want = _want(w, inv)
     _check(poisoned_call(lambda t: wb.weight_blocks(t, inv=inv), w, want, compiled), want)
+
+
+def gpu_kernel_cases(test):
+    """The GPU kernel tests' cases (kernels/weight_tensor.py's and weight_rows.py's tests):
+    every GPU shape x float32 and bf16 weights x "inv" and fp32 scales x plain weights and ones
+    with special blocks x eager and compiled."""
+    marks = [
+        pytest.mark.parametrize("shape", GPU_SHAPES),
+        pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]),
+        pytest.mark.parametrize("inv", [True, False]),
+        pytest.mark.parametrize("specials", [False, True]),
+        pytest.mark.parametrize("compiled", [False, True]),
+        needs_gpu,
+        pytest.mark.gpu,
+    ]
+    for mark in marks:
+        test = mark(test)
+    return test
 
 
 def poisoned_call(fn, w: torch.Tensor, want: tuple[torch.Tensor, ...], compiled: bool):

@@ -27,3 +27,8 @@ def test_the_cpu_smoke_run(bench, capsys):
 def test_the_cpu_smoke_run_with_tensor_scales(bench, capsys):
     bench.main(["--device", "cpu", "--granularity", "tensor"])
     assert "the eager forms agree" in capsys.readouterr().out
+
+
+def test_the_cpu_smoke_run_with_row_scales(bench, capsys):
+    bench.main(["--device", "cpu", "--granularity", "rows"])
+    assert "the eager forms agree" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from minifloat import recipes
 from minifloat.kernels import weight_tensor as wt
 from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.kernels.operand import quantize_operand
-from test_weight_blocks import CUDA_FP8, GPU_SHAPES, SHAPES, _weight, needs_gpu, poisoned_call
+from test_weight_blocks import CUDA_FP8, SHAPES, _weight, gpu_kernel_cases, needs_gpu, poisoned_call
 from test_weight_blocks import _check as check_operands
 
 
@@ -51,24 +51,20 @@ def test_op_equals_operand_quantizer_on_cpu(shape, dtype, inv, specials):
 
 def test_supports_only_e4m3_tensor_scales_of_cuda_weights():
     cpu = torch.ones(256, 256)
-    assert not wt.supports(cpu, "e4m3", "tensor", "inv")  # the CPU: the backends' own path
+    assert not wt.supports(cpu, "e4m3", "tensor", "inv", "nearest")  # CPU: the backends' own
     if not CUDA_FP8:
         return
     w = cpu.cuda()
-    assert wt.supports(w, "e4m3", "tensor", "inv") and wt.supports(w, "e4m3", "tensor", "fp32")
-    assert not wt.supports(w, "e4m3", "row", "inv")
-    assert not wt.supports(w, "e5m2", "tensor", "inv")
-    assert not wt.supports(w, "e4m3", "tensor", "pow2")
-    assert not wt.supports(w[:, :200], "e4m3", "tensor", "inv")
+    assert wt.supports(w, "e4m3", "tensor", "inv", "nearest")
+    assert wt.supports(w, "e4m3", "tensor", "fp32", "nearest")
+    assert not wt.supports(w, "e4m3", "row", "inv", "nearest")
+    assert not wt.supports(w, "e5m2", "tensor", "inv", "nearest")
+    assert not wt.supports(w, "e4m3", "tensor", "pow2", "nearest")
+    assert not wt.supports(w, "e4m3", "tensor", "inv", "stochastic")
+    assert not wt.supports(w[:, :200], "e4m3", "tensor", "inv", "nearest")
 
 
-@pytest.mark.gpu
-@needs_gpu
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("specials", [False, True])
-@pytest.mark.parametrize("inv", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", GPU_SHAPES)
+@gpu_kernel_cases
 def test_triton_kernels_equal_operand_quantizer(shape, dtype, inv, specials, compiled):
     w = _inputs(shape, dtype, "cuda", specials)
     want = _want(w, inv)

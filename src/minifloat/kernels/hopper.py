@@ -80,7 +80,7 @@ class HopperBackend(EmulatedBackend):
         """A weight's E4M3 operand and its transpose written by opaque kernels: fp8-blockwise's
         128x128 blocks in one (kernels/weight_blocks.py: five inductor kernels a weight before),
         fp8-tensorwise's one scale in two (kernels/weight_tensor.py); else as emulated."""
-        args = (w, spec.fmt, spec.granularity, spec.scale_format)
+        args = (w, spec.fmt, spec.granularity, spec.scale_format, spec.rounding)
         inv = spec.scale_format == "inv"
         if weight_blocks.supports(*args):
             values, values_t, scale, scale_t = weight_blocks.weight_blocks(w, inv=inv)

@@ -103,15 +103,18 @@ def check_shape(w: torch.Tensor, op: str) -> None:
                          f"got shape {tuple(w.shape)}")  # fmt: skip
 
 
-def supports(w: torch.Tensor, fmt: str, granularity: object, scale_format: str) -> bool:
+def supports(
+    w: torch.Tensor, fmt: str, granularity: object, scale_format: str, rounding: str
+) -> bool:
     """Whether `weight_blocks` takes this weight and operand spec: E4M3 in 128 x 128 blocks with
-    "inv" or fp32 scales, a 2-D CUDA float tensor whose dims are non-zero multiples of 128, on a
-    machine with Triton (elsewhere the backends quantize as before)."""
+    "inv" or fp32 scales, rounded to nearest, of a 2-D CUDA float tensor whose dims are non-zero
+    multiples of 128, on a machine with Triton (elsewhere the backends quantize as before)."""
     return (
         _triton_blocks is not None
         and fmt == "e4m3"
         and granularity == (BLOCK, BLOCK)
         and scale_format in ("inv", "fp32")
+        and rounding == "nearest"
         and fits(w)
     )
 

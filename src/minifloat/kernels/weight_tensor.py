@@ -63,15 +63,18 @@ if _triton_tensor is not None:
         return _triton_tensor(w.contiguous(), formats.get("e4m3").max, inv, traced=True)
 
 
-def supports(w: torch.Tensor, fmt: str, granularity: object, scale_format: str) -> bool:
+def supports(
+    w: torch.Tensor, fmt: str, granularity: object, scale_format: str, rounding: str
+) -> bool:
     """Whether `weight_tensor` takes this weight and operand spec: E4M3 with one "inv" or fp32
-    scale, a 2-D CUDA float tensor whose dims are non-zero multiples of 128, on a machine with
-    Triton (elsewhere the backends quantize as before)."""
+    scale, rounded to nearest, of a 2-D CUDA float tensor whose dims are non-zero multiples of
+    128, on a machine with Triton (elsewhere the backends quantize as before)."""
     return (
         _triton_tensor is not None
         and fmt == "e4m3"
         and granularity == "tensor"
         and scale_format in ("inv", "fp32")
+        and rounding == "nearest"
         and fits(w)
     )
 

@@ -1,0 +1,91 @@
+"""A weight's row-scaled E4M3 operands for fprop (w, a scale per row) and dgrad (wᵀ, a scale per
+column of w) in two Triton kernels (and a memset), the CUDA body of kernels/weight_rows.py's op.
+
+The first kernel takes each 128 x 128 block's row and column maxima (as integers,
+`operand.abs_amax`: non-negative, so an integer maximum orders them) into the whole rows' and
+columns' maxima by atomic maxima (order-independent: deterministic), after a memset of those.
+In the second each program loads its block's 128 row and 128 column maxima, forms both scales
+as `formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does
+(kernels/weight_blocks_triton.py's `scaled_e4m3`), and stores the block cast row-scaled into
+w's layout and column-scaled into wᵀ's. The column-scaled tile is loaded transposed from
+memory (a second, L2-hot read of the block) rather than `tl.trans`ed in registers: Triton 3.6
+wrote wrong bytes for `tl.trans` of FP8 values fresh from a cast (docs/hopper.md's rules), and
+a load needs no transposition of values at all. Importing this module needs Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minifloat.kernels.weight_blocks_triton import NUM_WARPS, block_tile, scaled_e4m3
+
+__all__ = ["weight_rows_2d"]
+
+BLOCK = 128
+
+
+@triton.jit
+def _row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+    pr = tl.program_id(0)
+    pc = tl.program_id(1)
+    bits = block_tile(w, pr, pc, cols, BLOCK).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    r = pr * BLOCK + tl.arange(0, BLOCK)
+    c = pc * BLOCK + tl.arange(0, BLOCK)
+    # amax: [rows] row maxima, then [cols] column maxima, as non-negative int32 bits
+    tl.atomic_max(amax + r, tl.max(bits, axis=1))
+    tl.atomic_max(amax + rows + c, tl.max(bits, axis=0))
+
+
+@triton.jit
+def _rows_cast_kernel(
+    w, amax, q, q_t, scale, mult, scale_t, mult_t, rows, cols,
+    FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip  # pragma: no cover - runs on the GPU
+    pr = tl.program_id(0)
+    pc = tl.program_id(1)
+    r = pr * BLOCK + tl.arange(0, BLOCK)
+    c = pc * BLOCK + tl.arange(0, BLOCK)
+    row_amax = tl.load(amax + r).to(tl.float32, bitcast=True)
+    col_amax = tl.load(amax + rows + c).to(tl.float32, bitcast=True)
+    # fprop's operand: the block row-scaled, in w's layout
+    v = block_tile(w, pr, pc, cols, BLOCK)
+    values, s, m = scaled_e4m3(v, row_amax[:, None], FMT_MAX, INV)
+    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
+    # dgrad's: the block loaded transposed (t[k, n] = w[n, k]), scaled by its column maxima
+    v_t = tl.load(w + r[None, :].to(tl.int64) * cols + c[:, None]).to(tl.float32)
+    values_t, s_t, m_t = scaled_e4m3(v_t, col_amax[:, None], FMT_MAX, INV)
+    tl.store(q_t + c[:, None].to(tl.int64) * rows + r[None, :], values_t)
+    if pc == 0:
+        tl.store(scale + r[:, None], s)
+        tl.store(mult + r[:, None], m)
+    if pr == 0:
+        tl.store(scale_t + c[:, None], s_t)
+        tl.store(mult_t + c[:, None], m_t)
+
+
+def weight_rows_2d(
+    w: torch.Tensor, fmt_max: float, inv: bool, *, num_warps: int = NUM_WARPS, traced: bool = False
+) -> tuple[torch.Tensor, ...]:  # pragma: no cover - runs on the GPU
+    """(values [R, C] row-scaled, values of wᵀ [C, R] row-scaled (w's columns), scale [R, 1],
+    multiplier [R, 1], scale of wᵀ [C, 1], its multiplier [C, 1]; "inv"'s m, the scale again for
+    fp32 scales) of a contiguous 2-D CUDA tensor whose dims are multiples of 128, quantized to
+    float8_e4m3fn. `traced`: launched through `torch.library.wrap_triton` (a `triton_op`)."""
+    rows, cols = w.shape
+    grid = (rows // BLOCK, cols // BLOCK)
+    dev, f32 = w.device, torch.float32
+    amax = torch.zeros(rows + cols, dtype=torch.int32, device=dev)
+    q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=dev)
+    q_t = torch.empty((cols, rows), dtype=torch.float8_e4m3fn, device=dev)
+    scale, mult = (torch.empty((rows, 1), dtype=f32, device=dev) for _ in range(2))
+    scale_t, mult_t = (torch.empty((cols, 1), dtype=f32, device=dev) for _ in range(2))
+    maxima_kernel, cast_kernel = _row_col_maxima_kernel, _rows_cast_kernel
+    if traced:
+        maxima_kernel, cast_kernel = map(torch.library.wrap_triton, (maxima_kernel, cast_kernel))
+    maxima_kernel[grid](w, amax, rows, cols, BLOCK=BLOCK, num_warps=num_warps)
+    cast_kernel[grid](
+        w, amax, q, q_t, scale, mult, scale_t, mult_t, rows, cols,
+        FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, num_warps=num_warps,
+    )  # fmt: skip
+    return q, q_t, scale, mult, scale_t, mult_t
