@@ -11,12 +11,12 @@ written over the kernel time, against a measured device-to-device copy's rate. T
 pass on its own: every kernel inductor makes of a quantizer, timed by inductor's bandwidth
 profiler with the bytes inductor counts for it (each buffer read or written once), and the
 transposed FP8 copy (`transpose_copy`) that eager Hopper GEMMs run after the transposed ones
-(compiled training ran it too until session 60; now the cast's kernel writes them), and
-fp8-blockwise's weight quantizer, one Triton kernel a weight since session 91
-(`weight_passes`). Checks that the
-compiled quantizer's values and scales equal `minifloat.quantize.quantize` on the CPU bit for
-bit (random data with exact grid midpoints, zeros, NaN, inf, subnormals). Also: which fp32 order
-row-wise `_scaled_mm` applies scales in (the emulation uses the same).
+(compiled training ran it too until session 60; now the cast's kernel writes them), and the
+weight ops, each timed whole (`weight_passes`): fp8-blockwise's one Triton kernel a weight
+(session 91), fp8-tensorwise's two (session 92), fp8-rowwise's two (prepared in session 92).
+Checks that the compiled quantizer's values and scales equal `minifloat.quantize.quantize` on
+the CPU bit for bit (random data with exact grid midpoints, zeros, NaN, inf, subnormals). Also:
+which fp32 order row-wise `_scaled_mm` applies scales in (the emulation uses the same).
 Scales in the "inv" format by default, the one every absmax recipe quantizes with since session
 38 (`--scale-format fp32`: the format these tables used until session 58, whose casts keep a clamp
 to the format's range that the "inv" casts leave out; `round_to_storage`).
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -174,28 +175,45 @@ def _kernel_pass(
                 rated=True)  # fmt: skip
 
 
-# fp8-blockwise's weights (out_features, in_features) at the 7B and 1.3B widths, float32 masters
+# The weights (out_features, in_features) at the 7B and 1.3B widths, float32 masters
 WEIGHT_SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008), (2048, 2048), (5632, 2048),
                  (2048, 5632))  # fmt: skip
 
 
+def _weight_ops() -> list[tuple[str, str, Callable, int]]:
+    """(case, kernels, fn(w), bytes an element of w moved by all its kernels) of the weight ops:
+    fp8-blockwise's (one kernel: w read once, E4M3 written twice), fp8-tensorwise's (block
+    maxima, then both casts: w read twice) and fp8-rowwise's (row and column maxima, then its two
+    casts: w read twice, the second read of a block's transposed tile L2-hot, not counted)."""
+    from minifloat.kernels.weight_blocks import weight_blocks
+    from minifloat.kernels.weight_rows import weight_rows
+    from minifloat.kernels.weight_tensor import weight_tensor
+
+    return [
+        ("weight 128x128 e4m3 (values and transpose)", "_weight_blocks_kernel",
+         lambda w: weight_blocks(w, inv=True), 4 + 1 + 1),
+        ("weight tensor e4m3 (values and transpose)", "maxima + cast kernels",
+         lambda w: weight_tensor(w, inv=True), 4 + 4 + 1 + 1),
+        ("weight rows e4m3 (w and wT operands)", "maxima + cast kernels",
+         lambda w: weight_rows(w, inv=True), 4 + 4 + 1 + 1),
+    ]  # fmt: skip
+
+
 def weight_passes(bw: float, copies: dict[int, float]) -> list[dict]:
-    """fp8-blockwise's weight quantizer (kernels/weight_blocks.py: one Triton kernel reading the
-    float32 weight once and writing its E4M3 values twice, row-major and transposed, and both
-    scale layouts) as one pass a weight, timed as inductor's bandwidth profiler times its passes
-    (profiler durations, L2 flushed between calls: a 1.3B weight would otherwise stay in L2)."""
+    """The weight ops (kernels/weight_blocks.py, weight_tensor.py, weight_rows.py), each timed
+    whole (all its kernels) as inductor's bandwidth profiler times its passes (profiler
+    durations, L2 flushed between calls: a 1.3B weight would otherwise stay in L2), rated by the
+    bytes all its kernels move (scales and partial maxima left out: under 1 %)."""
     from torch._inductor.utils import do_bench_using_profiling
 
-    from minifloat.kernels.weight_blocks import weight_blocks
-
     records = []
-    for n, k in WEIGHT_SHAPES:
-        w = torch.randn(n, k, device="cuda") * 0.02
-        kms = do_bench_using_profiling(lambda: weight_blocks(w, inv=True))  # noqa: B023
-        gb = (4 + 1 + 1) * w.numel() / 1e9 + 2 * 4 * (n // 128) * (k // 128) / 1e9
-        records.append(_kernel_pass(f"{n}x{k}", "weight 128x128 e4m3 (values and transpose)",
-                                    "_weight_blocks_kernel", kms, gb, bw, copies))  # fmt: skip
-        print(records[-1], flush=True)
+    for case, kernel, fn, bytes_per_el in _weight_ops():
+        for n, k in WEIGHT_SHAPES:
+            w = torch.randn(n, k, device="cuda") * 0.02
+            kms = do_bench_using_profiling(lambda: fn(w))  # noqa: B023
+            gb = bytes_per_el * w.numel() / 1e9
+            records.append(_kernel_pass(f"{n}x{k}", case, kernel, kms, gb, bw, copies))
+            print(records[-1], flush=True)
     return records
 
 
