@@ -39,7 +39,7 @@ from common import copy_bandwidth, probe_parser, write_probe  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 from quantizer_bandwidth import SHAPES, same_size_copy_us  # noqa: E402
 
-CPU_SHAPES = ((512, 256), (1024, 128))
+CPU_SHAPES = ((512, 256),)
 
 
 def forms() -> dict[str, tuple[Callable, int]]:
