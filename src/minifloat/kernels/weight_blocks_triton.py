@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["weight_blocks_2d", "block_tile", "magnitude_max", "scaled_e4m3", "store_both",
-           "NUM_WARPS"]  # fmt: skip
+__all__ = ["weight_blocks_2d", "block_tile", "magnitude_bits", "magnitude_max", "scaled_e4m3",
+           "store_both", "NUM_WARPS"]  # fmt: skip
 
 # Per 128 x 128 block: 8 and 16 warps within 0.5 us of each other at 1.3B's weight shapes, 4
 # up to 1.4 us slower (`weight_blocks_probe_1.3B_s91b_h200_2026-12-04.md`).
@@ -34,11 +34,16 @@ def block_tile(w, pr, pc, cols, BLOCK: tl.constexpr):  # pragma: no cover - runs
 
 
 @triton.jit
+def magnitude_bits(v):  # pragma: no cover - runs on the GPU
+    """operand.magnitude_bits of float32 `v`: |v|'s bits as int32, ordered as the magnitudes
+    (NaN above inf above every finite value)."""
+    return v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
 def magnitude_max(v):  # pragma: no cover - runs on the GPU
-    """operand.abs_amax of a 2-D float32 tile: the maximum of |v|'s bits as integers (NaN
-    above inf above every finite value), as int32 bits."""
-    bits = v.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    return tl.max(tl.max(bits, axis=1), axis=0)
+    """operand.abs_amax of a 2-D float32 tile, as int32 bits."""
+    return tl.max(tl.max(magnitude_bits(v), axis=1), axis=0)
 
 
 @triton.jit

@@ -11,18 +11,16 @@ kernels/weight_blocks.py, a weight is a leaf with no producer to fuse with, so a
 loses nothing.
 
 Same bits as `operand.quantize_operand(w, "e4m3", "row", ...)` and the same of `w` with
-`transpose=True` (tests/test_weight_rows.py). Eager calls run a Library op, calls under
-torch.compile a `triton_op`; without Triton or CUDA the op computes the same operands with
-kernels/operand.py.
+`transpose=True` (tests/test_weight_rows.py). Registered as kernels/weight_op.py registers the
+weight ops; without Triton or CUDA the op computes the same operands with kernels/operand.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minifloat import formats
+from minifloat.kernels import weight_op
 from minifloat.kernels.operand import quantize_operand
-from minifloat.kernels.weight_blocks import check_shape, fits
 from minifloat.recipe_specs import OperandSpec
 
 __all__ = ["supports", "weight_rows"]
@@ -31,9 +29,6 @@ try:  # Triton ships with CUDA builds of torch; CPU machines have none.
     from minifloat.kernels.weight_rows_triton import weight_rows_2d as _triton_rows
 except ImportError:  # pragma: no cover - depends on the installation
     _triton_rows = None
-
-_LIB = torch.library.Library("minifloat", "FRAGMENT")
-_LIB.define("weight_rows(Tensor w, bool inv) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
 
 
 def _reference(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
@@ -50,34 +45,10 @@ def _reference(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
     return values, values_t, scale, m, scale_t, m_t
 
 
-def _weight_rows(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
-    if w.is_cuda and _triton_rows is not None:
-        return _triton_rows(w.contiguous(), formats.get("e4m3").max, inv)
-    return _reference(w, inv)
-
-
-_LIB.impl("weight_rows", _weight_rows, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("minifloat::weight_rows")
-def _(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
-    rows, cols = w.shape
-    fp8, f32 = torch.float8_e4m3fn, torch.float32
-    row_scales = [w.new_empty((rows, 1), dtype=f32) for _ in range(2)]
-    col_scales = [w.new_empty((cols, 1), dtype=f32) for _ in range(2)]
-    values = [w.new_empty((rows, cols), dtype=fp8), w.new_empty((cols, rows), dtype=fp8)]
-    return (*values, *row_scales, *col_scales)
-
-
-if _triton_rows is not None:
-
-    @torch.library.triton_op("minifloat::weight_rows_traced", mutates_args=())
-    def _weight_rows_traced(
-        w: torch.Tensor, inv: bool
-    ) -> tuple[
-        torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor
-    ]:  # pragma: no cover - GPU
-        return _triton_rows(w.contiguous(), formats.get("e4m3").max, inv, traced=True)
+_op = weight_op.define(
+    "weight_rows", _triton_rows, _reference,
+    lambda rows, cols: [(rows, 1), (rows, 1), (cols, 1), (cols, 1)],
+)  # fmt: skip
 
 
 def supports(w: torch.Tensor, fprop: OperandSpec, dgrad: OperandSpec) -> bool:
@@ -97,7 +68,7 @@ def supports(w: torch.Tensor, fprop: OperandSpec, dgrad: OperandSpec) -> bool:
             for spec in (fprop, dgrad)
         )
         and fprop.scale_format in ("inv", "fp32")
-        and fits(w)
+        and weight_op.fits(w)
     )
 
 
@@ -105,8 +76,4 @@ def weight_rows(w: torch.Tensor, *, inv: bool) -> tuple[torch.Tensor, ...]:
     """(values [R, C] with a scale per row, values of wᵀ [C, R] with a scale per row of wᵀ,
     scale [R, 1], multiplier [R, 1], scale of wᵀ [C, 1], its multiplier [C, 1]; "inv"'s m, the
     scale again for fp32 scales) of `w` quantized to E4M3, without gradient."""
-    check_shape(w, "weight_rows")
-    w = w.detach()
-    if _triton_rows is not None and w.is_cuda and torch.compiler.is_compiling():
-        return torch.ops.minifloat.weight_rows_traced.default(w, inv)  # pragma: no cover
-    return torch.ops.minifloat.weight_rows.default(w, inv)
+    return _op(w, inv)

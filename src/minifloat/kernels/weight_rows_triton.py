@@ -19,18 +19,22 @@ import torch
 import triton
 import triton.language as tl
 
-from minifloat.kernels.weight_blocks_triton import NUM_WARPS, block_tile, scaled_e4m3
+from minifloat.kernels.weight_blocks_triton import (
+    NUM_WARPS,
+    block_tile,
+    magnitude_bits,
+    scaled_e4m3,
+)
+from minifloat.kernels.weight_op import BLOCK
 
 __all__ = ["weight_rows_2d"]
-
-BLOCK = 128
 
 
 @triton.jit
 def _row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
-    bits = block_tile(w, pr, pc, cols, BLOCK).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    bits = magnitude_bits(block_tile(w, pr, pc, cols, BLOCK))
     r = pr * BLOCK + tl.arange(0, BLOCK)
     c = pc * BLOCK + tl.arange(0, BLOCK)
     # amax: [rows] row maxima, then [cols] column maxima, as non-negative int32 bits

@@ -9,17 +9,16 @@ kernels/weight_tensor_triton.py's two kernels (block maxima; then the scale and 
 weight is a leaf with no producer to fuse with, so the opaque op loses nothing.
 
 Same bits as `operand.quantize_operand(w, "e4m3", "tensor", scale_format=...)` and its
-transpose (tests/test_weight_tensor.py). Eager calls run a Library op, calls under torch.compile
-a `triton_op`; without Triton or CUDA the op computes the same operands with kernels/operand.py.
+transpose (tests/test_weight_tensor.py). Registered as kernels/weight_op.py registers the
+weight ops; without Triton or CUDA the op computes the same operands with kernels/operand.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minifloat import formats
+from minifloat.kernels import weight_op
 from minifloat.kernels.operand import quantize_operand
-from minifloat.kernels.weight_blocks import check_shape, fake_operands, fits
 
 __all__ = ["supports", "weight_tensor"]
 
@@ -27,9 +26,6 @@ try:  # Triton ships with CUDA builds of torch; CPU machines have none.
     from minifloat.kernels.weight_tensor_triton import weight_tensor_2d as _triton_tensor
 except ImportError:  # pragma: no cover - depends on the installation
     _triton_tensor = None
-
-_LIB = torch.library.Library("minifloat", "FRAGMENT")
-_LIB.define("weight_tensor(Tensor w, bool inv) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _reference(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
@@ -40,27 +36,9 @@ def _reference(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
     return values, values.t().contiguous(), scale, scale.clone() if m is None else m
 
 
-def _weight_tensor(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
-    if w.is_cuda and _triton_tensor is not None:
-        return _triton_tensor(w.contiguous(), formats.get("e4m3").max, inv)
-    return _reference(w, inv)
-
-
-_LIB.impl("weight_tensor", _weight_tensor, "CompositeExplicitAutograd")
-
-
-@torch.library.register_fake("minifloat::weight_tensor")
-def _(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
-    return fake_operands(w, (1, 1))
-
-
-if _triton_tensor is not None:
-
-    @torch.library.triton_op("minifloat::weight_tensor_traced", mutates_args=())
-    def _weight_tensor_traced(
-        w: torch.Tensor, inv: bool
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # pragma: no cover - GPU
-        return _triton_tensor(w.contiguous(), formats.get("e4m3").max, inv, traced=True)
+_op = weight_op.define(
+    "weight_tensor", _triton_tensor, _reference, lambda rows, cols: [(1, 1), (1, 1)]
+)
 
 
 def supports(
@@ -75,15 +53,11 @@ def supports(
         and granularity == "tensor"
         and scale_format in ("inv", "fp32")
         and rounding == "nearest"
-        and fits(w)
+        and weight_op.fits(w)
     )
 
 
 def weight_tensor(w: torch.Tensor, *, inv: bool) -> tuple[torch.Tensor, ...]:
     """(values [R, C], values transposed [C, R], scale [1, 1], multiplier [1, 1]: "inv"'s m, the
     scale again for fp32 scales) of `w` quantized to E4M3 with one scale, without gradient."""
-    check_shape(w, "weight_tensor")
-    w = w.detach()
-    if _triton_tensor is not None and w.is_cuda and torch.compiler.is_compiling():
-        return torch.ops.minifloat.weight_tensor_traced.default(w, inv)  # pragma: no cover
-    return torch.ops.minifloat.weight_tensor.default(w, inv)
+    return _op(w, inv)

@@ -22,10 +22,9 @@ from minifloat.kernels.weight_blocks_triton import (
     scaled_e4m3,
     store_both,
 )
+from minifloat.kernels.weight_op import BLOCK
 
 __all__ = ["weight_tensor_2d"]
-
-BLOCK = 128
 
 
 @triton.jit
