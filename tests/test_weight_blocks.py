@@ -128,22 +128,25 @@ def test_triton_kernel_equals_operand_quantizer(shape, dtype, inv, compiled):
     _check(poisoned_call(lambda t: wb.weight_blocks(t, inv=inv), w, want, compiled), want)
 
 
-def gpu_kernel_cases(test):
-    """The GPU kernel tests' cases (kernels/weight_tensor.py's and weight_rows.py's tests):
-    every GPU shape x float32 and bf16 weights x "inv" and fp32 scales x plain weights and ones
-    with special blocks x eager and compiled."""
+def weight_cases(shapes: list[tuple[int, int]], *, gpu: bool = False):
+    """The weight ops' kernel tests' cases (kernels/weight_tensor.py's and weight_rows.py's):
+    `shapes` x float32 and bf16 weights x "inv" and fp32 scales x plain weights and ones with
+    special blocks; on the GPU also eager and compiled."""
     marks = [
-        pytest.mark.parametrize("shape", GPU_SHAPES),
+        pytest.mark.parametrize("shape", shapes),
         pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]),
         pytest.mark.parametrize("inv", [True, False]),
         pytest.mark.parametrize("specials", [False, True]),
-        pytest.mark.parametrize("compiled", [False, True]),
-        needs_gpu,
-        pytest.mark.gpu,
     ]
-    for mark in marks:
-        test = mark(test)
-    return test
+    if gpu:
+        marks += [pytest.mark.parametrize("compiled", [False, True]), needs_gpu, pytest.mark.gpu]
+
+    def mark(test):
+        for m in marks:
+            test = m(test)
+        return test
+
+    return mark
 
 
 def poisoned_call(fn, w: torch.Tensor, want: tuple[torch.Tensor, ...], compiled: bool):

@@ -14,7 +14,7 @@ from bits import bits_equal, same_e4m3
 from minifloat import recipes
 from minifloat.kernels import weight_rows as wr
 from minifloat.kernels.emulated import EmulatedBackend
-from test_weight_blocks import CUDA_FP8, SHAPES, _weight, gpu_kernel_cases, poisoned_call
+from test_weight_blocks import CUDA_FP8, GPU_SHAPES, SHAPES, _weight, poisoned_call, weight_cases
 
 NAMES = ("values", "values of wᵀ", "scale", "multiplier", "scale of wᵀ", "multiplier of wᵀ")
 
@@ -52,10 +52,7 @@ def _inputs(shape: tuple[int, int], dtype: torch.dtype, device: str, specials: b
     return w.to(dtype).to(device)
 
 
-@pytest.mark.parametrize("specials", [False, True])
-@pytest.mark.parametrize("inv", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES)
+@weight_cases(SHAPES)
 def test_op_equals_the_backends_quantize_on_cpu(shape, dtype, inv, specials):
     w = _inputs(shape, dtype, "cpu", specials)
     _check(wr.weight_rows(w, inv=inv), _want(w, inv))
@@ -89,7 +86,7 @@ def test_supports_only_fp8_rowwise_weights_on_cuda():
     assert not wr.supports(w[:, :200], fprop, dgrad)
 
 
-@gpu_kernel_cases
+@weight_cases(GPU_SHAPES, gpu=True)
 def test_triton_kernels_equal_the_backends_quantize(shape, dtype, inv, specials, compiled):
     w = _inputs(shape, dtype, "cuda", specials)
     want = _want(w, inv)

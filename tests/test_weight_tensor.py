@@ -15,7 +15,15 @@ from minifloat import recipes
 from minifloat.kernels import weight_tensor as wt
 from minifloat.kernels.emulated import EmulatedBackend
 from minifloat.kernels.operand import quantize_operand
-from test_weight_blocks import CUDA_FP8, SHAPES, _weight, gpu_kernel_cases, needs_gpu, poisoned_call
+from test_weight_blocks import (
+    CUDA_FP8,
+    GPU_SHAPES,
+    SHAPES,
+    _weight,
+    needs_gpu,
+    poisoned_call,
+    weight_cases,
+)
 from test_weight_blocks import _check as check_operands
 
 
@@ -40,10 +48,7 @@ def _inputs(shape: tuple[int, int], dtype: torch.dtype, device: str, specials: b
     return (torch.randn(*shape, generator=gen) * 0.02).to(dtype).to(device)
 
 
-@pytest.mark.parametrize("specials", [False, True])
-@pytest.mark.parametrize("inv", [True, False])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES)
+@weight_cases(SHAPES)
 def test_op_equals_operand_quantizer_on_cpu(shape, dtype, inv, specials):
     w = _inputs(shape, dtype, "cpu", specials)
     _check(wt.weight_tensor(w, inv=inv), _want(w, inv))
@@ -64,7 +69,7 @@ def test_supports_only_e4m3_tensor_scales_of_cuda_weights():
     assert not wt.supports(w[:, :200], "e4m3", "tensor", "inv", "nearest")
 
 
-@gpu_kernel_cases
+@weight_cases(GPU_SHAPES, gpu=True)
 def test_triton_kernels_equal_operand_quantizer(shape, dtype, inv, specials, compiled):
     w = _inputs(shape, dtype, "cuda", specials)
     want = _want(w, inv)
