@@ -14,7 +14,15 @@ from bits import bits_equal, same_e4m3
 from minifloat import recipes
 from minifloat.kernels import weight_rows as wr
 from minifloat.kernels.emulated import EmulatedBackend
-from test_weight_blocks import CUDA_FP8, GPU_SHAPES, SHAPES, _weight, poisoned_call, weight_cases
+from test_weight_blocks import (
+    CUDA_FP8,
+    GPU_SHAPES,
+    SHAPES,
+    _weight,
+    needs_gpu,
+    poisoned_call,
+    weight_cases,
+)
 
 NAMES = ("values", "values of wᵀ", "scale", "multiplier", "scale of wᵀ", "multiplier of wᵀ")
 
@@ -91,3 +99,32 @@ def test_triton_kernels_equal_the_backends_quantize(shape, dtype, inv, specials,
     w = _inputs(shape, dtype, "cuda", specials)
     want = _want(w, inv)
     _check(poisoned_call(lambda t: wr.weight_rows(t, inv=inv), w, want, compiled), want)
+
+
+def test_emulated_backend_makes_no_pair():
+    rowwise = recipes.get("fp8-rowwise")
+    w = _inputs((256, 384), torch.float32, "cpu", False)
+    assert EmulatedBackend().quantize_weight_pair(w, rowwise.fprop.rhs, rowwise.dgrad.rhs) is None
+
+
+@pytest.mark.parametrize("name", ["fp8-rowwise", "fp8-rowwise:scale_format=fp32"])
+@pytest.mark.gpu
+@needs_gpu
+def test_hopper_quantize_weight_pair_uses_the_kernels(name):
+    from minifloat.kernels.hopper import HopperBackend
+
+    recipe = recipes.get(name)
+    w = _inputs((256, 384), torch.float32, "cuda", False)
+    q, q_t = HopperBackend().quantize_weight_pair(w, recipe.fprop.rhs, recipe.dgrad.rhs)
+    assert q_t.data.is_contiguous() and not q_t.transposed  # written, not a view
+    emulated = EmulatedBackend()
+    want = emulated.quantize(w.cpu(), recipe.fprop.rhs)
+    want_t = emulated.quantize(w.cpu(), recipe.dgrad.rhs, transpose=True)
+    for got, ref in ((q, want), (q_t, want_t)):
+        assert bits_equal(got.dequantize().cpu(), ref.dequantize())
+        assert bits_equal(got.scale.cpu(), ref.scale)
+        assert (got.multiplier is None) == (ref.multiplier is None)
+        if ref.multiplier is not None:
+            assert bits_equal(got.multiplier.cpu(), ref.multiplier)
+    other = recipes.get("fp8-tensorwise")
+    assert HopperBackend().quantize_weight_pair(w, other.fprop.rhs, other.dgrad.rhs) is None

@@ -112,7 +112,7 @@ class QuantLinearFunction(torch.autograd.Function):
             reuse_x = need_dw and recipe.wgrad.rhs.reuse
             reuse_w = need_dx and recipe.dgrad.rhs.reuse
             x_q = backend.quantize(x, recipe.fprop.lhs, clip=clip, scale=s_x)
-            x_rhs = w_rhs = delta_rhs = None
+            x_rhs = delta_rhs = None
             # OCC's z reads x before any GEMM does, so that it may be recomputed in backward
             # rather than saved (partition_hints.py)
             if reuse_x and occ_gemm.folds_remainder(recipe):
@@ -120,12 +120,7 @@ class QuantLinearFunction(torch.autograd.Function):
                     backend, x, clip, x_q, unit_scale=recipe.folds("wgrad"),
                     recompute_values=occ_gemm.recomputes_x_values(recipe),
                 )  # fmt: skip
-            plain_w = not isinstance(weight, GatheredWeight)  # not FSDP2's quantized all-gather's
-            if reuse_w and s_w is None and plain_w and not recipe.folds("dgrad"):
-                # made with its transpose (Hopper: kernels/weight_blocks.py, weight_tensor.py)
-                w_q, w_rhs = backend.quantize_with_transpose(weight, recipe.fprop.rhs)
-            else:
-                w_q = _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w)
+            w_q, w_rhs = _weight_operands(backend, recipe, weight, need_dx, s_w)
             y = _fprop(
                 backend, recipe, comp, x_q, w_q, bias, out_dtype, occ_input=(x, clip, weight)
             )
@@ -237,6 +232,29 @@ class QuantLinearFunction(torch.autograd.Function):
             if need_db and ctx.bias_dtype is not None:
                 db = dy.float().sum(dim=0).to(ctx.bias_dtype)
         return dx, dw, db, None, None, None, None, None, None
+
+
+def _weight_operands(
+    backend: Backend,
+    recipe: QuantRecipe,
+    weight: torch.Tensor,
+    need_dx: bool,
+    s_w: torch.Tensor | None,
+) -> tuple[QOperand, QOperand | None]:
+    """fprop's weight operand, and dgrad's where the backend makes it with fprop's (else None:
+    made from fprop's below, or quantized in backward). Together for a plain weight with its own
+    scales (not delayed ones, not FSDP2's quantized all-gather): fprop's values with their
+    transpose where dgrad reuses them (Hopper: one or two kernels, kernels/weight_blocks.py,
+    kernels/weight_tensor.py), or both quantized anew (Hopper: fp8-rowwise's, from two kernels,
+    kernels/weight_rows.py; saved for dgrad, 1 byte a weight element)."""
+    if need_dx and s_w is None and not isinstance(weight, GatheredWeight):
+        if recipe.dgrad.rhs.reuse and not recipe.folds("dgrad"):
+            return backend.quantize_with_transpose(weight, recipe.fprop.rhs)
+        if not recipe.dgrad.rhs.reuse:
+            pair = backend.quantize_weight_pair(weight, recipe.fprop.rhs, recipe.dgrad.rhs)
+            if pair is not None:
+                return pair
+    return _weight_operand(backend, weight, recipe.fprop.rhs, scale=s_w), None
 
 
 def _weight_operand(

@@ -176,6 +176,15 @@ class Backend(Protocol):
         kernels/weight_tensor.py)."""
         ...
 
+    def quantize_weight_pair(
+        self, w: torch.Tensor, fprop: OperandSpec, dgrad: OperandSpec
+    ) -> tuple[QOperand, QOperand] | None:
+        """(`quantize(w, fprop)`, `quantize(w, dgrad, transpose=True)`) made together, where
+        dgrad quantizes the weight anew (fp8-rowwise: a scale per row of wᵀ), or None where this
+        backend has no joint kernel for the pair: dgrad's is then quantized in backward
+        (kernels/weight_rows.py)."""
+        ...
+
     def scaled_mm(
         self,
         a: QOperand,

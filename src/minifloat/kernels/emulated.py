@@ -78,6 +78,11 @@ class EmulatedBackend:
         q = self.quantize(w, spec)
         return q, self.transpose(q)
 
+    def quantize_weight_pair(
+        self, w: torch.Tensor, fprop: OperandSpec, dgrad: OperandSpec
+    ) -> tuple[QOperand, QOperand] | None:
+        return None  # dgrad's operand quantized in backward, from the weight (not saved)
+
     def transpose(self, q: QOperand, *, unit_scale: bool = False) -> QOperand:
         data = q.data.t()  # a view: made contiguous by whatever needs it so (a GEMM, a save)
         flipped = not q.transposed

@@ -11,7 +11,9 @@ these differences, so results never depend on which one ran:
   bit-identical to the eager emulation (GPU tests).
 - Weights whose fprop values dgrad reuses transposed (fp8-blockwise's 128 x 128 blocks,
   fp8-tensorwise's one scale; `quantize_with_transpose`): opaque Triton kernels that write both
-  layouts from the weight (kernels/weight_blocks.py, kernels/weight_tensor.py), same bits.
+  layouts from the weight (kernels/weight_blocks.py, kernels/weight_tensor.py), same bits; and
+  fp8-rowwise's fprop and dgrad operands, each with its own row scales, from two
+  (`quantize_weight_pair`, kernels/weight_rows.py).
 - scaled_mm: `torch._scaled_mm` (kernels/scaled_mm.py), tensor-wise / row-wise / (1x128,
   128x128) / (1x128, 1x128) scales. An output dim that is not a multiple of 16 falls back to the
   emulated GEMM (fp32 matmul of the FP8 values) with a warning; a ragged contraction dim is
@@ -34,7 +36,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from minifloat.exact import to_dtype, written_once
-from minifloat.kernels import microscale, weight_blocks, weight_tensor
+from minifloat.kernels import microscale, weight_blocks, weight_rows, weight_tensor
 from minifloat.kernels import scaled_mm as smm
 from minifloat.kernels.backend import QOperand, fp32_scaled
 from minifloat.kernels.emulated import EmulatedBackend
@@ -96,6 +98,20 @@ class HopperBackend(EmulatedBackend):
                 fp32_scaled(values_t, scale, spec.fmt, "tensor", False),
             )
         return super().quantize_with_transpose(w, spec)
+
+    def quantize_weight_pair(
+        self, w: torch.Tensor, fprop: OperandSpec, dgrad: OperandSpec
+    ) -> tuple[QOperand, QOperand] | None:
+        """fp8-rowwise's fprop (w) and dgrad (wᵀ) operands, each with its own row scales, from
+        two opaque kernels (kernels/weight_rows.py); None for other specs (as emulated)."""
+        if not weight_rows.supports(w, fprop, dgrad):
+            return None
+        inv = fprop.scale_format == "inv"
+        values, values_t, scale, m, scale_t, m_t = weight_rows.weight_rows(w, inv=inv)
+        return (
+            fp32_scaled(values, scale, fprop.fmt, "row", False, m if inv else None),
+            fp32_scaled(values_t, scale_t, dgrad.fmt, "row", False, m_t if inv else None),
+        )
 
     def scaled_mm(
         self,
