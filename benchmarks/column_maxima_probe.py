@@ -66,14 +66,17 @@ def compiled_with_sources(fn: Callable, *args: torch.Tensor) -> tuple[Callable, 
 
 def kept_configs(modules: list) -> dict[str, str]:
     """{kernel name: the config its launcher runs (after autotuning, the one kept), and how
-    many it chose from} of the Triton kernels in inductor's generated `modules`."""
+    many it chose from where torch still lists them} of the Triton kernels in inductor's
+    generated `modules`."""
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
     kept = {}
     for module in modules:
         for name, obj in vars(module).items():
             if isinstance(obj, CachingAutotuner) and obj.launchers:
-                kept[name] = f"{obj.launchers[0].config} (of {len(obj.configs)})"
+                # torch 2.11 drops `configs` once autotuning has chosen (session 93's run).
+                of = f" (of {len(obj.configs)})" if obj.configs is not None else ""
+                kept[name] = f"{obj.launchers[0].config}{of}"
     return kept
 
 
