@@ -211,6 +211,34 @@ def kernel_times(prof, calls: int) -> tuple[dict[str, float], dict[str, float]]:
     return {n: t / 1000.0 / calls for n, t in us.items()}, {n: c / calls for n, c in count.items()}
 
 
+def cold_kernel_times(
+    fn: Callable[[], object], *, reps: int = 10
+) -> tuple[dict[str, float], dict[str, float]]:
+    """`kernel_times` of `fn` per call, the L2 cache flushed before each call (as `time_ms`
+    flushes it: a weight read in training is not in L2 either). The flush is a bitwise NOT of
+    256 MB, a kernel that none of the timed forms launch (their memsets are fills, as
+    `time_ms`'s flush is), profiled alone first and left out by name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = _l2_flush()
+    with profile(activities=[ProfilerActivity.CUDA]) as alone:
+        flush.bitwise_not_()
+        torch.cuda.synchronize()
+    flush_names = set(kernel_times(alone, 1)[0])
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush.bitwise_not_()
+            fn()
+        torch.cuda.synchronize()
+    ms, launches = kernel_times(prof, reps)
+    return (
+        {n: t for n, t in ms.items() if n not in flush_names},
+        {n: c for n, c in launches.items() if n not in flush_names},
+    )
+
+
 def raw_bits(t: torch.Tensor) -> torch.Tensor:
     """t's bytes as uint8 for one-byte dtypes (FP8: `torch.equal` on the bytes, so a NaN equals
     itself), else t itself."""

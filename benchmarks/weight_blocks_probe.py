@@ -23,13 +23,17 @@ block (float32 master weights, "inv" scales as the recipe has them):
   by a separate transpose kernel, slower: `weight_blocks_probe_1.3B_s91b_...`); for tensor
   scales `weight_tensor_2d` (block maxima, then the cast of both layouts; session 92's run,
   `weight_blocks_probe_1.3B_tensor_s92t_...`, put it in the Hopper backend); for row scales
-  `weight_rows_2d` (row and column maxima by atomic maxima, then both casts; prepared in
-  session 92, not yet used by a backend: this probe decides).
+  `weight_rows_2d` (row and column maxima by atomic maxima, then both casts; in the Hopper
+  backend since session 93);
+- for row scales also "<variant> wN": benchmarks/weight_rows_variants.py's cast kernels, which
+  read each block once (`--variants`; session 93's bandwidth run had the op's kernels at 55-76 %
+  of copy).
 
 Every form's bytes are checked against the eager `quantize_operand` first (values, transposed
 values, scales), its outputs allocated where 0x55 bytes were (`poisoned`). Times: medians of
 alternating CUDA-event timings, L2 flushed (`common.alternating_ms`), and each form's kernel
-count from the profiler. Writes
+count and time (each kernel's, too) from the profiler, 10 calls each after an L2 flush (until
+session 93 one call, L2 warm). Writes
 `weight_blocks_probe_<model>[_tensor|_rows][_<tag>]_<gpu>_<date>.{md,json}`. `--device cpu`
 checks the eager forms on the tiny preset's shapes (a smoke test: no Triton there).
 """
@@ -44,7 +48,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import alternating_ms, kernel_times, probe_parser, same_bits, write_probe  # noqa: E402
+from common import alternating_ms, cold_kernel_times, probe_parser, same_bits, write_probe  # noqa: E402
 from minifloat.exact import written_once  # noqa: E402
 from minifloat.kernels.operand import quantize_operand  # noqa: E402
 from minifloat.models.llama import get_config  # noqa: E402
@@ -86,7 +90,9 @@ def inductor_both(w: torch.Tensor, granularity: str = "block") -> tuple[torch.Te
     return values, written_once(values).t().contiguous(), scale
 
 
-def cuda_forms(w: torch.Tensor, granularity: str, warps: list[int]) -> dict[str, Callable]:
+def cuda_forms(
+    w: torch.Tensor, granularity: str, warps: list[int], variants: list[str]
+) -> dict[str, Callable]:
     """The timed forms of one CUDA weight (the module docstring)."""
     from minifloat.kernels.weight_blocks_triton import weight_blocks_2d
     from minifloat.kernels.weight_rows_triton import weight_rows_2d
@@ -107,6 +113,14 @@ def cuda_forms(w: torch.Tensor, granularity: str, warps: list[int]) -> dict[str,
     )
     for n in warps:
         forms[f"triton w{n}"] = lambda n=n: triton_form(w, 448.0, True, num_warps=n)
+    if granularity == "rows":
+        from weight_rows_variants import weight_rows_variant
+
+        for v in variants:
+            for n in warps:
+                forms[f"{v} w{n}"] = functools.partial(
+                    weight_rows_variant, w, 448.0, True, variant=v, num_warps=n
+                )
     return forms
 
 
@@ -118,6 +132,12 @@ def poisoned(fn: Callable[[], tuple], like: tuple[torch.Tensor, ...]) -> tuple:
                        device=t.device) for t in like]  # fmt: skip
     del junk
     return fn()
+
+
+def _split(kernels: dict[str, float]) -> str:
+    """Each kernel's time in us, by name (the first 28 characters), slowest first."""
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"`{name[:28]}` {ms * 1e3:.1f}" for name, ms in ranked)
 
 
 def _ints(text: str) -> list[int]:
@@ -132,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--granularity", default="block", choices=sorted(GRANULARITY),
                     help="block: fp8-blockwise's weights; tensor: fp8-tensorwise's; rows: "
                          "fp8-rowwise's (fprop's and dgrad's operands)")  # fmt: skip
+    ap.add_argument("--variants", default="addr,trans32",
+                    help="rows: benchmarks/weight_rows_variants.py's cast kernels to time too "
+                         "('' for none)")  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
@@ -149,13 +172,12 @@ def main(argv: list[str] | None = None) -> None:
                 assert same_bits((values.t(),), (t_values,))
         print("cpu smoke run: the eager forms agree")
         return
-    from torch.profiler import ProfilerActivity, profile
-
     records = []
     for names, n, k in weight_shapes(model):
         w = (torch.randn(n, k, generator=gen) * 0.02).cuda()
         want = inductor_both(w, args.granularity)  # eager: the definition
-        forms = cuda_forms(w, args.granularity, _ints(args.warps))
+        variants = [v for v in args.variants.split(",") if v]
+        forms = cuda_forms(w, args.granularity, _ints(args.warps), variants)
         same = {}
         for form, fn in forms.items():
             got = poisoned(fn, want)  # (q, q_t, s, ...), or inductor fwd's (q, s)
@@ -163,26 +185,24 @@ def main(argv: list[str] | None = None) -> None:
             same[form] = same_bits(want if len(got) == 3 else (want[0], want[2]), got)
         ms = alternating_ms(forms, reps=args.reps)
         for form, fn in forms.items():
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                fn()
-                torch.cuda.synchronize()
-            kernels, launches = kernel_times(prof, 1)
+            kernels, launches = cold_kernel_times(fn)
             records.append({"weights": names, "rows": n, "cols": k, "form": form,
                             "ms": ms[form], "same_bits": same[form],
                             "kernels": round(sum(launches.values())),
-                            "kernel_ms": sum(kernels.values()),
+                            "kernel_ms": sum(kernels.values()), "kernel_split": kernels,
                             "gbps_read": n * k * 4 / ms[form] / 1e6})  # fmt: skip
     scales = {"block": "128 x 128 blocks", "tensor": "one a tensor",
               "rows": "one a row of w (fprop) and of wᵀ (dgrad)"}[args.granularity]  # fmt: skip
     lines = [f"{model}: one block's weights (float32), E4M3 with \"inv\" scales, {scales}; "
-             f"median of {args.reps} alternating timings, L2 flushed; kernels per call "
-             "from the profiler.", "",
+             f"median of {args.reps} alternating timings, L2 flushed; kernels and their time "
+             "per call from the profiler (10 calls, L2 flushed before each).", "",
              "| weights | shape | form | ms | kernels | kernel ms | weight read GB/s | "
-             "same bits |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "same bits | each kernel (us) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in records:
         lines.append(f"| {r['weights']} | {r['rows']} x {r['cols']} | {r['form']} | "
                      f"{r['ms'] * 1e3:.1f} us | {r['kernels']} | {r['kernel_ms'] * 1e3:.1f} us | "
-                     f"{r['gbps_read']:.0f} | {r['same_bits']} |")  # fmt: skip
+                     f"{r['gbps_read']:.0f} | {r['same_bits']} | "
+                     f"{_split(r['kernel_split'])} |")  # fmt: skip
     base = f"weight_blocks_probe_{model}" + ("" if args.granularity == "block" else
                                               f"_{args.granularity}")  # fmt: skip
     write_probe(base, args, records, "\n".join(lines))

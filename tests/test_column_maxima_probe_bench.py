@@ -34,3 +34,19 @@ def test_without_a_gpu_it_exits_with_a_message(probe, monkeypatch):
     monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         probe.main([])
+
+
+@pytest.mark.parametrize("configs, suffix", [(["a", "b", "c"], " (of 3)"), (None, "")])
+def test_kept_configs_with_and_without_the_autotuners_list(probe, configs, suffix):
+    # torch 2.11 drops an autotuner's `configs` once it has chosen (session 93's GPU run)
+    import types
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+
+    tuner = object.__new__(CachingAutotuner)
+    tuner.launchers = [types.SimpleNamespace(config="XBLOCK: 64, num_warps: 4")]
+    tuner.configs = configs
+    module = types.SimpleNamespace(triton_red_fused_amax_0=tuner, other=1)
+    assert probe.kept_configs([module]) == {
+        "triton_red_fused_amax_0": "XBLOCK: 64, num_warps: 4" + suffix
+    }

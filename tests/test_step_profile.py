@@ -124,3 +124,19 @@ def test_probe_results_carry_the_command_and_tag(tmp_path, monkeypatch):
     assert md.name == f"a_probe_t_{common.gpu_tag()}_2026-01-01.md"
     assert "`benchmarks/a_probe.py --tag t`\n\n| a |" in md.read_text()
     assert md.with_suffix(".json").read_text().strip().startswith("[")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cold_kernel_times_leave_out_only_the_flush():
+    common = load_benchmark("common")
+    x = torch.ones(1 << 20, device="cuda")
+
+    def fn() -> None:
+        torch.zeros(256, device="cuda")  # a fill, as the flush of time_ms is
+        x.mul_(2)
+
+    ms, launches = common.cold_kernel_times(fn, reps=4)
+    assert not any("bitwise_not" in name for name in ms)
+    assert sorted(launches.values()) == [1.0, 1.0]  # the fill and the multiply, once a call
+    assert all(t > 0 for t in ms.values())

@@ -27,11 +27,12 @@ from minifloat.kernels.weight_blocks_triton import (
 )
 from minifloat.kernels.weight_op import BLOCK
 
-__all__ = ["weight_rows_2d"]
+# fprop_cast, rows_buffers and the maxima kernel also serve benchmarks/weight_rows_variants.py
+__all__ = ["weight_rows_2d", "fprop_cast", "row_col_maxima_kernel", "rows_buffers"]
 
 
 @triton.jit
-def _row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+def row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
     bits = magnitude_bits(block_tile(w, pr, pc, cols, BLOCK))
@@ -43,30 +44,55 @@ def _row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma:
 
 
 @triton.jit
+def fprop_cast(
+    w, amax, q, scale, mult, pr, pc, rows, cols,
+    FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip  # pragma: no cover - runs on the GPU
+    """Block (pr, pc) of w cast row-scaled into fprop's operand `q` in w's layout (and the
+    rows' scale and multiplier, by the first column of blocks); returns the block as float32
+    and its columns' maxima, for dgrad's cast."""
+    r = pr * BLOCK + tl.arange(0, BLOCK)
+    c = pc * BLOCK + tl.arange(0, BLOCK)
+    row_amax = tl.load(amax + r).to(tl.float32, bitcast=True)
+    col_amax = tl.load(amax + rows + c).to(tl.float32, bitcast=True)
+    v = block_tile(w, pr, pc, cols, BLOCK)
+    values, s, m = scaled_e4m3(v, row_amax[:, None], FMT_MAX, INV)
+    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
+    if pc == 0:
+        tl.store(scale + r[:, None], s)
+        tl.store(mult + r[:, None], m)
+    return v, col_amax
+
+
+@triton.jit
 def _rows_cast_kernel(
     w, amax, q, q_t, scale, mult, scale_t, mult_t, rows, cols,
     FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
+    _, col_amax = fprop_cast(w, amax, q, scale, mult, pr, pc, rows, cols, FMT_MAX, INV, BLOCK)
+    # dgrad's: the block loaded transposed (t[k, n] = w[n, k]), scaled by its column maxima
     r = pr * BLOCK + tl.arange(0, BLOCK)
     c = pc * BLOCK + tl.arange(0, BLOCK)
-    row_amax = tl.load(amax + r).to(tl.float32, bitcast=True)
-    col_amax = tl.load(amax + rows + c).to(tl.float32, bitcast=True)
-    # fprop's operand: the block row-scaled, in w's layout
-    v = block_tile(w, pr, pc, cols, BLOCK)
-    values, s, m = scaled_e4m3(v, row_amax[:, None], FMT_MAX, INV)
-    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
-    # dgrad's: the block loaded transposed (t[k, n] = w[n, k]), scaled by its column maxima
     v_t = tl.load(w + r[None, :].to(tl.int64) * cols + c[:, None]).to(tl.float32)
     values_t, s_t, m_t = scaled_e4m3(v_t, col_amax[:, None], FMT_MAX, INV)
     tl.store(q_t + c[:, None].to(tl.int64) * rows + r[None, :], values_t)
-    if pc == 0:
-        tl.store(scale + r[:, None], s)
-        tl.store(mult + r[:, None], m)
     if pr == 0:
         tl.store(scale_t + c[:, None], s_t)
         tl.store(mult_t + c[:, None], m_t)
+
+
+def rows_buffers(w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - GPU
+    """(amax zeroed [R + C] int32, then the outputs of `weight_rows_2d`, unwritten) for `w`."""
+    rows, cols = w.shape
+    dev, f32, fp8 = w.device, torch.float32, torch.float8_e4m3fn
+    amax = torch.zeros(rows + cols, dtype=torch.int32, device=dev)
+    q = torch.empty((rows, cols), dtype=fp8, device=dev)
+    q_t = torch.empty((cols, rows), dtype=fp8, device=dev)
+    scale, mult = (torch.empty((rows, 1), dtype=f32, device=dev) for _ in range(2))
+    scale_t, mult_t = (torch.empty((cols, 1), dtype=f32, device=dev) for _ in range(2))
+    return amax, q, q_t, scale, mult, scale_t, mult_t
 
 
 def weight_rows_2d(
@@ -78,18 +104,12 @@ def weight_rows_2d(
     float8_e4m3fn. `traced`: launched through `torch.library.wrap_triton` (a `triton_op`)."""
     rows, cols = w.shape
     grid = (rows // BLOCK, cols // BLOCK)
-    dev, f32 = w.device, torch.float32
-    amax = torch.zeros(rows + cols, dtype=torch.int32, device=dev)
-    q = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=dev)
-    q_t = torch.empty((cols, rows), dtype=torch.float8_e4m3fn, device=dev)
-    scale, mult = (torch.empty((rows, 1), dtype=f32, device=dev) for _ in range(2))
-    scale_t, mult_t = (torch.empty((cols, 1), dtype=f32, device=dev) for _ in range(2))
-    maxima_kernel, cast_kernel = _row_col_maxima_kernel, _rows_cast_kernel
+    amax, *outputs = rows_buffers(w)
+    maxima, cast = row_col_maxima_kernel, _rows_cast_kernel
     if traced:
-        maxima_kernel, cast_kernel = map(torch.library.wrap_triton, (maxima_kernel, cast_kernel))
-    maxima_kernel[grid](w, amax, rows, cols, BLOCK=BLOCK, num_warps=num_warps)
-    cast_kernel[grid](
-        w, amax, q, q_t, scale, mult, scale_t, mult_t, rows, cols,
-        FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, num_warps=num_warps,
-    )  # fmt: skip
-    return q, q_t, scale, mult, scale_t, mult_t
+        maxima, cast = map(torch.library.wrap_triton, (maxima, cast))
+    maxima[grid](w, amax, rows, cols, BLOCK=BLOCK, num_warps=num_warps)
+    cast[grid](
+        w, amax, *outputs, rows, cols, FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, num_warps=num_warps
+    )
+    return tuple(outputs)
