@@ -13,7 +13,14 @@ the bands' maximum) compiled alone:
 - "bf16 x": the magnitude bits of x itself (16-bit integers), as the plain quantizer does;
 - "float32 x": of x converted to float32 (32-bit integers: the width);
 - "float32 x * 2": times a constant (the multiply, no second input);
-- "float32 x * s": times s, the fold's maxima (the load of s along the reduced dim).
+- "float32 x * s": times s, the fold's maxima (the load of s along the reduced dim);
+- "triton band=B rows=R cols=C warps=W" (session 94): the fold's maxima by a Triton kernel of
+  our own, each program a band of B rows by C columns in loads of R rows, s loaded once a row,
+  an elementwise running maximum reduced across rows once at the end (session 84's tilings in
+  maxima_ceiling_probe.py reduced every load, 35-58 % of copy), then the bands' maximum
+  (`torch.amax`, its kernel counted). Why: session 94's run showed inductor's fold loading s
+  as a [columns x rows] tile, one address an element of x, since s's index there depends on
+  the program's columns (`x1 = xindex // K`): as many loads of s as of x.
 
 Each form's maxima equal its eager run bit for bit (checked), its GPU time is the profiler's
 with the L2 flushed (`do_bench_using_profiling`, all its kernels), rated against the copy and
@@ -28,6 +35,7 @@ configuration its autotuner kept.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +48,9 @@ from minifloat.kernels import operand  # noqa: E402
 from quantizer_bandwidth import SHAPES, same_size_copy_us  # noqa: E402
 
 CPU_SHAPES = ((512, 256),)
+# (band, rows a load, columns, warps) of the Triton form; the columns divide every K here
+TILES = ((256, 32, 128, 4), (256, 16, 256, 4), (256, 64, 128, 8), (512, 32, 128, 4),
+         (128, 32, 128, 4), (256, 32, 64, 2), (256, 8, 256, 2), (1024, 32, 128, 4))  # fmt: skip
 
 
 def forms() -> dict[str, tuple[Callable, int]]:
@@ -50,6 +61,71 @@ def forms() -> dict[str, tuple[Callable, int]]:
         "float32 x * 2": (lambda x, s: operand._column_amax(x.float() * 2.0), 0),
         "float32 x * s": (lambda x, s: operand._column_amax(x.float() * s), 1),
     }
+
+
+@functools.cache
+def fold_kernel():
+    """The fold's column maxima partials as a Triton kernel (built on first use)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def fold_band_maxima(x_ptr, s_ptr, part_ptr, k, BAND: tl.constexpr, ROWS: tl.constexpr,
+                         COLS: tl.constexpr):  # fmt: skip
+        band = tl.program_id(0)
+        cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
+        acc = tl.zeros([ROWS, COLS], dtype=tl.int32)  # magnitudes' bits: >= 0
+        for r0 in tl.range(0, BAND, ROWS):
+            rows = band * BAND + r0 + tl.arange(0, ROWS)
+            v = tl.load(x_ptr + rows[:, None].to(tl.int64) * k + cols[None, :]).to(tl.float32)
+            s = tl.load(s_ptr + rows)
+            acc = tl.maximum(acc, (v * s[:, None]).to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        tl.store(part_ptr + band * k + cols, tl.max(acc, axis=0))
+
+    return fold_band_maxima
+
+
+def triton_fold(x: torch.Tensor, s: torch.Tensor, tile: tuple[int, ...]) -> Callable:
+    """A call of `fold_kernel` with `tile` on contiguous x [M, K] and s [M, 1] that returns the
+    [1, K] float32 maxima, as `operand._column_amax(x.float() * s)`; None where the tile does
+    not divide x."""
+    band, rows, cols, warps = tile
+    m, k = x.shape
+    if m % band or k % cols or band % rows:
+        return None
+    part = torch.empty(m // band, k, dtype=torch.int32, device=x.device)
+    kernel = fold_kernel()
+
+    def run() -> torch.Tensor:
+        kernel[(m // band, k // cols)](x, s, part, k, BAND=band, ROWS=rows, COLS=cols,
+                                       num_warps=warps)  # fmt: skip
+        return part.amax(dim=0, keepdim=True).view(torch.float32)
+
+    return run
+
+
+def triton_records(x, s, want, bw, copies) -> list[dict]:
+    """Every tiling of the Triton fold at x's shape: bit check against `want`, time, rates."""
+    from torch._inductor.utils import do_bench_using_profiling
+
+    m, k = x.shape
+    nbytes = 2 * x.numel() + 4 * m + 4 * k
+    records = []
+    for tile in TILES:
+        run = triton_fold(x, s, tile)
+        if run is None:
+            continue
+        form = "triton band={} rows={} cols={} warps={}".format(*tile)
+        exact = torch.equal(run().view(torch.int32), want.view(torch.int32))
+        rec = dict(shape=f"{m}x{k}", form=form, gb=nbytes / 1e9, kernels=2, sources=[],
+                   configs={}, exact=exact)  # fmt: skip
+        if bw is not None:
+            us = do_bench_using_profiling(run) * 1e3
+            rec |= dict(us=us, frac_of_copy=rec["gb"] / us * 1e6 / bw,
+                        frac_of_same_copy=same_size_copy_us(rec["gb"], copies) / us)  # fmt: skip
+        print({key: v for key, v in rec.items() if key != "sources"}, flush=True)
+        records.append(rec)
+    return records
 
 
 def compiled_with_sources(fn: Callable, *args: torch.Tensor) -> tuple[Callable, list[str], dict]:
@@ -102,7 +178,18 @@ def shape_records(m: int, k: int, device: str, bw: float | None, copies: dict) -
                         frac_of_same_copy=same_size_copy_us(rec["gb"], copies) / us)  # fmt: skip
         print({key: v for key, v in rec.items() if key != "sources"}, flush=True)
         records.append(rec)
+    if x.is_cuda or triton_interpreted():
+        fold = operand._column_amax(x.float() * s)  # eager: the definition
+        records += triton_records(x.contiguous(), s.contiguous(), fold, bw, copies)
     return records
+
+
+def triton_interpreted() -> bool:
+    """Whether Triton runs in its interpreter here (TRITON_INTERPRET=1, Triton installed)."""
+    import importlib.util
+    import os
+
+    return bool(os.environ.get("TRITON_INTERPRET")) and importlib.util.find_spec("triton")
 
 
 def table(records: list[dict], bw: float | None) -> str:
@@ -118,7 +205,7 @@ def table(records: list[dict], bw: float | None) -> str:
         ]
         lines.append(f"| {r['shape']} | {r['form']} | {us} | {rates[0]} | {rates[1]} | "
                      f"{r['kernels']} | {'yes' if r['exact'] else '**no**'} |")  # fmt: skip
-    for r in records:
+    for r in (r for r in records if r["sources"] or r["configs"]):
         lines += ["", f"### {r['shape']}, {r['form']}", ""]
         lines += [f"- `{name}`: {config}" for name, config in r["configs"].items()]
         for source in r["sources"]:

@@ -25,9 +25,8 @@ block (float32 master weights, "inv" scales as the recipe has them):
   `weight_blocks_probe_1.3B_tensor_s92t_...`, put it in the Hopper backend); for row scales
   `weight_rows_2d` (row and column maxima by atomic maxima, then both casts; in the Hopper
   backend since session 93);
-- for row scales also "<variant> wN": benchmarks/weight_rows_variants.py's cast kernels, which
-  read each block once (`--variants`; session 93's bandwidth run had the op's kernels at 55-76 %
-  of copy).
+  (session 94's run also timed two cast kernels that read each block once, "addr" and
+  "trans32", `weight_blocks_probe_1.3B_rows_s94_...`: "addr" at 4 warps replaced the op's);
 
 Every form's bytes are checked against the eager `quantize_operand` first (values, transposed
 values, scales), its outputs allocated where 0x55 bytes were (`poisoned`). Times: medians of
@@ -90,9 +89,7 @@ def inductor_both(w: torch.Tensor, granularity: str = "block") -> tuple[torch.Te
     return values, written_once(values).t().contiguous(), scale
 
 
-def cuda_forms(
-    w: torch.Tensor, granularity: str, warps: list[int], variants: list[str]
-) -> dict[str, Callable]:
+def cuda_forms(w: torch.Tensor, granularity: str, warps: list[int]) -> dict[str, Callable]:
     """The timed forms of one CUDA weight (the module docstring)."""
     from minifloat.kernels.weight_blocks_triton import weight_blocks_2d
     from minifloat.kernels.weight_rows_triton import weight_rows_2d
@@ -113,14 +110,6 @@ def cuda_forms(
     )
     for n in warps:
         forms[f"triton w{n}"] = lambda n=n: triton_form(w, 448.0, True, num_warps=n)
-    if granularity == "rows":
-        from weight_rows_variants import weight_rows_variant
-
-        for v in variants:
-            for n in warps:
-                forms[f"{v} w{n}"] = functools.partial(
-                    weight_rows_variant, w, 448.0, True, variant=v, num_warps=n
-                )
     return forms
 
 
@@ -152,9 +141,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--granularity", default="block", choices=sorted(GRANULARITY),
                     help="block: fp8-blockwise's weights; tensor: fp8-tensorwise's; rows: "
                          "fp8-rowwise's (fprop's and dgrad's operands)")  # fmt: skip
-    ap.add_argument("--variants", default="addr,trans32",
-                    help="rows: benchmarks/weight_rows_variants.py's cast kernels to time too "
-                         "('' for none)")  # fmt: skip
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = ap.parse_args(argv)
     cuda = args.device == "cuda"
@@ -176,8 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     for names, n, k in weight_shapes(model):
         w = (torch.randn(n, k, generator=gen) * 0.02).cuda()
         want = inductor_both(w, args.granularity)  # eager: the definition
-        variants = [v for v in args.variants.split(",") if v]
-        forms = cuda_forms(w, args.granularity, _ints(args.warps), variants)
+        forms = cuda_forms(w, args.granularity, _ints(args.warps))
         same = {}
         for form, fn in forms.items():
             got = poisoned(fn, want)  # (q, q_t, s, ...), or inductor fwd's (q, s)

@@ -4,7 +4,10 @@ the Triton kernels' kept configs need a GPU: column_maxima_probe_*_<gpu>_<date>.
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from scripts import load_benchmark
 
@@ -16,6 +19,8 @@ def probe():
 
 def test_forms_compile_equal_eager_and_keep_their_sources(probe):
     records = probe.shape_records(512, 256, "cpu", None, {})
+    # (and in Triton's interpreter the Triton tilings after them: the test below)
+    records = [r for r in records if not r["form"].startswith("triton")]
     assert [r["form"] for r in records] == list(probe.forms())
     assert all(r["exact"] for r in records)
     assert all(r["sources"] and r["kernels"] == len(r["sources"]) for r in records)
@@ -50,3 +55,30 @@ def test_kept_configs_with_and_without_the_autotuners_list(probe, configs, suffi
     assert probe.kept_configs([module]) == {
         "triton_red_fused_amax_0": "XBLOCK: 64, num_warps: 4" + suffix
     }
+
+
+@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+def test_triton_fold_tilings_equal_the_fold_in_the_interpreter(probe, monkeypatch):
+    tiles = ((256, 32, 128, 4), (128, 64, 64, 4), (512, 16, 256, 2), (256, 48, 128, 4))
+    monkeypatch.setattr(probe, "TILES", tiles)
+    records = probe.shape_records(512, 256, "cpu", None, {})
+    tiled = [r for r in records if r["form"].startswith("triton")]
+    # the last tiling's rows do not divide its band: skipped, not run
+    assert [r["form"] for r in tiled] == [
+        "triton band=256 rows=32 cols=128 warps=4",
+        "triton band=128 rows=64 cols=64 warps=4",
+        "triton band=512 rows=16 cols=256 warps=2",
+    ]
+    assert all(r["exact"] for r in tiled)
+    assert "### 512x256, triton" not in probe.table(records, None)
+
+
+@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+def test_triton_fold_notices_wrong_maxima(probe):
+    x = torch.randn(256, 128).bfloat16()
+    s = torch.rand(256, 1) + 0.5
+    fold = probe.operand._column_amax(x.float() * s)
+    run = probe.triton_fold(x, s, (256, 32, 128, 4))
+    assert torch.equal(run(), fold)
+    x[17, 5] = 1000.0  # a new maximum in one column: the stale want no longer matches
+    assert not torch.equal(run(), fold)

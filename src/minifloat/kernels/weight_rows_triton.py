@@ -4,13 +4,16 @@ column of w) in two Triton kernels (and a memset), the CUDA body of kernels/weig
 The first kernel takes each 128 x 128 block's row and column maxima (as integers,
 `operand.abs_amax`: non-negative, so an integer maximum orders them) into the whole rows' and
 columns' maxima by atomic maxima (order-independent: deterministic), after a memset of those.
-In the second each program loads its block's 128 row and 128 column maxima, forms both scales
-as `formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does
+In the second each program loads its block once with its 128 row and 128 column maxima, forms
+both scales as `formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does
 (kernels/weight_blocks_triton.py's `scaled_e4m3`), and stores the block cast row-scaled into
-w's layout and column-scaled into wᵀ's. The column-scaled tile is loaded transposed from
-memory (a second, L2-hot read of the block) rather than `tl.trans`ed in registers: Triton 3.6
-wrote wrong bytes for `tl.trans` of FP8 values fresh from a cast (docs/hopper.md's rules), and
-a load needs no transposition of values at all. Importing this module needs Triton.
+w's layout and column-scaled through wᵀ's addresses (no `tl.trans`: Triton 3.6 wrote wrong
+bytes for `tl.trans` of FP8 values fresh from a cast, docs/hopper.md's rules; the compiler
+converts the FP8 tile's layout for the store). Until session 94 the cast kernel loaded the
+block a second time, transposed; reading it once with 4 warps rather than 8 took the op's
+kernels from 47.7 to 36.4 us for a 5632 x 2048 float32 weight, 18.7 to 18.0 us for 2048 x
+2048 (`weight_blocks_probe_1.3B_rows_s94_h200_2026-12-04.md`, profiler time, L2 flushed).
+Importing this module needs Triton.
 """
 
 from __future__ import annotations
@@ -20,19 +23,22 @@ import triton
 import triton.language as tl
 
 from minifloat.kernels.weight_blocks_triton import (
-    NUM_WARPS,
     block_tile,
     magnitude_bits,
     scaled_e4m3,
 )
 from minifloat.kernels.weight_op import BLOCK
 
-# fprop_cast, rows_buffers and the maxima kernel also serve benchmarks/weight_rows_variants.py
-__all__ = ["weight_rows_2d", "fprop_cast", "row_col_maxima_kernel", "rows_buffers"]
+__all__ = ["weight_rows_2d", "NUM_WARPS"]
+
+# 4 warps a 128 x 128 block: 36.4-37.0 us for 1.3B's 46 MB weights against 8's 51.9-52.1 and
+# 16's 59.0-59.7, and 18.0 against 20.4 and 22.7 for its 2048 x 2048 ones (session 94's probe,
+# the cast kernel that reads each block once; the op's earlier kernels ranked the warps alike).
+NUM_WARPS = 4
 
 
 @triton.jit
-def row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
+def _row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: no cover - GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
     bits = magnitude_bits(block_tile(w, pr, pc, cols, BLOCK))
@@ -44,7 +50,7 @@ def row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma: 
 
 
 @triton.jit
-def fprop_cast(
+def _fprop_cast(
     w, amax, q, scale, mult, pr, pc, rows, cols,
     FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
@@ -71,19 +77,18 @@ def _rows_cast_kernel(
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
-    _, col_amax = fprop_cast(w, amax, q, scale, mult, pr, pc, rows, cols, FMT_MAX, INV, BLOCK)
-    # dgrad's: the block loaded transposed (t[k, n] = w[n, k]), scaled by its column maxima
+    v, col_amax = _fprop_cast(w, amax, q, scale, mult, pr, pc, rows, cols, FMT_MAX, INV, BLOCK)
+    # dgrad's: the same tile scaled by its column maxima, stored at wᵀ's addresses
     r = pr * BLOCK + tl.arange(0, BLOCK)
     c = pc * BLOCK + tl.arange(0, BLOCK)
-    v_t = tl.load(w + r[None, :].to(tl.int64) * cols + c[:, None]).to(tl.float32)
-    values_t, s_t, m_t = scaled_e4m3(v_t, col_amax[:, None], FMT_MAX, INV)
-    tl.store(q_t + c[:, None].to(tl.int64) * rows + r[None, :], values_t)
+    values_t, s_t, m_t = scaled_e4m3(v, col_amax[None, :], FMT_MAX, INV)
+    tl.store(q_t + c[None, :].to(tl.int64) * rows + r[:, None], values_t)
     if pr == 0:
-        tl.store(scale_t + c[:, None], s_t)
-        tl.store(mult_t + c[:, None], m_t)
+        tl.store(scale_t + c[None, :], s_t)
+        tl.store(mult_t + c[None, :], m_t)
 
 
-def rows_buffers(w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - GPU
+def _rows_buffers(w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - GPU
     """(amax zeroed [R + C] int32, then the outputs of `weight_rows_2d`, unwritten) for `w`."""
     rows, cols = w.shape
     dev, f32, fp8 = w.device, torch.float32, torch.float8_e4m3fn
@@ -104,8 +109,8 @@ def weight_rows_2d(
     float8_e4m3fn. `traced`: launched through `torch.library.wrap_triton` (a `triton_op`)."""
     rows, cols = w.shape
     grid = (rows // BLOCK, cols // BLOCK)
-    amax, *outputs = rows_buffers(w)
-    maxima, cast = row_col_maxima_kernel, _rows_cast_kernel
+    amax, *outputs = _rows_buffers(w)
+    maxima, cast = _row_col_maxima_kernel, _rows_cast_kernel
     if traced:
         maxima, cast = map(torch.library.wrap_triton, (maxima, cast))
     maxima[grid](w, amax, rows, cols, BLOCK=BLOCK, num_warps=num_warps)
