@@ -18,9 +18,13 @@ the bands' maximum) compiled alone:
   our own, each program a band of B rows by C columns in loads of R rows, s loaded once a row,
   an elementwise running maximum reduced across rows once at the end (session 84's tilings in
   maxima_ceiling_probe.py reduced every load, 35-58 % of copy), then the bands' maximum
-  (`torch.amax`, its kernel counted). Why: session 94's run showed inductor's fold loading s
-  as a [columns x rows] tile, one address an element of x, since s's index there depends on
-  the program's columns (`x1 = xindex // K`): as many loads of s as of x.
+  (`torch.amax`, its kernel counted); "atomic" (session 94, prepared): one kernel that takes
+  the bands' maxima by atomic maxima into a zeroed [K] (the memset counted). The last column
+  has the Triton kernel's own time (10 profiled calls, L2 flushed), without the partials'
+  `torch.amax` or the memset: session 94's run had those in every Triton form's time. Why a
+  kernel of our own: session 94's run showed inductor's fold loading s as a [columns x rows]
+  tile, one address an element of x, since s's index there depends on the program's columns
+  (`x1 = xindex // K`): as many loads of s as of x.
 
 Each form's maxima equal its eager run bit for bit (checked), its GPU time is the profiler's
 with the L2 flushed (`do_bench_using_profiling`, all its kernels), rated against the copy and
@@ -43,14 +47,18 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, probe_parser, write_probe  # noqa: E402
+from common import cold_kernel_times, copy_bandwidth, probe_parser, write_probe  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 from quantizer_bandwidth import SHAPES, same_size_copy_us  # noqa: E402
 
 CPU_SHAPES = ((512, 256),)
-# (band, rows a load, columns, warps) of the Triton form; the columns divide every K here
-TILES = ((256, 32, 128, 4), (256, 16, 256, 4), (256, 64, 128, 8), (512, 32, 128, 4),
-         (128, 32, 128, 4), (256, 32, 64, 2), (256, 8, 256, 2), (1024, 32, 128, 4))  # fmt: skip
+# (band, rows a load, columns, warps, atomic) of the Triton form; the columns divide every K
+# here. Session 94's run timed the first eight; the best at 16384 x 11008 with atomic maxima
+# (one reduction kernel and a memset, no partials) follow.
+TILES = ((256, 32, 128, 4, 0), (256, 16, 256, 4, 0), (256, 64, 128, 8, 0), (512, 32, 128, 4, 0),
+         (128, 32, 128, 4, 0), (256, 32, 64, 2, 0), (256, 8, 256, 2, 0), (1024, 32, 128, 4, 0),
+         (256, 32, 64, 2, 1), (512, 32, 128, 4, 1), (1024, 32, 128, 4, 1),
+         (2048, 32, 64, 2, 1))  # fmt: skip
 
 
 def forms() -> dict[str, tuple[Callable, int]]:
@@ -65,13 +73,14 @@ def forms() -> dict[str, tuple[Callable, int]]:
 
 @functools.cache
 def fold_kernel():
-    """The fold's column maxima partials as a Triton kernel (built on first use)."""
+    """The fold's column maxima as a Triton kernel (built on first use): each band's partials,
+    or with ATOMIC the maxima themselves by atomic maxima into a zeroed [K]."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def fold_band_maxima(x_ptr, s_ptr, part_ptr, k, BAND: tl.constexpr, ROWS: tl.constexpr,
-                         COLS: tl.constexpr):  # fmt: skip
+    def fold_band_maxima(x_ptr, s_ptr, out_ptr, k, BAND: tl.constexpr, ROWS: tl.constexpr,
+                         COLS: tl.constexpr, ATOMIC: tl.constexpr):  # fmt: skip
         band = tl.program_id(0)
         cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
         acc = tl.zeros([ROWS, COLS], dtype=tl.int32)  # magnitudes' bits: >= 0
@@ -80,28 +89,48 @@ def fold_kernel():
             v = tl.load(x_ptr + rows[:, None].to(tl.int64) * k + cols[None, :]).to(tl.float32)
             s = tl.load(s_ptr + rows)
             acc = tl.maximum(acc, (v * s[:, None]).to(tl.int32, bitcast=True) & 0x7FFFFFFF)
-        tl.store(part_ptr + band * k + cols, tl.max(acc, axis=0))
+        if ATOMIC:  # non-negative int32: any order gives the same maximum
+            tl.atomic_max(out_ptr + cols, tl.max(acc, axis=0))
+        else:
+            tl.store(out_ptr + band * k + cols, tl.max(acc, axis=0))
 
     return fold_band_maxima
+
+
+def tile_name(tile: tuple[int, ...]) -> str:
+    """A TILES entry as the form's name."""
+    band, rows, cols, warps, atomic = tile
+    return f"triton band={band} rows={rows} cols={cols} warps={warps}" + (
+        " atomic" if atomic else ""
+    )
 
 
 def triton_fold(x: torch.Tensor, s: torch.Tensor, tile: tuple[int, ...]) -> Callable:
     """A call of `fold_kernel` with `tile` on contiguous x [M, K] and s [M, 1] that returns the
     [1, K] float32 maxima, as `operand._column_amax(x.float() * s)`; None where the tile does
     not divide x."""
-    band, rows, cols, warps = tile
+    band, rows, cols, warps, atomic = tile
     m, k = x.shape
     if m % band or k % cols or band % rows:
         return None
-    part = torch.empty(m // band, k, dtype=torch.int32, device=x.device)
     kernel = fold_kernel()
+    grid = (m // band, k // cols)
+    meta = dict(BAND=band, ROWS=rows, COLS=cols, ATOMIC=bool(atomic), num_warps=warps)
+    if atomic:
 
-    def run() -> torch.Tensor:
-        kernel[(m // band, k // cols)](x, s, part, k, BAND=band, ROWS=rows, COLS=cols,
-                                       num_warps=warps)  # fmt: skip
+        def run() -> torch.Tensor:
+            out = torch.zeros(1, k, dtype=torch.int32, device=x.device)  # a memset kernel
+            kernel[grid](x, s, out, k, **meta)
+            return out.view(torch.float32)
+
+        return run
+    part = torch.empty(m // band, k, dtype=torch.int32, device=x.device)
+
+    def run_partials() -> torch.Tensor:
+        kernel[grid](x, s, part, k, **meta)
         return part.amax(dim=0, keepdim=True).view(torch.float32)
 
-    return run
+    return run_partials
 
 
 def triton_records(x, s, want, bw, copies) -> list[dict]:
@@ -115,14 +144,17 @@ def triton_records(x, s, want, bw, copies) -> list[dict]:
         run = triton_fold(x, s, tile)
         if run is None:
             continue
-        form = "triton band={} rows={} cols={} warps={}".format(*tile)
         exact = torch.equal(run().view(torch.int32), want.view(torch.int32))
-        rec = dict(shape=f"{m}x{k}", form=form, gb=nbytes / 1e9, kernels=2, sources=[],
-                   configs={}, exact=exact)  # fmt: skip
+        rec = dict(shape=f"{m}x{k}", form=tile_name(tile), gb=nbytes / 1e9, kernels=2,
+                   sources=[], configs={}, exact=exact)  # fmt: skip
         if bw is not None:
             us = do_bench_using_profiling(run) * 1e3
+            # the fold kernel alone (without the partials' torch.amax or the memset)
+            fold_us = cold_kernel_times(run)[0].get("fold_band_maxima", float("nan")) * 1e3
             rec |= dict(us=us, frac_of_copy=rec["gb"] / us * 1e6 / bw,
-                        frac_of_same_copy=same_size_copy_us(rec["gb"], copies) / us)  # fmt: skip
+                        frac_of_same_copy=same_size_copy_us(rec["gb"], copies) / us,
+                        fold_us=fold_us,
+                        fold_frac_of_copy=rec["gb"] / fold_us * 1e6 / bw)  # fmt: skip
         print({key: v for key, v in rec.items() if key != "sources"}, flush=True)
         records.append(rec)
     return records
@@ -197,14 +229,17 @@ def table(records: list[dict], bw: float | None) -> str:
     first shape: the same code at every shape but for the size hints)."""
     head = f"Copy bandwidth {bw:.0f} GB/s (256 MiB copy, read + write)." if bw else "CPU: no times."
     lines = [head, "", "| shape | form | us | % of copy | % of a same-size copy | kernels | "
-             "bit-exact |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "bit-exact | Triton fold kernel alone: us, % of copy |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in records:
         us = f"{r['us']:.1f}" if "us" in r else "—"
         rates = [
             f"{r[key]:.0%}" if key in r else "—" for key in ("frac_of_copy", "frac_of_same_copy")
         ]
+        alone = f"{r['fold_us']:.1f}, {r['fold_frac_of_copy']:.0%}" if "fold_us" in r else "—"
+        exact = "yes" if r["exact"] else "**no**"
         lines.append(f"| {r['shape']} | {r['form']} | {us} | {rates[0]} | {rates[1]} | "
-                     f"{r['kernels']} | {'yes' if r['exact'] else '**no**'} |")  # fmt: skip
+                     f"{r['kernels']} | {exact} | {alone} |")  # fmt: skip
     for r in (r for r in records if r["sources"] or r["configs"]):
         lines += ["", f"### {r['shape']}, {r['form']}", ""]
         lines += [f"- `{name}`: {config}" for name, config in r["configs"].items()]

@@ -59,14 +59,14 @@ def test_kept_configs_with_and_without_the_autotuners_list(probe, configs, suffi
 
 @pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
 def test_triton_fold_tilings_equal_the_fold_in_the_interpreter(probe, monkeypatch):
-    tiles = ((256, 32, 128, 4), (128, 64, 64, 4), (512, 16, 256, 2), (256, 48, 128, 4))
+    tiles = ((256, 32, 128, 4, 0), (128, 64, 64, 4, 1), (512, 16, 256, 2, 0), (256, 48, 128, 4, 0))
     monkeypatch.setattr(probe, "TILES", tiles)
     records = probe.shape_records(512, 256, "cpu", None, {})
     tiled = [r for r in records if r["form"].startswith("triton")]
     # the last tiling's rows do not divide its band: skipped, not run
     assert [r["form"] for r in tiled] == [
         "triton band=256 rows=32 cols=128 warps=4",
-        "triton band=128 rows=64 cols=64 warps=4",
+        "triton band=128 rows=64 cols=64 warps=4 atomic",
         "triton band=512 rows=16 cols=256 warps=2",
     ]
     assert all(r["exact"] for r in tiled)
@@ -78,7 +78,8 @@ def test_triton_fold_notices_wrong_maxima(probe):
     x = torch.randn(256, 128).bfloat16()
     s = torch.rand(256, 1) + 0.5
     fold = probe.operand._column_amax(x.float() * s)
-    run = probe.triton_fold(x, s, (256, 32, 128, 4))
-    assert torch.equal(run(), fold)
+    for atomic in (0, 1):
+        run = probe.triton_fold(x, s, (128, 32, 128, 4, atomic))
+        assert torch.equal(run(), fold)
     x[17, 5] = 1000.0  # a new maximum in one column: the stale want no longer matches
     assert not torch.equal(run(), fold)
