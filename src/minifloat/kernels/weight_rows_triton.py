@@ -11,8 +11,8 @@ w's layout and column-scaled through wᵀ's addresses (no `tl.trans`: Triton 3.6
 bytes for `tl.trans` of FP8 values fresh from a cast, docs/hopper.md's rules; the compiler
 converts the FP8 tile's layout for the store). Until session 94 the cast kernel loaded the
 block a second time, transposed; reading it once with 4 warps rather than 8 took the op's
-kernels from 47.7 to 36.4 us for a 5632 x 2048 float32 weight, 18.7 to 18.0 us for 2048 x
-2048 (`weight_blocks_probe_1.3B_rows_s94_h200_2026-12-04.md`, profiler time, L2 flushed).
+kernels from 47.7 to 36.2 us for a 5632 x 2048 float32 weight, 18.7 to 18.0 us for 2048 x
+2048 (`weight_blocks_probe_1.3B_rows_s94{,b}_h200_2026-12-04.md`, profiler time, L2 flushed).
 Importing this module needs Triton.
 """
 
@@ -29,7 +29,7 @@ from minifloat.kernels.weight_blocks_triton import (
 )
 from minifloat.kernels.weight_op import BLOCK
 
-__all__ = ["weight_rows_2d", "NUM_WARPS"]
+__all__ = ["weight_rows_2d"]
 
 # 4 warps a 128 x 128 block: 36.4-37.0 us for 1.3B's 46 MB weights against 8's 51.9-52.1 and
 # 16's 59.0-59.7, and 18.0 against 20.4 and 22.7 for its 2048 x 2048 ones (session 94's probe,
@@ -50,54 +50,29 @@ def _row_col_maxima_kernel(w, amax, rows, cols, BLOCK: tl.constexpr):  # pragma:
 
 
 @triton.jit
-def _fprop_cast(
-    w, amax, q, scale, mult, pr, pc, rows, cols,
-    FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip  # pragma: no cover - runs on the GPU
-    """Block (pr, pc) of w cast row-scaled into fprop's operand `q` in w's layout (and the
-    rows' scale and multiplier, by the first column of blocks); returns the block as float32
-    and its columns' maxima, for dgrad's cast."""
-    r = pr * BLOCK + tl.arange(0, BLOCK)
-    c = pc * BLOCK + tl.arange(0, BLOCK)
-    row_amax = tl.load(amax + r).to(tl.float32, bitcast=True)
-    col_amax = tl.load(amax + rows + c).to(tl.float32, bitcast=True)
-    v = block_tile(w, pr, pc, cols, BLOCK)
-    values, s, m = scaled_e4m3(v, row_amax[:, None], FMT_MAX, INV)
-    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
-    if pc == 0:
-        tl.store(scale + r[:, None], s)
-        tl.store(mult + r[:, None], m)
-    return v, col_amax
-
-
-@triton.jit
 def _rows_cast_kernel(
     w, amax, q, q_t, scale, mult, scale_t, mult_t, rows, cols,
     FMT_MAX: tl.constexpr, INV: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip  # pragma: no cover - runs on the GPU
     pr = tl.program_id(0)
     pc = tl.program_id(1)
-    v, col_amax = _fprop_cast(w, amax, q, scale, mult, pr, pc, rows, cols, FMT_MAX, INV, BLOCK)
-    # dgrad's: the same tile scaled by its column maxima, stored at wᵀ's addresses
     r = pr * BLOCK + tl.arange(0, BLOCK)
     c = pc * BLOCK + tl.arange(0, BLOCK)
+    row_amax = tl.load(amax + r).to(tl.float32, bitcast=True)
+    col_amax = tl.load(amax + rows + c).to(tl.float32, bitcast=True)
+    v = block_tile(w, pr, pc, cols, BLOCK)
+    # fprop's operand: the block row-scaled, in w's layout
+    values, s, m = scaled_e4m3(v, row_amax[:, None], FMT_MAX, INV)
+    tl.store(q + r[:, None].to(tl.int64) * cols + c[None, :], values)
+    if pc == 0:
+        tl.store(scale + r[:, None], s)
+        tl.store(mult + r[:, None], m)
+    # dgrad's: the same tile scaled by its column maxima, stored at wᵀ's addresses
     values_t, s_t, m_t = scaled_e4m3(v, col_amax[None, :], FMT_MAX, INV)
     tl.store(q_t + c[None, :].to(tl.int64) * rows + r[:, None], values_t)
     if pr == 0:
         tl.store(scale_t + c[None, :], s_t)
         tl.store(mult_t + c[None, :], m_t)
-
-
-def _rows_buffers(w: torch.Tensor) -> tuple[torch.Tensor, ...]:  # pragma: no cover - GPU
-    """(amax zeroed [R + C] int32, then the outputs of `weight_rows_2d`, unwritten) for `w`."""
-    rows, cols = w.shape
-    dev, f32, fp8 = w.device, torch.float32, torch.float8_e4m3fn
-    amax = torch.zeros(rows + cols, dtype=torch.int32, device=dev)
-    q = torch.empty((rows, cols), dtype=fp8, device=dev)
-    q_t = torch.empty((cols, rows), dtype=fp8, device=dev)
-    scale, mult = (torch.empty((rows, 1), dtype=f32, device=dev) for _ in range(2))
-    scale_t, mult_t = (torch.empty((cols, 1), dtype=f32, device=dev) for _ in range(2))
-    return amax, q, q_t, scale, mult, scale_t, mult_t
 
 
 def weight_rows_2d(
@@ -109,7 +84,13 @@ def weight_rows_2d(
     float8_e4m3fn. `traced`: launched through `torch.library.wrap_triton` (a `triton_op`)."""
     rows, cols = w.shape
     grid = (rows // BLOCK, cols // BLOCK)
-    amax, *outputs = _rows_buffers(w)
+    dev, f32, fp8 = w.device, torch.float32, torch.float8_e4m3fn
+    amax = torch.zeros(rows + cols, dtype=torch.int32, device=dev)  # row, then column maxima
+    q = torch.empty((rows, cols), dtype=fp8, device=dev)
+    q_t = torch.empty((cols, rows), dtype=fp8, device=dev)
+    scale, mult = (torch.empty((rows, 1), dtype=f32, device=dev) for _ in range(2))
+    scale_t, mult_t = (torch.empty((cols, 1), dtype=f32, device=dev) for _ in range(2))
+    outputs = (q, q_t, scale, mult, scale_t, mult_t)
     maxima, cast = _row_col_maxima_kernel, _rows_cast_kernel
     if traced:
         maxima, cast = map(torch.library.wrap_triton, (maxima, cast))
@@ -117,4 +98,4 @@ def weight_rows_2d(
     cast[grid](
         w, amax, *outputs, rows, cols, FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, num_warps=num_warps
     )
-    return tuple(outputs)
+    return outputs
