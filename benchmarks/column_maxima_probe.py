@@ -14,6 +14,10 @@ the bands' maximum) compiled alone:
 - "float32 x": of x converted to float32 (32-bit integers: the width);
 - "float32 x * 2": times a constant (the multiply, no second input);
 - "float32 x * s": times s, the fold's maxima (the load of s along the reduced dim);
+- "float32 x * s, one stage" (session 95): the same in one reduction over all rows, whose
+  kernels index s by the reduced dim alone (inductor may split it in its own way);
+- "float32 x * s, nd tiling" (session 95): the fold compiled with inductor's two-dimensional
+  tiles (`ND_TILING`), band and column as separate indices: whether s's load is the cost;
 - "triton band=B rows=R cols=C warps=W" (session 94): the fold's maxima by a Triton kernel of
   our own, each program a band of B rows by C columns in loads of R rows, s loaded once a row,
   an elementwise running maximum reduced across rows once at the end (session 84's tilings in
@@ -53,22 +57,45 @@ from quantizer_bandwidth import SHAPES, same_size_copy_us  # noqa: E402
 
 CPU_SHAPES = ((512, 256),)
 # (band, rows a load, columns, warps, atomic) of the Triton form; the columns divide every K
-# here. Session 94's run timed the first eight; the best at 16384 x 11008 with atomic maxima
-# (one reduction kernel and a memset, no partials) follow.
-TILES = ((256, 32, 128, 4, 0), (256, 16, 256, 4, 0), (256, 64, 128, 8, 0), (512, 32, 128, 4, 0),
-         (128, 32, 128, 4, 0), (256, 32, 64, 2, 0), (256, 8, 256, 2, 0), (1024, 32, 128, 4, 0),
-         (256, 32, 64, 2, 1), (512, 32, 128, 4, 1), (1024, 32, 128, 4, 1),
-         (2048, 32, 64, 2, 1))  # fmt: skip
+# here. Session 94's run timed eight partial and four atomic tilings (`column_maxima_probe_s94b`,
+# `_s95`): 32-row loads, 2048-8192 elements a program, alone 80-86 % of copy at 16384 x 11008
+# and 27-68 % elsewhere, slower than inductor's 64 columns x 8 rows at 4 warps (512 elements).
+# Session 95's: inductor's tile size with s loaded once a row, and the four best before.
+TILES = ((256, 8, 64, 4, 0), (256, 8, 64, 2, 0), (256, 16, 64, 4, 0), (256, 8, 128, 4, 0),
+         (256, 4, 128, 4, 0), (512, 8, 64, 4, 0), (256, 8, 64, 4, 1), (256, 16, 64, 4, 1),
+         (256, 32, 64, 2, 0), (256, 32, 64, 2, 1), (512, 32, 128, 4, 1),
+         (256, 32, 128, 4, 0))  # fmt: skip
+# Inductor's two-dimensional tiles for the reduction's kernel: (band, column) as two program
+# indices, so that s's index no longer depends on the columns (a diagnosis: options of one
+# compile here, not something a quantizer inside a user's compiled model could set).
+ND_TILING = {"triton.prefer_nd_tiling": True, "triton.tile_reductions": True}
 
 
-def forms() -> dict[str, tuple[Callable, int]]:
-    """name -> (fn(x, s) -> [1, K] float32 maxima, bytes read per element of x besides x's 2)."""
+def forms() -> dict[str, tuple[Callable, int, dict]]:
+    """name -> (fn(x, s) -> [1, K] float32 maxima, bytes read per element of x besides x's 2,
+    torch.compile options)."""
+    fold = lambda x, s: operand._column_amax(x.float() * s)  # noqa: E731
+
+    def one_stage(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        bits = operand.magnitude_bits(x.float() * s).amax(dim=0, keepdim=True)
+        return operand.from_magnitude_bits(bits, torch.float32)
+
     return {
-        "bf16 x": (lambda x, s: operand._column_amax(x), 0),
-        "float32 x": (lambda x, s: operand._column_amax(x.float()), 0),
-        "float32 x * 2": (lambda x, s: operand._column_amax(x.float() * 2.0), 0),
-        "float32 x * s": (lambda x, s: operand._column_amax(x.float() * s), 1),
+        "bf16 x": (lambda x, s: operand._column_amax(x), 0, {}),
+        "float32 x": (lambda x, s: operand._column_amax(x.float()), 0, {}),
+        "float32 x * 2": (lambda x, s: operand._column_amax(x.float() * 2.0), 0, {}),
+        "float32 x * s": (fold, 1, {}),
+        "float32 x * s, one stage": (one_stage, 1, {}),
+        "float32 x * s, nd tiling": (fold, 1, known_options(ND_TILING)),
     }
+
+
+def known_options(options: dict) -> dict:
+    """`options` this torch's inductor knows (torch.compile rejects the others)."""
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    return {key: value for key, value in options.items() if key in known}
 
 
 @functools.cache
@@ -86,7 +113,10 @@ def fold_kernel():
         acc = tl.zeros([ROWS, COLS], dtype=tl.int32)  # magnitudes' bits: >= 0
         for r0 in tl.range(0, BAND, ROWS):
             rows = band * BAND + r0 + tl.arange(0, ROWS)
-            v = tl.load(x_ptr + rows[:, None].to(tl.int64) * k + cols[None, :]).to(tl.float32)
+            v = tl.load(
+                x_ptr + rows[:, None].to(tl.int64) * k + cols[None, :],
+                eviction_policy="evict_first",
+            ).to(tl.float32)
             s = tl.load(s_ptr + rows)
             acc = tl.maximum(acc, (v * s[:, None]).to(tl.int32, bitcast=True) & 0x7FFFFFFF)
         if ATOMIC:  # non-negative int32: any order gives the same maximum
@@ -160,13 +190,16 @@ def triton_records(x, s, want, bw, copies) -> list[dict]:
     return records
 
 
-def compiled_with_sources(fn: Callable, *args: torch.Tensor) -> tuple[Callable, list[str], dict]:
-    """`fn` compiled (fullgraph), its kernels' sources as inductor wrote them, and the
-    configuration each Triton kernel's autotuner kept ({} where there are none: the CPU)."""
+def compiled_with_sources(
+    fn: Callable, *args: torch.Tensor, options: dict | None = None
+) -> tuple[Callable, list[str], dict]:
+    """`fn` compiled (fullgraph, with inductor `options`), its kernels' sources as inductor
+    wrote them, and the configuration each Triton kernel's autotuner kept ({} where there are
+    none: the CPU)."""
     from torch._inductor.codecache import PyCodeCache
     from torch._inductor.utils import run_and_get_kernels
 
-    compiled = torch.compile(fn, fullgraph=True)
+    compiled = torch.compile(fn, fullgraph=True, options=options or None)
     before = len(PyCodeCache.modules)
     _, sources = run_and_get_kernels(compiled, *args, remove_quote=True)
     return compiled, sources, kept_configs(PyCodeCache.modules[before:])
@@ -194,9 +227,9 @@ def shape_records(m: int, k: int, device: str, bw: float | None, copies: dict) -
     x = torch.randn(m, k, generator=gen).bfloat16().to(device)
     s = (torch.rand(m, 1, generator=gen) + 0.5).to(device)
     records = []
-    for name, (fn, s_per_row) in forms().items():
+    for name, (fn, s_per_row, options) in forms().items():
         torch._dynamo.reset()
-        compiled, sources, configs = compiled_with_sources(fn, x, s)
+        compiled, sources, configs = compiled_with_sources(fn, x, s, options=options)
         got, want = compiled(x, s), fn(x, s)
         exact = torch.equal(got.view(torch.int32), want.view(torch.int32))
         nbytes = 2 * x.numel() + 4 * m * s_per_row + 4 * k

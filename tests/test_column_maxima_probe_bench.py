@@ -83,3 +83,9 @@ def test_triton_fold_notices_wrong_maxima(probe):
         assert torch.equal(run(), fold)
     x[17, 5] = 1000.0  # a new maximum in one column: the stale want no longer matches
     assert not torch.equal(run(), fold)
+
+
+def test_known_options_drop_what_this_torch_lacks(probe):
+    # the nd-tiling form's options exist in torch 2.13; an unknown key would fail the compile
+    assert probe.known_options(probe.ND_TILING) == probe.ND_TILING
+    assert probe.known_options({"triton.no_such_option": 1}) == {}
