@@ -43,7 +43,6 @@ from minifloat import formats
 from minifloat.exact import div_rn, div_rn_by_scale, written_once
 from minifloat.formats import inv_scales
 from minifloat.kernels import clip as occ_clip
-from minifloat.kernels import fold_maxima
 from minifloat.quantize import Granularity
 
 __all__ = [
@@ -324,8 +323,6 @@ def _quantize(
         # from x's row extrema, so that compiled, the clamped x or its remainder has the cast
         # as its only reader and is not written out (kernels/clip.py)
         amax = (occ_clip.remainder_row_amax if remainder else occ_clip.clamped_row_amax)(x, *clip)
-    elif granularity == "row" and transpose and _folds_on_triton(x, clip, prescale):
-        amax = fold_maxima.fold_column_amax(x, prescale)  # the wgrad fold's maxima
     elif granularity == "row":
         amax = (_column_amax(src) if transpose else row_amax(src)).float()
     else:
@@ -345,12 +342,6 @@ def _quantize(
     if transpose:
         s, m = s.t().contiguous(), (None if m is None else m.t().contiguous())
     return _layout(values, transpose), s, m
-
-
-def _folds_on_triton(x: torch.Tensor, clip: object, prescale: torch.Tensor | None) -> bool:
-    """Whether the column maxima of x · prescale (rows scaled, no clip) come from
-    kernels/fold_maxima.py's kernel: the same bits, faster than inductor's reduction."""
-    return clip is None and prescale is not None and fold_maxima.supports(x, prescale)
 
 
 def _layout(values: torch.Tensor, transpose: bool) -> torch.Tensor:
