@@ -1,5 +1,5 @@
 """benchmarks/weight_maxima_probe.py without a GPU: the streaming tilings' maxima equal every
-row's and column's maximum magnitude (and the production kernel's) in Triton's interpreter;
+row's and column's maximum magnitude in Triton's interpreter;
 tiles that do not divide a weight are skipped; clear exits without a GPU or the interpreter.
 Times need a GPU: weight_maxima_probe_*_<gpu>_<date>.md."""
 
@@ -22,19 +22,16 @@ def probe():
     return load_benchmark("weight_maxima_probe")
 
 
-def _bits_reference(w: torch.Tensor) -> torch.Tensor:
-    """Row maxima, then column maxima, of |w| as int32 bits (NaN above inf)."""
-    bits = w.view(torch.int32) & 0x7FFFFFFF
-    return torch.cat([bits.amax(dim=1), bits.amax(dim=0)])
-
-
 @interpreted
 @pytest.mark.parametrize("tile", [(128, 8, 128, 4), (64, 16, 64, 2), (256, 32, 128, 8)])
 def test_band_maxima_are_the_rows_and_columns_maxima(probe, tile):
     w = probe.special_weight(256, 384, "cpu")
     run = probe.band_maxima(w, tile)
     got = run()
-    assert torch.equal(got, _bits_reference(w))
+    # rows' then columns' maxima; NaN above inf; the -0 row and the subnormal column
+    bits = w.view(torch.int32) & 0x7FFFFFFF
+    assert torch.equal(got, torch.cat([bits.amax(dim=1), bits.amax(dim=0)]))
+    assert torch.equal(got, probe.reference_maxima(w))
     w[200, 300] = 5.0  # a new maximum of a row and of a column: the old bits no longer match
     assert not torch.equal(run(), got)
 
@@ -44,10 +41,12 @@ def test_cpu_records_skip_tiles_that_do_not_divide(probe):
     tiles = [(128, 8, 128, 4), (256, 8, 128, 4), (128, 48, 128, 4)]
     records = probe.shape_records("cpu", 384, 128, "cpu", tiles, None)
     # 384 rows are no whole number of 256-row bands; 48-row loads do not divide a band
-    assert [r["form"] for r in records] == ["production", probe.tile_name(tiles[0])]
+    assert [r["form"] for r in records] == [probe.tile_name(tiles[0])]
     assert all(r["exact"] for r in records)
     text = probe.table(records, None)
-    assert "| cpu | 384 x 128 | production | yes | — | — | — | — |" in text
+    assert (
+        "| cpu | 384 x 128 | band 128 x 128, 8 rows a load, 4 warps | yes | — | — | — | — |" in text
+    )
 
 
 def test_without_a_gpu_or_the_interpreter_it_exits_with_a_message(probe, monkeypatch):
