@@ -1,11 +1,9 @@
 """A weight's row-scaled E4M3 operands for fprop (w, a scale per row) and dgrad (wᵀ, a scale per
 column of w) in two Triton kernels (and a memset), the CUDA body of kernels/weight_rows.py's op.
 
-The first kernel takes each 64 x 64 block's row and column maxima (as integers,
+The first kernel takes each 128 x 128 block's row and column maxima (as integers,
 `operand.abs_amax`: non-negative, so an integer maximum orders them) into the whole rows' and
 columns' maxima by atomic maxima (order-independent: deterministic), after a memset of those.
-Its blocks are smaller than the cast's 128 x 128: a maxima program only reads, and more, smaller
-programs keep more loads in flight (MAXIMA_BLOCK below).
 In the second each program loads its block once with its 128 row and 128 column maxima, forms
 both scales as `formats.inv_scales` ("inv") or `operand.scale_from_amax` (fp32) does
 (kernels/weight_blocks_triton.py's `scaled_e4m3`), and stores the block cast row-scaled into
@@ -37,12 +35,6 @@ __all__ = ["weight_rows_2d"]
 # 16's 59.0-59.7, and 18.0 against 20.4 and 22.7 for its 2048 x 2048 ones (session 94's probe,
 # the cast kernel that reads each block once; the op's earlier kernels too at the 46 MB ones).
 NUM_WARPS = 4
-# The maxima kernel's blocks and warps: 64 x 64 at 2 warps took 8.5 us for a 2048 x 2048 float32
-# weight where 128 x 128 at 4 took 11.9, and tied it (56.2-57.1 us against 57.8-58.1, 20.1-20.6
-# against 20.1-20.3) at 1.3B's and 7B's larger weights; the best of 23 tilings, streaming bands
-# of 8-64 rows among them (`weight_maxima_probe_s96{,b}_h200_2026-12-04.md`, L2 flushed).
-MAXIMA_BLOCK = 64
-MAXIMA_WARPS = 2
 
 
 @triton.jit
@@ -102,8 +94,7 @@ def weight_rows_2d(
     maxima, cast = _row_col_maxima_kernel, _rows_cast_kernel
     if traced:
         maxima, cast = map(torch.library.wrap_triton, (maxima, cast))
-    maxima_grid = (rows // MAXIMA_BLOCK, cols // MAXIMA_BLOCK)
-    maxima[maxima_grid](w, amax, rows, cols, BLOCK=MAXIMA_BLOCK, num_warps=MAXIMA_WARPS)
+    maxima[grid](w, amax, rows, cols, BLOCK=BLOCK, num_warps=num_warps)
     cast[grid](
         w, amax, *outputs, rows, cols, FMT_MAX=fmt_max, INV=inv, BLOCK=BLOCK, num_warps=num_warps
     )
