@@ -34,6 +34,10 @@ __all__ = ["weight_rows_2d"]
 # 4 warps a 128 x 128 block: 36.4-37.0 us for 1.3B's 46 MB weights against 8's 51.9-52.1 and
 # 16's 59.0-59.7, and 18.0 against 20.4 and 22.7 for its 2048 x 2048 ones (session 94's probe,
 # the cast kernel that reads each block once; the op's earlier kernels too at the 46 MB ones).
+# The maxima kernel uses the same blocks and warps: of 23 other tilings (streaming bands among
+# them) only 64 x 64 blocks at 2 warps were faster, 8.5 against 11.9 us at 2048 x 2048 and tied
+# at larger weights, and not in a 1.3B fp8-rowwise step with CUDA graphs (session 96,
+# `weight_maxima_probe_s96{,b}_...`, `train_interleaved_1.3B_ours_s96r{0,1}_...`).
 NUM_WARPS = 4
 
 
