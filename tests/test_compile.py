@@ -228,6 +228,7 @@ SHAREABLE = [n for n in RECIPES if not recipes.get(n).randomized and recipes.get
 def test_layers_sharing_an_input_quantize_it_once(name):
     # Common-subexpression elimination must see the layers' quantizers of one input as equal:
     # a NaN literal in a scale (NaN != NaN) once made q/k/v each quantize and save x again.
-    one, three = _quantized_copies_of_input(name, 1), _quantized_copies_of_input(name, 3)
+    # Two layers show it as well as three (q/k/v) and compile in two thirds of the time.
+    one, two = _quantized_copies_of_input(name, 1), _quantized_copies_of_input(name, 2)
     assert one >= 1
-    assert three == one
+    assert two == one
