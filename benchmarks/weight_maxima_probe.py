@@ -20,6 +20,12 @@ Forms, per weight shape of the 1.3B and 7B blocks (float32, as master weights ar
   row's part here), the columns' running maximum elementwise in registers, reduced and stored
   by one atomic maximum per column at the band's end (the fold kernel's pattern, session 95).
 
+Session 96 (`weight_maxima_probe_s96{,b}_h200_2026-12-04.md`; the second run's eleven single-load
+tilings through `--tiles`): the streaming bands gained at most 1.6 us at 1.3B's weights and lost
+at 7B's 4096 x 4096; 64 x 64 blocks at 2 warps took 2048 x 2048 from 11.9 to 8.5 us and tied
+elsewhere, but in the op they left a 1.3B fp8-rowwise step no faster (docs/hopper_sessions.md,
+session 96), so the production kernel keeps its tiling.
+
 Each tiling's maxima are checked bit for bit against the rows' and columns' maximum magnitudes
 by `operand.magnitude_bits` (weights with NaN, inf, -0 and subnormal entries). Times: each
 kernel's from the profiler, 10 calls, L2 flushed before each (`common.cold_kernel_times`), rated
