@@ -7,7 +7,11 @@ STAMP := $(VENV)/.installed-stamp
 # CPU machines take the local CPU wheel; a bare `torch` requirement would pull a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test lint format gpu-test bench clean
+# Triton for its interpreter (`interpret-test`): CPU torch brings none, and the main suite needs none
+TRITON_SPEC ?= triton==3.6.0
+TRITON_DIR := .triton
+
+.PHONY: demo test interpret-test lint format gpu-test bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +30,18 @@ demo: $(STAMP)
 # ~20-minute budget in view.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -m "not gpu" -n 2 --dist loadscope --durations=15
+	$(MAKE) --no-print-directory interpret-test
+
+# The library's Triton kernels on the CPU, in Triton's interpreter (tests marked `interpret`,
+# ~1 min): indexing, masks, reductions and stores as on the GPU, on inputs that need no rounding
+# (tests/interpreter.py). Triton goes into .triton beside the venv, on this run's path only, so
+# that the suite above sees the packages it always had.
+$(TRITON_DIR)/.stamp:
+	$(BIN)/pip install -q --no-deps --target $(TRITON_DIR) "$(TRITON_SPEC)"
+	touch $@
+
+interpret-test: $(STAMP) $(TRITON_DIR)/.stamp
+	TRITON_INTERPRET=1 PYTHONPATH=$(TRITON_DIR) $(BIN)/python -m pytest -q -m interpret -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
@@ -43,4 +59,4 @@ bench:
 	bash benchmarks/gpu_all.sh tests kernels linear e2e-1.3B
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TRITON_DIR) runs .pytest_cache .ruff_cache

@@ -5,11 +5,10 @@ where Triton is installed."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from interpreter import interpreted
 from scripts import load_benchmark
 
 
@@ -77,9 +76,8 @@ def test_report_sums_count_each_linear_and_skip_the_ceiling(bench):
     assert "| fprop | [8, 8, 8] | q,k | 1.000 (1) | 2.000 (1) | 0.500 (1) |" in body
 
 
+@interpreted
 def test_interpreter_run_checks_every_form_against_float64(bench, capsys):
     pytest.importorskip("triton")
-    if not os.environ.get("TRITON_INTERPRET"):
-        pytest.skip("the Triton kernel on the CPU needs TRITON_INTERPRET=1")
     bench.main(["--device", "cpu", "--configs", "promote,64,64,4,3;pair,64,64,4,3"])
     assert "every shape and config built, run once and checked" in capsys.readouterr().out

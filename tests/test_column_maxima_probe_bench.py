@@ -4,11 +4,10 @@ the Triton kernels' kept configs need a GPU: column_maxima_probe_*_<gpu>_<date>.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from interpreter import interpreted
 from scripts import load_benchmark
 
 
@@ -57,7 +56,7 @@ def test_kept_configs_with_and_without_the_autotuners_list(probe, configs, suffi
     }
 
 
-@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+@interpreted
 def test_triton_fold_tilings_equal_the_fold_in_the_interpreter(probe, monkeypatch):
     tiles = ((256, 32, 128, 4, 0), (128, 64, 64, 4, 1), (512, 16, 256, 2, 0), (256, 48, 128, 4, 0))
     monkeypatch.setattr(probe, "TILES", tiles)
@@ -73,7 +72,7 @@ def test_triton_fold_tilings_equal_the_fold_in_the_interpreter(probe, monkeypatc
     assert "### 512x256, triton" not in probe.table(records, None)
 
 
-@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+@interpreted
 def test_triton_fold_notices_wrong_maxima(probe):
     x = torch.randn(256, 128).bfloat16()
     s = torch.rand(256, 1) + 0.5

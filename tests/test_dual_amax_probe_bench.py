@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from interpreter import interpreted
 from minifloat.kernels.operand import _column_amax, row_amax
 from scripts import load_benchmark
 
@@ -45,7 +46,7 @@ def test_cpu_smoke_run(bench, capsys):
     assert want in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+@interpreted
 @pytest.mark.parametrize("tile", [(32, 128, 4), (128, 64, 4, 1), (16, 32, 4, 1)])
 def test_kernel_forms_in_the_interpreter(bench, tile):
     if bench.triton is None:

@@ -6,12 +6,12 @@ interpreter where installed (TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pytest
 import torch
 
+from interpreter import interpreted
 from minifloat.kernels.quantiles import SELECT_MAX_NUMEL, _q_bits, clip_bounds
 from minifloat.quantize import _quantiles, interpolate, tensor_quantiles
 
@@ -120,7 +120,7 @@ def _triton_order_statistics():
     return order_statistics
 
 
-@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+@interpreted
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("config", [None, (4, 256, 4)], ids=str)
 def test_kernel_in_the_interpreter(kind, config):

@@ -12,6 +12,7 @@ import math
 import pytest
 import torch
 
+from interpreter import interpreted
 from minifloat import recipes
 from minifloat.convert import convert
 from minifloat.kernels import EmulatedBackend
@@ -154,6 +155,24 @@ def test_compiled_transpose_launches_the_triton_kernel_from_generated_code(shape
     assert torch.equal(_bits(out), _bits(x.t().contiguous()))
     code = "\n".join(code)
     assert "_transpose_kernel" in code and "minifloat.transpose_copy.default" not in code
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("tile", [None, (32, 64, 4)], ids=str)
+def test_triton_kernels_in_the_interpreter(dtype, tile):
+    """Both kernels on the CPU in Triton's interpreter, ragged edges included: they move bits
+    (the unpack maps codes to bytes), so the interpreter's bytes are the GPU's."""
+    kernels = pytest.importorskip("minifloat.kernels.transpose_triton")
+    for shape in SHAPES:
+        x = _data(shape, dtype)
+        got = kernels.transpose_2d(x, tile)
+        assert got.dtype == dtype and got.is_contiguous(), shape
+        assert torch.equal(_bits(got), _bits(x.t().contiguous())), shape
+    for rows, cols in [(1, 1), (5, 7), (33, 64), (130, 257)]:
+        packed = _packed(rows, cols)
+        got = kernels.unpack_e2m1_t_2d(packed, cols, tile or (64, 64, 4))
+        assert torch.equal(_bits(got), _bits(unpack_e2m1(packed, cols).t())), (rows, cols)
 
 
 @pytest.mark.gpu

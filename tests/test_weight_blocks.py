@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bits import bits_equal, same_e4m3
+from interpreter import interpreted
 from minifloat import recipes
 from minifloat.kernels import weight_blocks as wb
 from minifloat.kernels import weight_tensor as wt
@@ -38,6 +39,25 @@ def _weight(rows: int, cols: int, dtype: torch.dtype, device: str, seed: int = 0
     for make, (r, c) in zip(specials, blocks[1:], strict=False):
         make(w[r * 128 : (r + 1) * 128, c * 128 : (c + 1) * 128])
     return w.to(dtype).to(device)
+
+
+def exact_weight(rows: int, cols: int, block_exponents: bool = True) -> torch.Tensor:
+    """E4M3 grid values of magnitude >= 1 with ±448 on every 128th diagonal (in every row,
+    column and 128 x 128 block), each block times a power of two of its own (`block_exponents`),
+    or the whole weight times 2^-4 and its last block 2^-3 (the tensor's maximum, 56, in that
+    block alone): every multiplier is a power of two and every scaled value on the grid, so the
+    kernels' layouts, maxima and scales are checked without the interpreter's own FP8
+    rounding, which is not the GPU's."""
+    gen = torch.Generator().manual_seed(rows + cols)
+    v = torch.randn(rows, cols, generator=gen) * 50
+    w = (v.sign() * v.abs().clamp(min=1.0)).to(torch.float8_e4m3fn).float()
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    diagonal = (r - c) % 128 == 0
+    w[diagonal] = torch.where((r[diagonal] % 2) == 0, 448.0, -448.0)
+    if block_exponents:
+        return w * torch.exp2(-(((r // 128) + 2 * (c // 128)) % 5).float())
+    last = (r >= rows - 128) & (c >= cols - 128)
+    return w * torch.where(last, 2.0**-3, 2.0**-4)
 
 
 def _want(w: torch.Tensor, inv: bool) -> tuple[torch.Tensor, ...]:
@@ -126,6 +146,17 @@ def test_triton_kernel_equals_operand_quantizer(shape, dtype, inv, compiled):
     w = _weight(*shape, dtype, "cuda", seed=len(shape) + shape[0])
     want = _want(w, inv)
     _check(poisoned_call(lambda t: wb.weight_blocks(t, inv=inv), w, want, compiled), want)
+
+
+@interpreted
+@pytest.mark.parametrize("inv", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_triton_kernel_in_the_interpreter(shape, inv):
+    """The kernel's layouts and both scale layouts (each block's scale its own) on the CPU; the
+    GPU test above checks the rounding too."""
+    kernel = pytest.importorskip("minifloat.kernels.weight_blocks_triton")
+    w = exact_weight(*shape)
+    _check(kernel.weight_blocks_2d(w, 448.0, inv), _want(w, inv))
 
 
 def weight_cases(shapes: list[tuple[int, int]], *, gpu: bool = False):

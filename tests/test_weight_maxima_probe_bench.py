@@ -5,16 +5,11 @@ Times need a GPU: weight_maxima_probe_*_<gpu>_<date>.md."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
+from interpreter import interpreted
 from scripts import load_benchmark
-
-interpreted = pytest.mark.skipif(
-    not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1"
-)
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,11 @@ the GPU through the two Triton kernels, eagerly and compiled, over weights with 
 subnormal, huge, inf and NaN blocks (test_weight_blocks.py's).
 """
 
-import os
-
 import pytest
 import torch
 
 from bits import bits_equal, same_e4m3
+from interpreter import interpreted
 from minifloat import recipes
 from minifloat.kernels import weight_rows as wr
 from minifloat.kernels.emulated import EmulatedBackend
@@ -21,6 +20,7 @@ from test_weight_blocks import (
     GPU_SHAPES,
     SHAPES,
     _weight,
+    exact_weight,
     needs_gpu,
     poisoned_call,
     weight_cases,
@@ -132,23 +132,13 @@ def test_hopper_quantize_weight_pair_uses_the_kernels(name):
     assert HopperBackend().quantize_weight_pair(w, other.fprop.rhs, other.dgrad.rhs) is None
 
 
-def _grid_weight(rows: int, cols: int) -> torch.Tensor:
-    """E4M3 grid values with ±448 in every row and column: every multiplier is 1 and every
-    value exact, so the interpreter's own FP8 rounding cannot show."""
-    gen = torch.Generator().manual_seed(rows + cols)
-    w = (torch.randn(rows, cols, generator=gen) * 50).to(torch.float8_e4m3fn).float()
-    for i in range(max(rows, cols)):
-        w[i % rows, i % cols] = 448.0 if i % 2 else -448.0
-    return w
-
-
-@pytest.mark.skipif(not os.environ.get("TRITON_INTERPRET"), reason="needs TRITON_INTERPRET=1")
+@interpreted
 @pytest.mark.parametrize("shape", [(128, 128), (256, 384), (384, 128)])
 def test_triton_kernels_layouts_in_the_interpreter(shape):
     """The kernels' layouts, scales and multipliers (transposed stores through wᵀ's addresses)
     on the CPU, in Triton's interpreter; the GPU test above checks the rounding too."""
     kernels = pytest.importorskip("minifloat.kernels.weight_rows_triton")
-    w = _grid_weight(*shape)
+    w = exact_weight(*shape)
     got = kernels.weight_rows_2d(w, 448.0, True)
     for g, r, name in zip(got, wr._reference(w, True), NAMES, strict=True):
         assert g.shape == r.shape and g.dtype == r.dtype and g.is_contiguous(), name

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bits import bits_equal
+from interpreter import interpreted
 from minifloat import recipes
 from minifloat.kernels import weight_tensor as wt
 from minifloat.kernels.emulated import EmulatedBackend
@@ -20,6 +21,7 @@ from test_weight_blocks import (
     GPU_SHAPES,
     SHAPES,
     _weight,
+    exact_weight,
     needs_gpu,
     poisoned_call,
     weight_cases,
@@ -74,6 +76,18 @@ def test_triton_kernels_equal_operand_quantizer(shape, dtype, inv, specials, com
     w = _inputs(shape, dtype, "cuda", specials)
     want = _want(w, inv)
     _check(poisoned_call(lambda t: wt.weight_tensor(t, inv=inv), w, want, compiled), want)
+
+
+@interpreted
+@pytest.mark.parametrize("inv", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_triton_kernels_in_the_interpreter(shape, inv):
+    """Both kernels' layouts, the maxima of every block reduced to the tensor's (56, in the last
+    block only) and its scale and multiplier (8) on the CPU; the GPU test above checks the
+    rounding too."""
+    kernels = pytest.importorskip("minifloat.kernels.weight_tensor_triton")
+    w = exact_weight(*shape, block_exponents=False)
+    _check(kernels.weight_tensor_2d(w, 448.0, inv), _want(w, inv))
 
 
 @pytest.mark.parametrize("name", ["fp8-tensorwise", "fp8-tensorwise:scale_format=fp32"])
