@@ -1,11 +1,12 @@
 """SASS instruction counts of one inductor-generated Triton kernel, compiled here for sm_90.
 
 Many of the fast path's fused quantization kernels are bound by their instructions, not their
-bytes (docs/hopper.md, "What is left"): the instructions an element are what a change to them
-must cut. This compiles one kernel from an inductor code dump (`profile_trees.sh` brings those
-back, `code/<TREE>/*.py`) with Triton's own ptxas and disassembles it with its nvdisasm: no GPU
-needed, so a change can be sized before device time is spent on it. Variants are textual edits
-of the kernel's source (what inductor would emit for a changed expression, written by hand):
+bytes (docs/hopper.md, "Closing the gaps, sessions 58-66"): the instructions an element are
+what a change to them must cut. This compiles one kernel from an inductor code dump
+(`profile_trees.sh` brings those back, `code/<TREE>/*.py`) with Triton's own ptxas and
+disassembles it with its nvdisasm: no GPU needed, so a change can be sized before device time
+is spent on it. Variants are textual edits of the kernel's source (what inductor would emit for
+a changed expression, written by hand):
 
     python benchmarks/sass_count.py CODE.py KERNEL --blocks XBLOCK=1024 --warps 4 \\
         --variant 'no round trip:tmp56 = tmp55 * tmp30=>tmp56 = tmp53 * tmp30'
