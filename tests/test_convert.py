@@ -455,3 +455,18 @@ def test_set_recipe_switches_the_converted_layers_in_place():
     assert all(m.recipe.name == "bf16" for m in layers)
     set_recipe(model, "fp8-tensorwise")
     assert all(m.recipe.name == "fp8-tensorwise" for m in layers)
+
+
+def test_a_layer_used_twice_is_converted_in_both_places():
+    shared = nn.Linear(64, 64)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    convert(model, "fp4")
+    assert isinstance(model[0], QuantLinear) and model[2] is model[0]
+    assert model.minifloat_report.converted == ["0", "2"]
+    assert model[0].weight is shared.weight  # one parameter, as before
+
+
+@pytest.mark.parametrize("fn", [set_recipe, check_recipe])
+def test_set_recipe_takes_a_module(fn):
+    with pytest.raises(TypeError, match="expected an nn.Module, got str"):
+        fn("model", "fp4")

@@ -254,3 +254,22 @@ def test_config_key_survives_pickling_and_is_rebuilt_for_old_pickles():
 def test_k_below_one_is_refused():
     with pytest.raises(ValueError, match="k >= 1"):
         dge_derivative(torch.ones(2), k=0.5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(k=float("inf")), ValueError, "dge.k must be a finite number"),  # was all zeros
+        (dict(cap=float("inf")), ValueError, "dge.cap must be a finite number"),
+        (dict(k="5"), TypeError, "dge.k must be a finite number, got str"),
+    ],
+)
+def test_non_finite_or_non_numeric_k_and_cap_are_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        dge_derivative(torch.ones(2), **kwargs)
+
+
+def test_infinite_inputs_count_as_sitting_on_max():
+    """Documented: ±inf, like any value beyond ±max, gives 1/k (finite)."""
+    d = dge_derivative(torch.tensor([float("inf"), -float("inf"), 6.0]), k=4.0)
+    assert d.tolist() == [0.25, 0.25, 0.25]

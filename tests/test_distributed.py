@@ -1,4 +1,5 @@
-"""minifloat.distributed on CPU: 2 gloo processes spawned by each test."""
+"""minifloat.distributed on CPU: 2 gloo processes spawned by each test (1 for the one-rank
+test)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from bits import bits_equal
 from gloo_ranks import WORLD, spawn
 from minifloat.convert import convert
 from minifloat.distributed import (
+    GradCommState,
     apply_fsdp,
     fsdp_reduce_dtype,
     measure_grad_comm,
@@ -404,3 +406,42 @@ def _deferred_init_worker(rank: int, root: str) -> None:
 
 def test_trainer_fsdp_initializes_shards_like_an_eager_init(tmp_path):
     spawn(_deferred_init_worker, str(tmp_path))
+
+
+# ---- one rank (torchrun --nproc-per-node 1) ---------------------------------------------------
+
+
+def _one_rank_worker(rank: int) -> None:
+    # Buckets of any size: the fp8 path's scales once sat at a byte offset no float32 view takes.
+    for numel in (10, 7, 12, 1):
+        flat = torch.randn(numel)
+        for kind in ("fp32", "bf16", "fp8"):
+            out = reduce_mean(flat, kind)[0].wait()
+            assert out.shape == flat.shape and out.dtype == torch.float32, (kind, numel)
+            assert sqnr_db(flat, out) >= ALLREDUCE_SQNR_DB[(kind, "e4m3")], (kind, numel)
+    for kind in ("fp32", "bf16", "fp8"):
+        out, sent = reduce_mean(torch.zeros(0), kind)
+        assert out.wait().numel() == 0 and sent == 0.0, kind
+        report = measure_grad_comm(torch.randn(10), kind)
+        assert math.isnan(report.compression), (kind, report)  # one rank sends no bytes
+    ddp = DDP(torch.nn.Linear(5, 1))  # a 6-element bucket
+    register_grad_comm_hook(ddp, "fp8")
+    ddp(torch.randn(3, 5)).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in ddp.parameters())
+
+
+def test_one_rank_averages_buckets_of_any_size():
+    spawn(_one_rank_worker, world=1)
+
+
+@pytest.mark.parametrize(
+    "bad", [torch.ones(4, dtype=torch.int32), torch.ones(4, dtype=torch.cfloat)]
+)
+def test_reduce_mean_refuses_tensors_that_are_not_real_floats(bad):
+    with pytest.raises(TypeError, match="real floating-point tensor"):
+        reduce_mean(bad, "fp8")
+
+
+def test_grad_comm_state_checks_its_kind():
+    with pytest.raises(ValueError, match="unknown grad_comm kind"):
+        GradCommState(kind="fp4")

@@ -259,3 +259,63 @@ def test_codec_benchmark_runs_on_cpu(tmp_path):
     assert [r["pass"] for r in records] == [*module.PASSES, "bucket total"]
     assert all(r["ms"] > 0 and r["min_bytes"] > 0 for r in records)
     assert records[-1]["min_bytes"] == sum(r["min_bytes"] for r in records[:-1])
+
+
+# ---- bad arguments: one-line errors, eager and through the compiled twins ---------------------
+
+
+def _bad_calls() -> list[tuple[str, object, type[Exception], str]]:
+    flat, amax = torch.randn(10), torch.tensor([1.0])
+    received = torch.zeros(2, 5, dtype=torch.uint8)
+    send, out = torch.zeros(9, dtype=torch.uint8), torch.empty(10)
+    gathered, scales = torch.zeros(2, 9, dtype=torch.uint8), torch.ones(2, 1)
+    return [
+        # F.pad with a negative pad cropped 6 of the 10 values silently
+        ("padded<numel", lambda: (fp8c.encode, (flat, amax, 2, "e4m3", 4)), ValueError,
+         r"padded must be an int >= flat.numel\(\) = 10, got 4"),
+        ("padded-float", lambda: (fp8c.encode, (flat, amax, 2, "e4m3", 10.0)), ValueError,
+         "padded must be an int"),
+        ("world=0", lambda: (fp8c.bucket_amax, (flat, 0)), ValueError, "world must be >= 1"),
+        ("world=-2", lambda: (fp8c.bucket_amax, (flat, -2)), ValueError, "world must be >= 1"),
+        ("world-float", lambda: (fp8c.bucket_amax, (flat, 2.0)), TypeError, "world must be an int"),
+        ("encode-world=0", lambda: (fp8c.encode, (flat, amax, 0, "e4m3", 10)), ValueError,
+         "world must be >= 1"),
+        ("encode-fmt", lambda: (fp8c.encode, (flat, amax, 2, "E4M3", 10)), ValueError,
+         "fmt must be one of e4m3, e5m2, got 'E4M3'"),
+        ("reduce-fmt", lambda: (fp8c.reduce_chunks_into, (send, received, amax, "e3m4")),
+         ValueError, "fmt must be one of e4m3, e5m2"),
+        # fp8 bit patterns written into a float32 buffer as numbers
+        ("reduce-send-f32", lambda: (fp8c.reduce_chunks_into,
+                                     (send.float(), received, amax, "e4m3")),
+         ValueError, "send must be a uint8 buffer .*got torch.float32"),
+        ("reduce-send-fp8", lambda: (fp8c.reduce_chunks_into,
+                                     (send.view(torch.float8_e4m3fn), received, amax, "e4m3")),
+         ValueError, "send must be a uint8 buffer"),
+        ("decode-fmt", lambda: (fp8c.decode_into, (out, gathered, scales, None)), ValueError,
+         "fmt must be one of e4m3, e5m2, got None"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "twin"])
+@pytest.mark.parametrize("case", range(len(_bad_calls())), ids=[c[0] for c in _bad_calls()])
+def test_bad_arguments_are_refused_in_one_line(case, compiled):
+    _, make, error, match = _bad_calls()[case]
+    fn, args = make()
+    run = fp8c.twin(fn) if compiled else fn  # the twin checks before it compiles anything
+    with pytest.raises(error, match=match) as info:
+        run(*args)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["e8m0", "E5M2", 4])
+def test_shared_scale_refuses_unknown_formats(fmt):
+    with pytest.raises(ValueError, match="fmt must be one of e4m3, e5m2"):
+        fp8c.shared_scale(torch.tensor([1.0]), fmt)
+
+
+def test_encode_pads_and_keeps_every_value_at_the_bound():
+    flat = _grad(10, 0)
+    amax = fp8c.bucket_amax(flat, 1)
+    exact = fp8c.encode(flat, amax, 1, "e4m3", 10)
+    padded = fp8c.encode(flat, amax, 1, "e4m3", 12)
+    assert torch.equal(padded[:10], exact) and not padded[10:].any()

@@ -87,3 +87,12 @@ def test_export_writes_tokenizer_loadable_by_auto_tokenizer(tmp_path):
     assert hf_tok(sample)["input_ids"] == tokenizer.encode(sample)
     assert hf_tok.decode(tokenizer.encode(sample)) == sample
     assert json.loads((tmp_path / "config.json").read_text())["eos_token_id"] == tokenizer.eos_id
+
+
+def test_hf_config_takes_a_llama_config():
+    from minifloat.models.hf_export import hf_config
+
+    model = Llama(get_config("tiny", n_layers=1, vocab_size=64))
+    with pytest.raises(TypeError, match=r"hf_config takes a LlamaConfig \(model.config\)"):
+        hf_config(model)
+    assert hf_config(model.config)["model_type"] == "llama"

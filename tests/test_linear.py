@@ -441,3 +441,22 @@ def test_no_grad_prepares_no_backward_operands(name):
         y_eval = layer(x)
     assert torch.equal(y_eval, y.detach())
     assert evaluated.count < trained.count
+
+
+def test_from_linear_takes_an_nn_linear():
+    with pytest.raises(TypeError, match="from_linear expects an nn.Linear, got Conv1d"):
+        QuantLinear.from_linear(nn.Conv1d(3, 3, 1), "fp4")
+
+
+@pytest.mark.parametrize("salt", [-5, 2**31, 1.5, True])
+def test_seed_rng_refuses_salts_outside_its_range(salt):
+    layer = QuantLinear(32, 32, recipe="nvfp4")
+    with pytest.raises(ValueError, match=r"int salt in \[0, 2\^31\)"):
+        layer.seed_rng(salt)
+
+
+@pytest.mark.parametrize("name", ["fp4", "fp8-delayed", "nvfp4"])
+def test_meta_forward_gives_the_plain_layers_shape(name):
+    layer = QuantLinear(64, 32, recipe=name, device="meta")
+    y = layer(torch.randn(8, 3, 64, device="meta"))
+    assert y.device.type == "meta" and y.shape == (8, 3, 32)

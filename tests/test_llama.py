@@ -349,3 +349,48 @@ def test_rope_tables_are_fp32_after_bf16_cast():
     model = _model().to(torch.bfloat16)
     model(torch.zeros(1, 4, dtype=torch.long))
     assert model.rope_cos.dtype == torch.float32
+
+
+@pytest.mark.parametrize("recipe", ["fp8-delayed", "nvfp4"])
+def test_meta_build_then_init_weights_equals_an_eager_build(recipe):
+    """Built on the meta device, converted, `to_empty` then `init_weights` (models.md's path):
+    the converted layers' amax history and random state are initialized too, not left as the
+    memory `to_empty` returned (which gave NaN logits under fp8-delayed)."""
+    from minifloat.convert import convert
+
+    config = get_config("tiny", n_layers=2, vocab_size=256)
+    with torch.device("meta"):
+        model = Llama(config)
+    convert(model, recipe)
+    model.to_empty(device="cpu")
+    for buffer in model.buffers():  # what uninitialized memory could hold
+        buffer.fill_(float("nan") if buffer.is_floating_point() else 12345)
+    model.init_weights(0)
+    eager = Llama(config)
+    convert(eager, recipe)
+    eager.init_weights(0)
+    for (name, got), want in zip(model.named_buffers(), eager.buffers(), strict=True):
+        if "rope" not in name:
+            assert torch.equal(got, want), name
+    tokens = torch.randint(0, 256, (2, 16))
+    assert torch.equal(model(tokens), eager(tokens))
+
+
+@pytest.mark.parametrize("bad", ["tiny", {"dim": 64}])
+def test_llama_takes_a_config(bad):
+    with pytest.raises(TypeError, match="Llama takes a LlamaConfig"):
+        Llama(bad)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True, 2**63])
+def test_init_weights_refuses_seeds_it_cannot_use(seed):
+    model = Llama(get_config("tiny", n_layers=1, vocab_size=64))
+    with pytest.raises(ValueError, match="seed must be an int"):
+        model.init_weights(seed)
+
+
+@pytest.mark.parametrize("shape", [(1, 0), (0, 4)])
+def test_forward_refuses_empty_token_batches(shape):
+    model = Llama(get_config("tiny", n_layers=1, vocab_size=64))
+    with pytest.raises(ValueError, match="at least one of each"):
+        model(torch.zeros(shape, dtype=torch.long))

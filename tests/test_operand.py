@@ -492,3 +492,27 @@ def test_supports():
     assert operand.supports("e2m1", "row", "inv", "nearest")
     assert not operand.supports("e2m1", "row", "fp32", "stochastic")
     assert not operand.supports("int8", "row", "fp32", "nearest")
+
+
+@pytest.mark.parametrize(
+    ("x", "fmt", "granularity", "error", "match"),
+    [
+        (torch.randn(8, 32), "int8", "row", ValueError, "formats are e2m1, e4m3, e5m2"),
+        (torch.randn(8, 32), "e4m3", (0, 16), ValueError, "block .* of positive ints"),
+        (torch.randn(8, 32), "e4m3", (1.0, 16.0), ValueError, "block .* of positive ints"),
+        (torch.randn(8, 32), "e4m3", "rows", ValueError, "must be 'tensor', 'row' or a block"),
+        (torch.randn(32), "e4m3", "row", ValueError, r"2-D \[R, C\] operand, got \(32,\)"),
+        (torch.randn(2, 8, 32), "e4m3", "row", ValueError, "2-D"),
+        (torch.randn(0, 32), "e4m3", "tensor", ValueError, "non-empty"),
+        (torch.ones(8, 32, dtype=torch.int32), "e4m3", "row", TypeError, "floating-point"),
+    ],
+    ids=["format", "zero-block", "float-block", "granularity", "1-D", "3-D", "empty", "int"],
+)
+def test_quantize_operand_refuses_bad_arguments_in_one_line(x, fmt, granularity, error, match):
+    with pytest.raises(error, match=match):
+        operand.quantize_operand(x, fmt, granularity)
+
+
+def test_quantize_operand_refuses_a_scale_that_is_not_a_tensor():
+    with pytest.raises(TypeError, match="a given scale must be a tensor, got float"):
+        operand.quantize_operand(torch.randn(8, 32), "e4m3", "tensor", scale=0.1)

@@ -13,6 +13,7 @@ from minifloat.optim import (
     AdamW,
     bytes_per_param,
     get_state_format,
+    preset_param_dtype,
 )
 from minifloat.optim.codecs import stochastic_round_bf16, stochastic_round_e4m3
 from minifloat.sqnr import sqnr_db
@@ -123,11 +124,31 @@ def test_unknown_format_lists_names():
         (dict(betas=(0.9, 1.0)), ValueError, "betas must be two floats"),
         (dict(block_size=0), ValueError, "block_size must be a positive int"),
         (dict(block_size=1.5), ValueError, "block_size must be a positive int"),
+        # every moment is padded to whole blocks: 1e9 allocated 1e9-element states (OOM kill)
+        (dict(block_size=10**9), ValueError, r"block_size must be a positive int <= 65536"),
+        (dict(block_size=2**16 + 1), ValueError, r"<= 65536 .*got 65537"),
+        (dict(small_numel="4096"), TypeError, "small_numel must be an int >= 0, got str"),
+        (dict(small_numel=4096.0), TypeError, "small_numel must be an int"),
+        (dict(small_numel=-1), ValueError, "small_numel must be an int >= 0, got -1"),
+        (dict(seed="x"), TypeError, "seed must be an int, got str"),
+        (dict(seed=1.5), TypeError, "seed must be an int, got float"),
+        (dict(seed=True), TypeError, "seed must be an int, got bool"),
+        (dict(seed=2**64), ValueError, r"seed must lie in \[-2\*\*63, 2\*\*64\)"),
+        (dict(fused="yes"), TypeError, "fused must be True, False or None, got 'yes'"),
+        (dict(fused=1), TypeError, "fused must be True, False or None"),
     ],
 )
 def test_bad_hyperparameters_fail_at_construction(kwargs, error, match):
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         AdamW(_params(0), **kwargs)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs", [dict(block_size=2**16), dict(seed=2**64 - 1), dict(seed=-1),
+                                    dict(small_numel=0), dict(fused=False)])  # fmt: skip
+def test_boundary_options_are_accepted(kwargs):
+    params = _params(0)
+    _run(AdamW(params, exp_avg_dtype="fp8", **kwargs), params, range(1))
 
 
 def test_params_the_optimizer_cannot_keep_exactly_are_refused():
@@ -311,6 +332,52 @@ def test_bytes_per_param_matches_allocated_state(preset):
 def test_bytes_per_param_bf16_params_with_master():
     table = bytes_per_param("fp8-fp16", param_dtype="bf16")
     assert table["master"] == 4.0 and table["weights"] == 2.0
+
+
+def test_bytes_per_param_takes_block_size_from_the_config_or_the_argument():
+    lean = bytes_per_param("lean")
+    assert bytes_per_param({**OPTIM_STATE_PRESETS["lean"], "block_size": 128}) == lean
+    wide = bytes_per_param({**OPTIM_STATE_PRESETS["lean"], "block_size": 32}, block_size=2**16)
+    assert wide["exp_avg"] == 1 + 4 / 2**16
+    # a dict holding any AdamW keyword is a configuration (the CLI's presets are such dicts)
+    assert bytes_per_param({**OPTIM_STATE_PRESETS["lean"], "lr": 1e-3, "seed": 3}) == lean
+
+
+@pytest.mark.parametrize(
+    "config, kwargs, error, match",
+    [
+        ("lean", dict(block_size=-1), ValueError, "block_size must be a positive int"),
+        ("lean", dict(block_size=0), ValueError, "block_size must be a positive int"),  # not 128
+        ("lean", dict(block_size=10**9), ValueError, "block_size must be a positive int <= 65536"),
+        ({"block_size": 0}, {}, ValueError, "block_size must be a positive int"),
+        ({"exp_avg_dtyp": "fp8"}, {}, ValueError, "unknown .* key 'exp_avg_dtyp'; valid keys: "),
+        ({"master_weights": "None"}, {}, ValueError, r"master_weights must be one of"),
+        ({"exp_avg_dtype": "fp9"}, {}, ValueError, "unknown optimizer state format 'fp9'"),
+        ("fp32", dict(param_dtype="fp64"), ValueError, "param_dtype must be one of fp32, bf16"),
+        ("fp32", dict(param_dtype=torch.bfloat16), ValueError, "param_dtype must be one of"),
+        ("fp33", {}, ValueError, "unknown optimizer-state preset 'fp33'"),
+        (["lean"], {}, TypeError, "a preset name or a dict of AdamW keyword arguments, got list"),
+    ],
+)
+def test_bytes_per_param_refuses_bad_input_in_one_line(config, kwargs, error, match):
+    with pytest.raises(error, match=match) as info:
+        bytes_per_param(config, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_preset_param_dtype_refuses_a_bad_master_mode():
+    with pytest.raises(ValueError, match="master_weights must be one of"):
+        preset_param_dtype({"master_weights": "None"})  # was "fp32" silently
+
+
+def test_configuration_keys_are_adamws_keywords():
+    import inspect
+
+    from minifloat.optim import adamw, presets
+
+    keywords = set(inspect.signature(AdamW.__init__).parameters) - {"self", "params"}
+    assert set(presets._CONFIG_KEYS) == keywords
+    assert presets._MASTER_MODES == adamw._MASTER_MODES
 
 
 @pytest.mark.parametrize("name", ["fp16", "fp8", "fp8-sqrt"])

@@ -588,3 +588,16 @@ def test_inv_scales_quantize_as_fp32_scales_but_next_to_rounding_boundaries(fmt,
     grid = formats.get(fmt).grid.float()
     index = lambda v: torch.searchsorted(grid, v.abs().contiguous())  # noqa: E731
     assert ((index(a.values[differ]) - index(b.values[differ])).abs() <= 1).all()
+
+
+@pytest.mark.parametrize("big", [1e300, -4e38])
+def test_float64_values_beyond_float32_are_refused(big):
+    with pytest.raises(ValueError, match="computes in float32"):
+        quantize(torch.tensor([[big, 1.0]], dtype=torch.float64), "e4m3", "row")
+
+
+def test_float64_infinities_still_make_their_group_nan():
+    q = minifloat.fake_quantize(
+        torch.tensor([[float("inf"), 1.0], [3e38, 1.0]], dtype=torch.float64), "e4m3", "row"
+    )
+    assert q[0].isnan().all() and q[1].isfinite().all()

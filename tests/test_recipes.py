@@ -202,3 +202,98 @@ def test_occ_defaults_and_sample_size():
             OCCConfig(sample_size=bad)
     with pytest.raises(ValueError, match="non-negative integer"):
         recipes.get("fp4:occ.sample_size=1e5")
+
+
+# ---- bad input: one-line errors at construction --------------------------------------------
+
+
+def _one_line(error: type[Exception], match: str, make) -> None:
+    with pytest.raises(error, match=match) as info:
+        make()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        # the string form refuses inf ("fp4:dge.k=inf"); k = inf zeroed every weight gradient
+        (dict(k=float("inf")), ValueError, "dge.k must be a finite number, got inf"),
+        (dict(k=float("nan")), ValueError, "dge.k must be a finite number, got nan"),
+        (dict(cap=float("inf")), ValueError, "dge.cap must be a finite number, got inf"),
+        (dict(k="3"), TypeError, "dge.k must be a finite number, got str: '3'"),
+        (dict(cap=None), TypeError, "dge.cap must be a finite number, got NoneType"),
+        (dict(k=True), TypeError, "dge.k must be a finite number, got bool"),
+    ],
+)
+def test_dge_config_needs_finite_numbers(kwargs, error, match):
+    _one_line(error, match, lambda: DGEConfig(**kwargs))
+
+
+@pytest.mark.parametrize(
+    ("alpha", "error", "match"),
+    [
+        ("0.9", TypeError, "occ.alpha must be a finite number, got str"),
+        (True, TypeError, "occ.alpha must be a finite number, got bool"),
+        (float("nan"), ValueError, "occ.alpha must be a finite number, got nan"),
+    ],
+)
+def test_occ_alpha_must_be_a_finite_number(alpha, error, match):
+    _one_line(error, match, lambda: OCCConfig(alpha=alpha))
+
+
+def test_numeric_fields_keep_accepting_ints_and_numpy_floats():
+    np = pytest.importorskip("numpy")
+    assert DGEConfig(k=3) == DGEConfig(k=3.0) and DGEConfig(k=np.float64(3.0)).k == 3.0
+    assert OCCConfig(alpha=np.float32(0.75)).alpha == 0.75
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(history_len=2.5), TypeError, "delayed history_len must be an int, got float"),
+        (dict(history_len=True), TypeError, "delayed history_len must be an int, got bool"),
+        (dict(margin=1.0), TypeError, "delayed margin must be an int, got float"),
+        (dict(margin="1"), TypeError, "delayed margin must be an int, got str"),
+        (dict(history_len=0), ValueError, r"history_len >= 1 and margin in \[0, 127\]"),
+        (dict(margin=-1), ValueError, r"margin in \[0, 127\]"),
+        # 2**128 overflows float32: every delayed scale inf, every output NaN
+        (dict(margin=128), ValueError, r"margin in \[0, 127\] \(2\*\*margin finite in float32\)"),
+        (dict(margin=200), ValueError, r"got history_len=16, margin=200"),
+    ],
+)
+def test_delayed_scaling_refuses_bad_fields(kwargs, error, match):
+    _one_line(error, match, lambda: DelayedScaling(**kwargs))
+
+
+def test_delayed_scaling_bounds_are_accepted():
+    assert DelayedScaling(history_len=1, margin=127).margin == 127
+    assert torch.isfinite(torch.tensor(2.0**127, dtype=torch.float32))
+
+
+def test_recipe_refuses_an_autocast_dtype_it_cannot_run():
+    match = r"autocast_dtype must be None \(fp32\), torch.bfloat16 or torch.float16, got torch.int8"
+    _one_line(ValueError, match, lambda: recipes.Recipe(name="x", autocast_dtype=torch.int8))
+    # and through a quantized recipe, which runs Recipe's check too
+    fp4 = recipes.get("fp4")
+    f32 = lambda: dataclasses.replace(fp4, autocast_dtype=torch.float32)  # noqa: E731
+    _one_line(ValueError, "autocast_dtype must be", f32)
+    assert recipes.Recipe(name="x", autocast_dtype=None).describe()["fprop"] == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (0, ValueError, "min_multiple must be a positive int, got 0"),  # was ZeroDivisionError
+        (-16, ValueError, "min_multiple must be a positive int, got -16"),
+        (16.0, TypeError, "min_multiple must be a positive int, got float"),
+        (True, TypeError, "min_multiple must be a positive int, got bool"),
+    ],
+)
+def test_min_multiple_must_be_a_positive_int(value, error, match):
+    _one_line(error, match, lambda: dataclasses.replace(recipes.get("fp4"), min_multiple=value))
+
+
+def test_register_takes_a_recipe():
+    _one_line(TypeError, "register takes a Recipe .*, got str: 'myrecipe'",
+              lambda: recipes.register("myrecipe"))  # fmt: skip
+    assert "myrecipe" not in recipes.names()

@@ -118,3 +118,14 @@ def test_convert_keeps_what_the_rule_names_and_reports_it(recipe: str) -> None:
 def test_convert_refuses_a_size_rule_of_the_wrong_type() -> None:
     with pytest.raises(TypeError, match="size_rule must be a minifloat.SizeRule"):
         minifloat.convert(nn.Sequential(nn.Linear(64, 64)), "fp8-tensorwise", size_rule="64:64")
+
+
+@pytest.mark.parametrize("boxes", [(1024, 4096), "1024:4096", 1024, ((1, 2), 3)])
+def test_a_single_box_or_text_for_boxes_is_refused_in_one_line(boxes) -> None:
+    with pytest.raises(TypeError, match=r"boxes is a tuple of \(max_in, max_out\) pairs") as info:
+        SizeRule(boxes=boxes)
+    assert "\n" not in str(info.value) and "((1024, 4096),)" in str(info.value)
+
+
+def test_boxes_as_a_list_stay_accepted() -> None:
+    assert SizeRule(boxes=[(1, 2), [math.inf, 3]]).reason(1, 2) is not None

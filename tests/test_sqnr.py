@@ -40,6 +40,28 @@ def test_sqnr_known_values():
         sqnr_db(torch.ones(4, 4), torch.ones(4))  # would broadcast to the wrong comparison
 
 
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize(
+    ("ref", "out", "want"),
+    [
+        ([1.0, NAN], [1.0, 2.0], NAN),  # was -inf, the "no signal" value
+        ([1.0, 2.0], [1.0, NAN], NAN),
+        ([0.0, 0.0], [NAN, 0.0], NAN),
+        ([NAN, 0.0], [NAN, 0.0], NAN),
+        ([1.0, INF], [1.0, INF], NAN),  # inf - inf
+        ([1.0, INF], [1.0, 2.0], NAN),  # inf / inf
+        ([1.0, 2.0], [1.0, INF], -INF),  # infinite noise (log10(0) raised before)
+        ([0.0, 0.0], [0.0, 0.0], INF),  # finite input keeps the documented meanings
+        ([0.0, 0.0], [1.0, 0.0], -INF),
+    ],
+)
+def test_sqnr_of_non_finite_input(ref, out, want):
+    got = sqnr_db(torch.tensor(ref), torch.tensor(out))
+    assert math.isnan(got) if math.isnan(want) else got == want
+
+
 def test_table_covers_every_format_and_granularity(table):
     labels = ["tensor", "row", "column", "1x16", "1x32", "1x128", "16x16", "128x128"]
     assert [granularity_label(g) for g in GRANULARITIES] == labels

@@ -61,6 +61,11 @@ class QuantConv1D(QuantizedGemmMixin, nn.Module):
 
         `conv` is a `transformers` Conv1D: attributes `nf`, `nx`, `weight` [nx, nf], `bias` [nf].
         """
+        if not all(hasattr(conv, name) for name in ("nf", "nx", "weight", "bias")):
+            raise TypeError(
+                f"from_conv1d expects a transformers Conv1D (nf, nx, weight, bias), "
+                f"got {type(conv).__name__}"
+            )
         weight = conv.weight
         if weight.dim() != 2 or tuple(weight.shape) != (conv.nx, conv.nf):
             raise ValueError(

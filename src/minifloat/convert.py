@@ -367,14 +367,21 @@ def convert(
         model, recipe, report, conv1d=conv1d, patterns=patterns, keep_head=keep_head,
         size_rule=size_rule, module_filter_fn=module_filter_fn,
     )  # fmt: skip
+    # Every place a layer object is used (named_modules lists a module reused under a second
+    # name once): each gets the same quantized layer, not only the first name.
+    places: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        places.setdefault(id(m), []).append(name)
     for fqn, module in targets:  # swap after the walk: never mutate while iterating
         if isinstance(module, nn.Linear):
             new = QuantLinear.from_linear(module, recipe, backend=backend)
         else:
             new = QuantConv1D.from_conv1d(module, recipe, backend=backend)
         new.seed_rng(zlib.crc32(fqn.encode()) & 0x7FFFFFFF)
-        _set_submodule(model, fqn, new)
+        for name in places[id(module)]:
+            _set_submodule(model, name, new)
         report.converted.append(fqn)
+        report.converted += [name for name in places[id(module)] if name != fqn]
     # A plain attribute (Module.__setattr__ keeps non-tensor values in __dict__): outside the
     # state_dict, copied by deepcopy and pickling.
     setattr(model, REPORT_ATTR, report)
@@ -461,6 +468,8 @@ def check_recipe(model: nn.Module, recipe: str | Recipe) -> None:
     """Raise ValueError, naming the first, when a quantized layer of `model` cannot take
     `recipe` (its dims; see `QuantRecipe.unsuitable`); change nothing. `set_recipe` checks this
     itself: call it alone to fail early, before a change planned for later."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     recipe = recipes.get(recipe)
     if not isinstance(recipe, QuantRecipe):
         return
@@ -488,8 +497,8 @@ def set_recipe(model: nn.Module, recipe: str | Recipe) -> list[str]:
         UserWarning: the model holds no quantized layer (never converted, or convert kept
             every layer), so nothing changes.
     """
+    check_recipe(model, recipe)  # the model's type and the recipe first: one-line errors
     recipe = recipes.get(recipe)
-    check_recipe(model, recipe)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QUANTIZED_LAYERS)]
     if not layers:
         warnings.warn(

@@ -94,11 +94,14 @@ def dge_derivative(
     Args:
         x_scaled: weights divided by their scale (|x| <= fmt.max under absmax scaling).
         fmt: element format whose grid defines the intervals (E2M1 for the paper's recipe).
-        k: sharpness, >= 1; k = 1 is the straight-through estimator (f' = 1), larger k
-            approaches the hard quantizer (the paper uses 5). Below 1, f would be flat at the
-            midpoints and steep at the grid points: the opposite of a quantizer.
-        cap: upper bound of the derivative near midpoints (the paper uses 3.0).
-    NaN in x gives NaN (the step guard must see it).
+        k: sharpness, a finite number >= 1; k = 1 is the straight-through estimator (f' = 1),
+            larger k approaches the hard quantizer (the paper uses 5). Below 1, f would be flat
+            at the midpoints and steep at the grid points: the opposite of a quantizer; k = inf
+            would zero every gradient. Both are refused (DGEConfig).
+        cap: upper bound of the derivative near midpoints (the paper uses 3.0), finite and > 0.
+    NaN in x gives NaN (the step guard must see it). ±inf in x, like any value beyond ±max,
+    counts as sitting on ±max and gives 1/k (module docstring): finite, so an infinite weight
+    is the quantizer's and the step guard's to catch, not this derivative's.
     """
     return derivative(x_scaled, fmt, DGEConfig(k=k, cap=cap))
 

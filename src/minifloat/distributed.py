@@ -70,6 +70,9 @@ class GradCommState:
     bytes_sent_fp32: float = 0.0
     _streams: dict = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        _check(self.kind, self.fp8_format)
+
     def side_stream(self, device: torch.device) -> "torch.cuda.Stream":
         """This hook's CUDA stream for the fp8 path on `device` (created on first use)."""
         if device not in self._streams:
@@ -103,6 +106,9 @@ class GradCommReport:
 
     @property
     def compression(self) -> float:
+        """bytes_sent_fp32 / bytes_sent; NaN where neither sends a byte (one rank)."""
+        if self.bytes_sent == 0:
+            return float("inf") if self.bytes_sent_fp32 else float("nan")
         return self.bytes_sent_fp32 / self.bytes_sent
 
 
@@ -170,8 +176,9 @@ def _mean_fp8(
     _all_gather_flat(gathered, send, group=group)
     gathered = gathered.view(world, chunk + fp8c.SCALE_BYTES)
     # Every rank, the owner of a chunk included, uses the dequantized fp8 chunk, so all
-    # replicas receive identical gradients.
-    scales = gathered[:, chunk:].contiguous().view(torch.float32)
+    # replicas receive identical gradients. A fresh copy, not `contiguous()`: with one rank the
+    # slice counts as contiguous, at a byte offset and row stride no float32 view takes.
+    scales = gathered[:, chunk:].clone(memory_format=torch.contiguous_format).view(torch.float32)
     if out is None:
         out = torch.empty(numel, dtype=torch.float32, device=flat.device)
     run(fp8c.decode_into)(out, gathered, scales, fp8_format)
@@ -204,7 +211,12 @@ def reduce_mean(
     Returns (future of an fp32 tensor shaped like `flat`, bytes this rank sends).
     """
     _check(kind, fp8_format)
+    if not isinstance(flat, torch.Tensor) or not flat.is_floating_point():
+        kind_of = flat.dtype if isinstance(flat, torch.Tensor) else type(flat).__name__
+        raise TypeError(f"reduce_mean takes a real floating-point tensor, got {kind_of}")
     flat = flat.reshape(-1)
+    if flat.numel() == 0:  # nothing to average: no collective (every rank sees the same size)
+        return _completed(torch.empty(0, dtype=torch.float32, device=flat.device)), 0.0
     if kind == "fp32":
         return _mean_fp32(flat, group)
     if kind == "bf16":
@@ -293,7 +305,7 @@ def measure_grad_comm(
         bytes_sent=sent,
         bytes_sent_fp32=ref_sent,
         sqnr_db=sqnr_db(ref, out),
-        max_abs_error=(out - ref).abs().max().item(),
+        max_abs_error=(out - ref).abs().max().item() if out.numel() else 0.0,
         rel_error=(err / ref_norm).item() if ref_norm > 0 else err.item(),
     )
 

@@ -35,7 +35,9 @@ not, the bits are the same, and they are the bits of the earlier unfused impleme
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,9 +61,57 @@ SCALE_BYTES = 4  # a float32 scale travels after each reduced chunk in the all-g
 _NEGATIVE_ZERO_BITS = -(2**31)  # float32 -0.0 viewed as int32
 
 
+# ---- argument checks: one line at entry, in eager only ------------------------------------------
+# Each pass checks its Python arguments unless it is being traced (`torch.compiler.is_compiling`:
+# no guards or graph nodes in the compiled passes); the compiled twins check before they run.
+
+
+def _check_fmt(fmt: object) -> None:
+    if not isinstance(fmt, str) or fmt not in FP8_DTYPES:
+        raise ValueError(f"fmt must be one of {', '.join(FP8_DTYPES)}, got {fmt!r}")
+
+
+def _check_world(world: object) -> None:
+    if isinstance(world, bool) or not isinstance(world, int):
+        raise TypeError(f"world must be an int (the number of ranks), got {world!r}")
+    if world < 1:
+        raise ValueError(f"world must be >= 1 (the number of ranks), got {world}")
+
+
+def _check_bucket_amax(flat: torch.Tensor, world: int) -> None:
+    _check_world(world)
+
+
+def _check_encode(
+    flat: torch.Tensor, amax: torch.Tensor, world: int, fmt: str, padded: int
+) -> None:
+    _check_world(world)
+    _check_fmt(fmt)
+    # F.pad with a negative pad would crop: values past `padded` would be dropped silently
+    if isinstance(padded, bool) or not isinstance(padded, int) or padded < flat.numel():
+        raise ValueError(f"padded must be an int >= flat.numel() = {flat.numel()}, got {padded!r}")
+
+
+def _check_reduce_chunks_into(
+    send: torch.Tensor, received: torch.Tensor, amax: torch.Tensor, fmt: str
+) -> None:
+    _check_fmt(fmt)
+    # the reduced chunk is written as fp8 bit patterns: a wider dtype would take them as numbers
+    if send.dtype != torch.uint8:
+        raise ValueError(f"send must be a uint8 buffer (fp8 bit patterns), got {send.dtype}")
+
+
+def _check_decode_into(
+    out: torch.Tensor, gathered: torch.Tensor, scales: torch.Tensor, fmt: str
+) -> None:
+    _check_fmt(fmt)
+
+
 def shared_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
     """The dequantization scale of `amax`: amax / fmt.max where amax > 0, else 1 (all-zero
     and NaN amaxes); +inf for an infinite amax, so that the bucket decodes to NaN."""
+    if not torch.compiler.is_compiling():
+        _check_fmt(fmt)
     fmax = torch.finfo(FP8_DTYPES[fmt]).max
     return torch.where(amax > 0, div_rn(amax, torch.full_like(amax, fmax)), torch.ones_like(amax))
 
@@ -83,6 +133,8 @@ def _positive_zero(x: torch.Tensor) -> torch.Tensor:
 
 def bucket_amax(flat: torch.Tensor, world: int) -> torch.Tensor:
     """max |flat / world| as a float32 [1] tensor (the quotient rounded as `encode` rounds it)."""
+    if not torch.compiler.is_compiling():
+        _check_bucket_amax(flat, world)
     amax = flat.float().abs().amax().reshape(1)
     return div_rn(amax, torch.full_like(amax, world))
 
@@ -92,6 +144,8 @@ def encode(
 ) -> torch.Tensor:
     """The fp8 payload (uint8 [padded]) of flat / world with the shared scale of the all-reduced
     `amax`; entries past flat's end are zero (padding to `world` equal chunks)."""
+    if not torch.compiler.is_compiling():
+        _check_encode(flat, amax, world, fmt, padded)
     h = div_rn(flat.float(), torch.full_like(amax, world))
     q = _to_fp8(h, shared_scale(amax, fmt), fmt)
     return F.pad(q, (0, padded - q.numel()))
@@ -106,6 +160,8 @@ def reduce_chunks_into(
 
     The sum runs in rank order (see the module docstring), the same on every device.
     """
+    if not torch.compiler.is_compiling():
+        _check_reduce_chunks_into(send, received, amax, fmt)
     rows = received.view(FP8_DTYPES[fmt]).float()
     acc = rows[0]
     for r in range(1, rows.shape[0]):
@@ -124,6 +180,8 @@ def decode_into(
     gathered: uint8 [W, chunk + k], each row a rank's chunk (its first `chunk` bytes are
     values); scales: float32 [W, 1]. `out` (1-D, any float dtype) receives the fp32 products
     rounded to its dtype, as a copy into it would round them. Returns `out`."""
+    if not torch.compiler.is_compiling():
+        _check_decode_into(out, gathered, scales, fmt)
     chunk = gathered.shape[1] - SCALE_BYTES
     values = gathered[:, :chunk].view(FP8_DTYPES[fmt]).float() * scales
     return out.copy_(values.reshape(-1)[: out.numel()])
@@ -133,10 +191,28 @@ def decode_into(
 # torch.compile (or on CPU) the functions themselves run. dynamic=True: one graph serves every
 # bucket size. No fullgraph: past dynamo's recompile limit the functions run eagerly (the same
 # bits, slower). emulate_precision_casts keeps Triton's casts of bf16 buckets as eager rounds.
-_COMPILED: dict[Callable, Callable] = {
-    fn: torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
-    for fn in (bucket_amax, encode, reduce_chunks_into, decode_into)
+_CHECKS: dict[Callable, Callable] = {
+    bucket_amax: _check_bucket_amax,
+    encode: _check_encode,
+    reduce_chunks_into: _check_reduce_chunks_into,
+    decode_into: _check_decode_into,
 }
+
+
+def _checked(fn: Callable) -> Callable:
+    """`fn` compiled, behind its eager argument check (traced, `fn` skips it)."""
+    compiled = torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
+    check = _CHECKS[fn]
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        check(*args, **kwargs)
+        return compiled(*args, **kwargs)
+
+    return run
+
+
+_COMPILED: dict[Callable, Callable] = {fn: _checked(fn) for fn in _CHECKS}
 
 
 def twin(fn: Callable) -> Callable:

@@ -449,6 +449,8 @@ class QuantizedGemmMixin:
 
     def seed_rng(self, salt: int) -> None:
         """Start the random state at (salt, step 0); salt in [0, 2^31)."""
+        if isinstance(salt, bool) or not isinstance(salt, int) or not 0 <= salt < 2**31:
+            raise ValueError(f"seed_rng takes an int salt in [0, 2^31), got {salt!r}")
         self._rng_salt = int(salt)
         if self.rng_state is not None:
             self.rng_state.copy_(torch.tensor([self._rng_salt, 0], dtype=torch.int64))
@@ -516,6 +518,8 @@ class QuantizedGemmMixin:
         Compiled fp8-delayed layers on the Hopper path run it in recompute.py's checkpoint
         region (memory; `recompute.applies`)."""
         device_type = x.device.type
+        if device_type == "meta":  # shapes only (FLOP counting, tracing): the plain layer's
+            return nn.functional.linear(x, weight, bias)
         if torch.is_autocast_enabled(device_type):
             out_dtype = torch.get_autocast_dtype(device_type)
         else:
@@ -565,6 +569,8 @@ class QuantLinear(QuantizedGemmMixin, nn.Linear):
         cls, linear: nn.Linear, recipe: str | QuantRecipe, *, backend: str = "auto"
     ) -> QuantLinear:
         """A QuantLinear sharing `linear`'s parameter objects (optimizers stay valid)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear expects an nn.Linear, got {type(linear).__name__}")
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features

@@ -10,7 +10,8 @@ scale = 1 / m (`formats.inv_scales`).
 Non-finite input is never made finite: a group holding NaN or ±inf gets a NaN scale and NaN
 values, so a downstream step guard sees the problem instead of a silently clipped number.
 Finite input is never made non-finite: dequantized results saturate to the output dtype's finite
-range (see `QTensor.dequantize`).
+range (see `QTensor.dequantize`). Quantizing computes in float32, so float64 input with finite
+values beyond float32's range is refused.
 
 Scale shapes: `QTensor.scale` is compact, one entry per group. For "tensor" it is [1, ..., 1]
 (x.dim() ones), for "row" [..., R, 1], for "column" [..., 1, C]: all three broadcast against x.
@@ -325,6 +326,15 @@ def _check_args(
         raise TypeError(f"quantize expects a floating-point tensor, got {got}")
     if x.dim() == 0:
         raise ValueError("quantize expects a tensor with at least one dimension")
+    # It computes in float32, where such values would be infinite and their group NaN: refused
+    # rather than breaking "finite input is never made non-finite" (float64 input only).
+    if x.dtype == torch.float64 and bool((x.abs() > torch.finfo(torch.float32).max).any()):
+        finite = x[x.isfinite()]
+        if finite.numel() and finite.abs().max() > torch.finfo(torch.float32).max:
+            raise ValueError(
+                "quantize computes in float32: finite float64 values beyond its range "
+                f"(|x| up to {finite.abs().max().item():.3g} > 3.4e38); scale them down first"
+            )
     if rounding not in formats.ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}, got {rounding!r}")
     _check_randomness(x, rounding, generator, noise)

@@ -6,6 +6,8 @@ assembles them into named recipes and re-exports every public name here (import 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from minifloat import formats
@@ -21,6 +23,26 @@ __all__ = [
     "OCCConfig",
     "DelayedScaling",
 ]
+
+
+# 2**margin must be finite in float32 (2**127 is, 2**128 is not): a larger margin multiplies every
+# delayed scale to inf and every output to NaN.
+DELAYED_MARGIN_MAX = 127
+
+
+def _check_real(name: str, value: object) -> None:
+    """TypeError unless `value` is a real number (bool and str are not), ValueError unless it is
+    finite: the messages of the variant strings ("dge.k must be a finite number")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a finite number, got {type(value).__name__}: {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def _check_int(name: str, value: object) -> None:
+    """TypeError unless `value` is an int (bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
 
 
 def _granularity_words(g: Granularity) -> str:
@@ -94,6 +116,9 @@ class DGEConfig:
     cap: float = 3.0
 
     def __post_init__(self) -> None:
+        # inf would pass the range check: k = inf zeroes every weight gradient
+        _check_real("dge.k", self.k)
+        _check_real("dge.cap", self.cap)
         if not (self.k >= 1 and self.cap > 0):  # k = 1: straight-through; below: not a quantizer
             raise ValueError("DGE needs k >= 1 and cap > 0")
         # k and cap as text, from which dge.py reads its constants: under torch.compile a float
@@ -141,6 +166,7 @@ class OCCConfig:
     one_gemm: bool = True
 
     def __post_init__(self) -> None:
+        _check_real("occ.alpha", self.alpha)
         if not 0.5 < self.alpha < 1.0:
             raise ValueError(f"OCC alpha must lie in (0.5, 1), got {self.alpha}")
         if self.threshold not in OCC_THRESHOLDS:
@@ -157,11 +183,19 @@ class DelayedScaling:
 
     The scale of step t is `max(amax of the previous history_len steps) * 2**margin / fmt.max`;
     while the history is still empty (first step) the current amax is used.
+    `history_len`: an int >= 1; `margin`: an int in [0, DELAYED_MARGIN_MAX] = [0, 127], the
+    range where 2**margin is finite in float32 (useful margins are a few binades).
     """
 
     history_len: int = 16
     margin: int = 0
 
     def __post_init__(self) -> None:
-        if self.history_len < 1 or self.margin < 0:
-            raise ValueError("delayed scaling needs history_len >= 1 and margin >= 0")
+        _check_int("delayed history_len", self.history_len)
+        _check_int("delayed margin", self.margin)
+        if self.history_len < 1 or not 0 <= self.margin <= DELAYED_MARGIN_MAX:
+            raise ValueError(
+                f"delayed scaling needs history_len >= 1 and margin in [0, "
+                f"{DELAYED_MARGIN_MAX}] (2**margin finite in float32), got history_len="
+                f"{self.history_len}, margin={self.margin}"
+            )

@@ -49,6 +49,14 @@ __all__ = [
 ]
 
 
+# The autocast dtypes a recipe may name, with their words in `describe` (None: fp32 throughout).
+_AUTOCAST_WORDS: dict[torch.dtype | None, str] = {
+    None: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
     """Base recipe: mixed precision without quantized GEMMs (fp32, fp16, bf16)."""
@@ -58,6 +66,14 @@ class Recipe:
     autocast_dtype: torch.dtype | None = torch.bfloat16  # None: everything in fp32
     loss_scaling: bool = False  # fp16 needs dynamic loss scaling
 
+    def __post_init__(self) -> None:
+        # here, not in describe() or at the first autocast: torch.int8 would fail far from its cause
+        if not any(self.autocast_dtype is d for d in _AUTOCAST_WORDS):  # `in` hashes: a list fails
+            raise ValueError(
+                f"recipe {self.name!r}: autocast_dtype must be None (fp32), torch.bfloat16 or "
+                f"torch.float16, got {self.autocast_dtype!r}"
+            )
+
     @property
     def quantized(self) -> bool:
         """Whether `convert()` swaps linear layers for quantized ones under this recipe."""
@@ -65,7 +81,7 @@ class Recipe:
 
     def describe(self) -> dict[str, str]:
         """Per-GEMM precision in words, for tables and `minifloat recipes`."""
-        dtype = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.autocast_dtype]
+        dtype = _AUTOCAST_WORDS[self.autocast_dtype]
         return {"fprop": dtype, "dgrad": dtype, "wgrad": dtype}
 
 
@@ -101,6 +117,12 @@ class QuantRecipe(Recipe):
     keep_last_blocks: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        m = self.min_multiple
+        if isinstance(m, bool) or not isinstance(m, int):
+            raise TypeError(f"min_multiple must be a positive int, got {type(m).__name__}: {m!r}")
+        if m < 1:  # 0 divides by zero in unsuitable(); a negative one would pass any dims
+            raise ValueError(f"min_multiple must be a positive int, got {m}")
         if self.fprop.lhs.reuse or self.fprop.rhs.reuse or self.dgrad.lhs.reuse:
             raise ValueError("only the rhs of dgrad/wgrad can reuse fprop values")
         if self.wgrad.lhs.reuse:
@@ -190,6 +212,11 @@ _REGISTRY: dict[str, Recipe] = {}
 
 def register(recipe: Recipe) -> Recipe:
     """Add a recipe to the registry (names are unique)."""
+    if not isinstance(recipe, Recipe):
+        raise TypeError(
+            f"register takes a Recipe (e.g. dataclasses.replace(recipes.get('fp4'), name=...)), "
+            f"got {type(recipe).__name__}: {recipe!r}"
+        )
     if recipe.name in _REGISTRY:
         raise ValueError(f"recipe {recipe.name!r} is already registered")
     _REGISTRY[recipe.name] = recipe

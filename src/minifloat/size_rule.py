@@ -39,6 +39,14 @@ class SizeRule:
     source: str = "user"
 
     def __post_init__(self) -> None:
+        # A single box or text, e.g. boxes=(1024, 4096), would fail below on len() of an int.
+        if not isinstance(self.boxes, (tuple, list)) or not all(
+            isinstance(box, (tuple, list)) for box in self.boxes
+        ):
+            raise TypeError(
+                f"SizeRule boxes is a tuple of (max_in, max_out) pairs, e.g. ((1024, 4096),) "
+                f"(SizeRule.parse reads text), got {self.boxes!r}"
+            )
         if not self.boxes:
             raise ValueError("SizeRule needs at least one (max_in, max_out) box")
         for box in self.boxes:

@@ -51,19 +51,27 @@ _KIND_TITLES = {
 
 
 def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio of `out` against `ref`, in dB (inf when equal, -inf
-    when `ref` is all zeros and `out` is not). The shapes must match: broadcasting would
-    compare the wrong entries."""
+    """Signal-to-quantization-noise ratio of `out` against `ref`, in dB. For finite input: inf
+    when equal, -inf when `ref` is all zeros and `out` is not. NaN when either holds NaN, or
+    when ref holds an inf (inf - inf or inf / inf): non-finite input is not read as "no
+    signal"; an inf in `out` alone is infinite noise, -inf. The shapes must match:
+    broadcasting would compare the wrong entries."""
     if ref.shape != out.shape:
         raise ValueError(
             f"sqnr_db: ref and out shapes differ: {tuple(ref.shape)} vs {tuple(out.shape)}"
         )
     ref64, out64 = ref.double(), out.double()
     noise = (out64 - ref64).norm().item()
+    if math.isnan(noise):  # NaN in either input; before the comparisons, which NaN fails
+        return math.nan
     if noise == 0.0:
         return math.inf
     signal = ref64.norm().item()
-    return 20.0 * math.log10(signal / noise) if signal > 0.0 else -math.inf
+    ratio = signal / noise
+    if math.isnan(ratio):  # inf / inf: an inf in ref that out does not share
+        return math.nan
+    # ratio 0: no signal, infinite noise, or a quotient below float64's range (log10(0) raises)
+    return 20.0 * math.log10(ratio) if signal > 0.0 and ratio > 0.0 else -math.inf
 
 
 def student_t(shape: tuple[int, ...], dof: int, generator: torch.Generator) -> torch.Tensor:

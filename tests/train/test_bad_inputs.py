@@ -80,6 +80,10 @@ CASES = [
     (["train", "--lr", "20"], 2, "lr x weight-decay must be below 1"),
     (["train", "--max-skip-fraction", "1.5"], 2, "max-skip-fraction must be in [0, 1]"),
     (["train", "--keep-checkpoints", "0"], 2, "keep-checkpoints must be at least 1, got 0"),
+    # A seed torch cannot take, and a token count no run reaches (it trained at an LR of 1e-40).
+    (["train", "--seed", "-1"], 2, "seed must be an integer in [0, 2^63), got -1"),
+    (["train", "--seed", str(2**70)], 2, "seed must be an integer in [0, 2^63)"),
+    (["train", "--tokens", "1e40"], 2, "tokens=1e+40 give 9.77e+36 steps: at most 2^40"),
     (["train", "--config", "nan.toml"], 2, "lr must be positive and finite, got nan"),
     # A key the file misspelled is named with the file and the setting it was probably meant as.
     (

@@ -261,10 +261,41 @@ def quantize_operand(
         [1, 1] (tensor), [rows, 1] (row) or [ceil(rows/br), ceil(cols/bc)] (blocks).
         `with_multiplier`: (values, scale, multiplier).
     """
+    _check_operand(x, fmt, granularity, scale)
     values, scale, m = _quantize(
         x, fmt, granularity, clip, remainder, prescale, transpose, scale, scale_format
     )
     return (values, scale, m) if with_multiplier else (values, scale)
+
+
+def _check_operand(x: torch.Tensor, fmt: str, granularity: Granularity, scale) -> None:  # noqa: ANN001
+    """quantize_operand's one-line errors. Checks of the arguments' types and shapes only:
+    under torch.compile they run once, while tracing, and cost the compiled code nothing.
+    (Values are the caller's contract: clip bounds in order, a positive given scale.)"""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        what = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"quantize_operand takes a floating-point tensor, got {what}")
+    if x.dim() != 2 or x.numel() == 0:
+        raise ValueError(
+            f"quantize_operand takes a non-empty 2-D [R, C] operand, got {tuple(x.shape)}"
+        )
+    if fmt not in FP8_STORAGE:
+        raise ValueError(
+            f"quantize_operand formats are {', '.join(FP8_STORAGE)}, got {fmt!r} "
+            "(minifloat.quantize takes the others)"
+        )
+    block = isinstance(granularity, tuple) and len(granularity) == 2
+    if block and not all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in granularity
+    ):
+        block = False
+    if granularity not in ("tensor", "row") and not block:
+        raise ValueError(
+            "operand granularity must be 'tensor', 'row' or a block (rows, cols) of positive "
+            f"ints, not {granularity!r}"
+        )
+    if scale is not None and not isinstance(scale, torch.Tensor):
+        raise TypeError(f"a given scale must be a tensor, got {type(scale).__name__}")
 
 
 def _quantize(

@@ -28,6 +28,10 @@ def hf_config(config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
     Both the legacy ``rope_theta`` key (transformers 4.x) and ``rope_parameters``
     (transformers 5.x) are written so either major version reads the right base.
     """
+    if not isinstance(config, LlamaConfig):
+        raise TypeError(
+            f"hf_config takes a LlamaConfig (model.config), got {type(config).__name__}"
+        )
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -259,6 +259,10 @@ class Llama(nn.Module):
     """
 
     def __init__(self, config: LlamaConfig) -> None:
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(
+                f"Llama takes a LlamaConfig (e.g. get_config('tiny')), got {type(config).__name__}"
+            )
         super().__init__()
         self.config = config
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
@@ -285,8 +289,10 @@ class Llama(nn.Module):
         return self.rope_cos[:seq_len], self.rope_sin[:seq_len]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.dim() != 2:
-            raise ValueError(f"tokens must be [batch, seq], got shape {tuple(tokens.shape)}")
+        if tokens.dim() != 2 or 0 in tokens.shape:
+            raise ValueError(
+                f"tokens must be [batch, seq] with at least one of each, got {tuple(tokens.shape)}"
+            )
         cos, sin = self._rope_tables(tokens.shape[1], tokens.device)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
@@ -306,6 +312,8 @@ class Llama(nn.Module):
         does not depend on module order and is identical for the same seed on the same device
         type. Works when linear layers are subclasses of nn.Linear (e.g. QuantLinear).
         """
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2^63), got {seed!r}")
         std = 0.02
         out_std = std / math.sqrt(2 * self.config.n_layers)
         for module_name, module in self.named_modules():
@@ -315,6 +323,10 @@ class Llama(nn.Module):
             elif isinstance(module, nn.Linear | nn.Embedding) or module is self.output:
                 is_out_proj = module_name.endswith(("attention.wo", "feed_forward.w2"))
                 _normal_(module.weight, out_std if is_out_proj else std, seed, module_name)
+            # converted layers (minifloat.convert): the fp8-delayed history and the random
+            # state at their start, not the memory `to_empty` left them (meta-device builds)
+            if callable(getattr(module, "reset_buffers", None)):
+                module.reset_buffers()
         self.reset_rope_tables()
 
     def reset_rope_tables(self) -> None:

@@ -28,7 +28,12 @@ from typing import Any
 
 import torch
 
-from minifloat.optim.codecs import StateFormat, get_state_format, stochastic_round_bf16
+from minifloat.optim.codecs import (
+    StateFormat,
+    check_block_size,
+    get_state_format,
+    stochastic_round_bf16,
+)
 from minifloat.optim.fused import (
     adamw_scalars,
     check_fused_kernel,
@@ -41,6 +46,7 @@ __all__ = ["AdamW"]
 _MOMENTS = ("exp_avg", "exp_avg_sq")
 _MASTER_MODES = ("fp32", "none")
 _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # "none": the first two
+_SEED_MIN, _SEED_END = -(2**63), 2**64  # what torch.Generator.manual_seed accepts
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -74,6 +80,27 @@ def _check_group(group: dict[str, Any], master_weights: str) -> None:
             )
 
 
+def _check_options(block_size: object, small_numel: object, seed: object, fused: object) -> None:
+    """The constructor's keyword options, checked at construction: a str or float would
+    otherwise fail only in `step` (after state was created), and fused="yes" would count as
+    True."""
+    check_block_size(block_size)
+    if isinstance(small_numel, bool) or not isinstance(small_numel, int):
+        raise TypeError(
+            f"small_numel must be an int >= 0, got {type(small_numel).__name__}: {small_numel!r}"
+        )
+    if small_numel < 0:
+        raise ValueError(f"small_numel must be an int >= 0, got {small_numel}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}: {seed!r}")
+    if not _SEED_MIN <= seed < _SEED_END:
+        raise ValueError(
+            f"seed must lie in [-2**63, 2**64) (torch.Generator.manual_seed's range), got {seed}"
+        )
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be True, False or None, got {fused!r}")
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW whose moments are stored in fp32 / bf16 / fp16 / fp8 formats.
 
@@ -82,7 +109,9 @@ class AdamW(torch.optim.Optimizer):
     master_weights: "fp32" keeps an fp32 master copy of bf16/fp16 params (fp32 params are their
     own master); "none" updates params in place, rounding bf16 params stochastically with a
     generator seeded by `seed` (deterministic, saved in the state dict).
-    block_size: elements per fp32 scale for block-scaled formats.
+    block_size: elements per fp32 scale for block-scaled formats, at most 2**16
+    (codecs.MAX_BLOCK_SIZE: moments are padded to whole blocks).
+    small_numel: tensors with fewer elements (and 1-D ones) keep fp32 moments.
     fused: update parameters with low-precision moments through one function per parameter
     (optim/fused.py: decode, update and re-encode in one pass, compiled on CUDA) instead of
     decoding a bucket, updating it with foreach ops and encoding each tensor. Both give the
@@ -120,8 +149,7 @@ class AdamW(torch.optim.Optimizer):
         get_state_format(exp_avg_sq_dtype)
         if get_state_format(exp_avg_dtype).sqrt_domain:
             raise ValueError("sqrt-domain formats need values >= 0: use them for exp_avg_sq only")
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        _check_options(block_size, small_numel, seed, fused)
         # set before super().__init__, whose add_param_group checks each group against them
         self.master_weights = master_weights
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)

@@ -25,6 +25,11 @@ __all__ = [
     "stochastic_round_e4m3",
 ]
 
+# Largest block a scaled state may use. Every moment is padded to whole blocks, so a block far
+# beyond a parameter's size allocates a block per tensor (block_size=1e9 was an OOM kill), while
+# the scales it saves are negligible long before: 4 / 2**16 = 6e-5 bytes per element.
+MAX_BLOCK_SIZE = 2**16
+
 _E4M3_MAX = 448.0
 _FP16_MAX = 65504.0
 _E4M3_MAX_BITS = 0x7E  # bit pattern of +448, the largest finite e4m3 magnitude
@@ -160,6 +165,19 @@ STATE_FORMATS: dict[str, StateFormat] = {
         ),
     )
 }
+
+
+def check_block_size(block_size: object) -> None:
+    """ValueError unless `block_size` is an int in [1, MAX_BLOCK_SIZE] (bool is not an int)."""
+    if (
+        isinstance(block_size, bool)
+        or not isinstance(block_size, int)
+        or not 1 <= block_size <= MAX_BLOCK_SIZE
+    ):
+        raise ValueError(
+            f"block_size must be a positive int <= {MAX_BLOCK_SIZE} (2**16; every moment is "
+            f"padded to whole blocks), got {block_size!r}"
+        )
 
 
 def get_state_format(name: str) -> StateFormat:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from minifloat.optim.codecs import get_state_format
+from minifloat.optim.codecs import check_block_size, get_state_format
 
 __all__ = ["OPTIM_STATE_PRESETS", "bytes_per_param", "preset_param_dtype"]
 
@@ -40,6 +40,18 @@ OPTIM_STATE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 
 
+# The keys a configuration may hold: AdamW's keyword arguments (tests keep the two in step).
+# Only the first four change the memory; a typo among them would silently price fp32 states.
+_MEMORY_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "master_weights", "block_size")
+_CONFIG_KEYS = (
+    *_MEMORY_KEYS,
+    *("lr", "betas", "eps", "weight_decay", "small_numel", "seed", "fused", "fused_kernel"),
+)
+_MASTER_MODES = ("fp32", "none")
+# bytes per element of each parameter dtype `bytes_per_param` prices
+_PARAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+
+
 def preset_param_dtype(config: str | Mapping[str, Any]) -> str:
     """Parameter dtype a configuration is meant for: bf16 without master weights, else fp32."""
     kwargs = _kwargs(config)
@@ -56,12 +68,22 @@ def bytes_per_param(
 
     Returns {"weights", "grads", "exp_avg", "exp_avg_sq", "master", "total"}. Gradients have the
     parameter dtype; block-scaled states include their fp32 scales (4 / block_size bytes).
+    `config`: a preset name or a dict of AdamW keyword arguments (other keys are refused);
+    `param_dtype`: "fp32", "bf16" or "fp16" (default: the configuration's, `preset_param_dtype`);
+    `block_size`: overrides the configuration's, an int in [1, 2**16] as AdamW takes.
     Small and 1-D tensors keep fp32 states and are ignored here (a negligible share of a LLM).
     """
     kwargs = _kwargs(config)
-    param_dtype = param_dtype or preset_param_dtype(kwargs)
-    block_size = block_size or kwargs.get("block_size", 128)
-    weight_bytes = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}[param_dtype]
+    if param_dtype is None:
+        param_dtype = preset_param_dtype(kwargs)
+    if not isinstance(param_dtype, str) or param_dtype not in _PARAM_BYTES:
+        raise ValueError(
+            f"param_dtype must be one of {', '.join(_PARAM_BYTES)} (a name), got {param_dtype!r}"
+        )
+    if block_size is None:  # not `or`: block_size=0 must fail, not price 128
+        block_size = kwargs.get("block_size", 128)
+    check_block_size(block_size)
+    weight_bytes = _PARAM_BYTES[param_dtype]
     master = 4.0 if kwargs.get("master_weights", "fp32") == "fp32" and weight_bytes < 4 else 0.0
     out = {
         "weights": weight_bytes,
@@ -86,4 +108,23 @@ def _kwargs(config: str | Mapping[str, Any]) -> Mapping[str, Any]:
                 f"{sorted(OPTIM_STATE_PRESETS)}"
             )
         return OPTIM_STATE_PRESETS[config]
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"an optimizer-state configuration is a preset name or a dict of AdamW keyword "
+            f"arguments, got {type(config).__name__}"
+        )
+    unknown = [key for key in config if key not in _CONFIG_KEYS]
+    if unknown:
+        raise ValueError(
+            f"unknown optimizer-state configuration key {unknown[0]!r}; valid keys: "
+            f"{', '.join(_CONFIG_KEYS)}"
+        )
+    if config.get("master_weights", "fp32") not in _MASTER_MODES:
+        raise ValueError(
+            f"master_weights must be one of {_MASTER_MODES}, got {config['master_weights']!r}"
+        )
+    for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
+        get_state_format(config.get(key, "fp32"))
+    if "block_size" in config:
+        check_block_size(config["block_size"])
     return config

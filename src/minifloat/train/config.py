@@ -202,8 +202,12 @@ class TrainConfig:
             return self.steps
         if self.tokens is None:
             return 200
-        cfg = self.resolved()
-        per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * world_size
+        # the defaults looked up, not `resolved()`: validation calls this, and resolved()
+        # validates the copy it makes
+        defaults = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["default"])
+        batch, seq = (defaults[k] if getattr(self, k) is None else getattr(self, k)
+                      for k in ("batch_size", "seq_len"))  # fmt: skip
+        per_step = batch * seq * self.grad_accum * world_size
         return max(1, math.ceil(self.tokens / per_step))
 
     def to_dict(self) -> dict[str, Any]:

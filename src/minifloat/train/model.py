@@ -109,13 +109,8 @@ def build_model(
 
 def _materialize(model: nn.Module, device: torch.device, seed: int) -> None:
     """Allocate the (sharded) meta parameters and buffers on `device` and initialize them."""
-    from minifloat.linear import QuantLinear
-
     model.to_empty(device=device)
-    model.init_weights(seed)
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            module.reset_buffers()
+    model.init_weights(seed)  # converted layers' buffers too (`Llama.init_weights`)
 
 
 def _wrap(model: nn.Module, config: TrainConfig, runtime: Runtime, *, deferred: bool) -> nn.Module:
