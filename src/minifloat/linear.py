@@ -548,6 +548,11 @@ class QuantLinear(QuantizedGemmMixin, nn.Linear):
         backend: "auto" (by the input's device), "emulated" or "hopper" (forced, for tests).
     state_dict keys are those of `nn.Linear`, plus `amax_history` under fp8-delayed and
     `rng_state` under recipes that draw random numbers (see `QuantizedGemmMixin`).
+
+    Unlike `convert` and `set_recipe`, the constructor does not apply the recipe's dims rule
+    (`QuantRecipe.unsuitable`: multiples of the tensor cores' tile or of the recipe's block):
+    the emulation computes any shape, padding the last blocks, which tests and experiments on
+    small layers use. A layer much smaller than the recipe's block pays for whole blocks.
     """
 
     def __init__(
