@@ -470,3 +470,15 @@ def test_a_layer_used_twice_is_converted_in_both_places():
 def test_set_recipe_takes_a_module(fn):
     with pytest.raises(TypeError, match="expected an nn.Module, got str"):
         fn("model", "fp4")
+
+
+def test_is_output_head_takes_a_name():
+    with pytest.raises(TypeError, match="is_output_head takes a module name"):
+        is_output_head(None)
+
+
+def test_return_report_must_be_a_bool():
+    model = nn.Sequential(nn.Linear(64, 64))
+    with pytest.raises(TypeError, match="return_report must be True or False"):
+        convert(model, "fp4", return_report="yes")
+    assert isinstance(model[0], nn.Linear) and not isinstance(model[0], QuantLinear)

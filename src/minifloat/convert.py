@@ -118,6 +118,8 @@ def is_output_head(fqn: str) -> bool:
 
     A name inside a repeated block (any numeric part, as in `layers.0.attention.output`) is not.
     """
+    if not isinstance(fqn, str):
+        raise TypeError(f"is_output_head takes a module name (str), got {type(fqn).__name__}")
     parts = fqn.split(".")
     return parts[-1] in HEAD_NAMES and not any(part.isdigit() for part in parts)
 
@@ -353,13 +355,15 @@ def convert(
             whatever it swapped, or the model holds quantized layers.
         ValueError: unknown recipe or backend, or `model` is itself a linear layer.
         TypeError: `model` is not an nn.Module, `skip` is not patterns, `module_filter_fn` is
-            not a callable returning bool, `size_rule` is not a SizeRule, or `keep_head` is not
-            a bool.
+            not a callable returning bool, `size_rule` is not a SizeRule, or `keep_head` or
+            `return_report` is not a bool.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert takes an nn.Module, got {type(model).__name__}")
     recipe = recipes.get(recipe)
     patterns = _checked_arguments(backend, skip, module_filter_fn, size_rule, keep_head)
+    if not isinstance(return_report, bool):  # a non-empty string would count as True
+        raise TypeError(f"return_report must be True or False, got {return_report!r}")
     conv1d = _conv1d_class()
     _check_convertible(model, conv1d)
     report = ConversionReport(recipe=recipe.name)
