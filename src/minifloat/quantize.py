@@ -328,12 +328,12 @@ def _check_args(
         raise ValueError("quantize expects a tensor with at least one dimension")
     # It computes in float32, where such values would be infinite and their group NaN: refused
     # rather than breaking "finite input is never made non-finite" (float64 input only).
-    if x.dtype == torch.float64 and bool((x.abs() > torch.finfo(torch.float32).max).any()):
-        finite = x[x.isfinite()]
-        if finite.numel() and finite.abs().max() > torch.finfo(torch.float32).max:
+    if x.dtype == torch.float64:
+        beyond = x.isfinite() & (x.abs() > torch.finfo(torch.float32).max)
+        if beyond.any():
             raise ValueError(
                 "quantize computes in float32: finite float64 values beyond its range "
-                f"(|x| up to {finite.abs().max().item():.3g} > 3.4e38); scale them down first"
+                f"(|x| up to {x[beyond].abs().max().item():.3g} > 3.4e38); scale them down first"
             )
     if rounding not in formats.ROUNDING_MODES:
         raise ValueError(f"rounding must be one of {formats.ROUNDING_MODES}, got {rounding!r}")

@@ -84,6 +84,7 @@ CASES = [
     (["train", "--seed", "-1"], 2, "seed must be an integer in [0, 2^63), got -1"),
     (["train", "--seed", str(2**70)], 2, "seed must be an integer in [0, 2^63)"),
     (["train", "--tokens", "1e40"], 2, "tokens=1e+40 give 9.77e+36 steps: at most 2^40"),
+    (["train", "--tokens", "1e6", "--grad-accum", "0"], 2, "grad-accum must be at least 1"),
     (["train", "--config", "nan.toml"], 2, "lr must be positive and finite, got nan"),
     # A key the file misspelled is named with the file and the setting it was probably meant as.
     (

@@ -205,8 +205,8 @@ class TrainConfig:
         # the defaults looked up, not `resolved()`: validation calls this, and resolved()
         # validates the copy it makes
         defaults = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["default"])
-        batch, seq = (defaults[k] if getattr(self, k) is None else getattr(self, k)
-                      for k in ("batch_size", "seq_len"))  # fmt: skip
+        batch = defaults["batch_size"] if self.batch_size is None else self.batch_size
+        seq = defaults["seq_len"] if self.seq_len is None else self.seq_len
         per_step = batch * seq * self.grad_accum * world_size
         return max(1, math.ceil(self.tokens / per_step))
 

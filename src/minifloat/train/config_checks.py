@@ -49,6 +49,12 @@ def _check_sizes(cfg: TrainConfig) -> None:
             raise ConfigError(f"{_flag(name)} must be positive, got {value}")
     if cfg.steps is not None and cfg.tokens is not None:
         raise ConfigError("give either steps or tokens, not both")
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < 2**63:
+        raise ConfigError(f"seed must be an integer in [0, 2^63), got {cfg.seed!r}")
+    for name in ("grad_accum", "log_every"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{_flag(name)} must be at least 1")
+    # after grad_accum's check: the step count divides by it
     # More optimizer steps than any run takes: a typo (tokens = 1e40 trained at an LR of 1e-40,
     # its warm-up never ending)
     steps = cfg.total_steps()
@@ -57,11 +63,6 @@ def _check_sizes(cfg: TrainConfig) -> None:
             "steps" if cfg.steps is not None else f"tokens={cfg.tokens:g} give {steps:.3g} steps"
         )
         raise ConfigError(f"{source}: at most 2^40 optimizer steps")
-    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or not 0 <= cfg.seed < 2**63:
-        raise ConfigError(f"seed must be an integer in [0, 2^63), got {cfg.seed!r}")
-    for name in ("grad_accum", "log_every"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{_flag(name)} must be at least 1")
     for name in ("eval_every", "eval_batches", "ckpt_every", "spike_warmup", "sqnr_every",
                  "loss_chunk"):  # fmt: skip
         if getattr(cfg, name) < 0:
