@@ -195,6 +195,12 @@ def test_stochastic_rounding_deterministic_for_generator():
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
+def test_round_refuses_both_generator_and_noise():
+    x = torch.randn(8)
+    with pytest.raises(ValueError, match="generator or noise, not both"):
+        formats.get("e2m1").round(x, "stochastic", torch.Generator(), noise=torch.rand(8))
+
+
 def test_stochastic_keeps_grid_points_exact():
     fmt = formats.get("e2m1")
     g = fmt.grid.float()

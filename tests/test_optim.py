@@ -106,6 +106,18 @@ def test_stochastic_rounding_is_unbiased():
     )
 
 
+@pytest.mark.parametrize(
+    ("fn", "noise"),
+    [
+        (stochastic_round_e4m3, torch.rand(8)),
+        (stochastic_round_bf16, torch.zeros(8, dtype=torch.int32)),
+    ],
+)
+def test_stochastic_rounding_refuses_both_generator_and_noise(fn, noise):
+    with pytest.raises(ValueError, match="generator or noise, not both"):
+        fn(torch.randn(8), generator=torch.Generator(), noise=noise)
+
+
 def test_unknown_format_lists_names():
     with pytest.raises(ValueError, match="fp8-sqrt"):
         AdamW(_params(0), exp_avg_dtype="int3")

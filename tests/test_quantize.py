@@ -420,6 +420,16 @@ def test_clip_quantile_clamps_two_sided_and_keeps_non_finite():
         (dict(fmt="e2m1", rounding="stochastic", noise=torch.rand(1)), ValueError, "x's shape"),
         (dict(fmt="e2m1", rounding="stochastic", noise=torch.rand(4, 5)), ValueError, r"\(4, 5\)"),
         (
+            dict(
+                fmt="e2m1",
+                rounding="stochastic",
+                noise=torch.rand(4, 4),
+                generator=torch.Generator(),
+            ),
+            ValueError,
+            "generator or noise, not both",
+        ),
+        (
             dict(fmt="e2m1", rounding="stochastic", noise=torch.ones(4, 4, dtype=torch.int64)),
             TypeError,
             "noise must be a floating-point tensor",

@@ -89,6 +89,8 @@ class ElementFormat:
         """
         if rounding not in ROUNDING_MODES:
             raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
+        if noise is not None and generator is not None:  # the generator would go unused
+            raise ValueError("give stochastic rounding a generator or noise, not both")
         x = x.float()
         mag = x.abs().clamp(max=self.max)  # saturate first; NaN passes through clamp
         quantum = self.spacing(mag)

@@ -307,6 +307,8 @@ def _check_randomness(
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if noise is None:
         return
+    if generator is not None:  # noise is used as given: the generator would draw nothing
+        raise ValueError("give stochastic rounding a generator or noise, not both")
     if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
         got = noise.dtype if isinstance(noise, torch.Tensor) else type(noise).__name__
         raise TypeError(f"noise must be a floating-point tensor of uniforms, got {got}")
@@ -397,7 +399,7 @@ def quantize(
             a `clip_quantile` that is not a real number.
         ValueError: unknown format, scale format, granularity or rounding, 0-dim `x`, column
             granularity on 1-D `x`, `clip_quantile` outside (0.5, 1), `noise` not of x's
-            shape, or `noise`/`generator` with rounding "nearest".
+            shape, `noise`/`generator` with rounding "nearest", or both of them.
     """
     _check_args(x, rounding, clip_quantile, generator, noise)
     fmt = formats.get(fmt)
