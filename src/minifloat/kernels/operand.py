@@ -459,7 +459,8 @@ def pack_e2m1(values: torch.Tensor) -> torch.Tensor:
 
     Codes are sign << 3 | grid index (OCP MX FP4, `torch.float4_e2m1fn_x2`), the first element of
     each pair in the low nibble. NaN has no code: it packs as 0 (a NaN group's scale keeps it
-    non-finite).
+    non-finite). Values off the E2M1 grid pack to a wrong code unchecked: the quantizers' output
+    is on it, and a check would be one more pass in the hot path (`packing.pack_values` checks).
     """
     v = values.float()
     mag = v.abs()
