@@ -14,8 +14,10 @@
 # TREE: a name given to --prepare, or "work" (the working tree itself). ROW: one train_e2e.py
 # row (a recipe with variant keys). Trees alternate between the GPUs (tree i on GPU i mod
 # GPUS), each GPU running its trees one after the other. What comes back:
-# $OUT/profile_trees_<TAG>.tar.gz with train_e2e_<MODEL>_ours_<TAG>_<TREE>_prof_*.{md,json},
-# each tree's log, code/<TREE>/*.py (generated files over 20 kB) and status.txt.
+# $OUT/profile_trees_<TAG>.tar.gz with train_e2e_<MODEL>_ours_<TAG>_<TREE>_*.{md,json},
+# each tree's log, code/<TREE>/*.py (generated files over 20 kB), status.txt, and
+# diff_<FIRST>_<TREE>.md: benchmarks/profile_diff.py's tables of the first tree against each
+# other one (the step, the kernel time by kind, each kernel family that moved).
 # Settings (environment): TREES (.carry/trees: git-ignored, so it travels with carry .carry),
 # MODEL (1.3B), LAYERS (6), TAG (trees), GPUS (2), LIMIT (240 s a tree, killed after), PY
 # (python3), EXTRA (more train_e2e.py arguments).
@@ -72,6 +74,13 @@ for ((g = 0; g < gpus; g++)); do
   (for ((i = g; i < ${#trees[@]}; i += gpus)); do one "$g" "${trees[$i]}"; done) &
 done
 wait
+# the first tree against each other one (benchmarks/profile_diff.py), where both have a record
+for t in "${trees[@]:1}"; do
+  a=$(ls "$work/out"/train_e2e_*_"${tag}_${trees[0]}"_*.json 2>/dev/null | head -1)
+  b=$(ls "$work/out"/train_e2e_*_"${tag}_$t"_*.json 2>/dev/null | head -1)
+  [ -n "$a" ] && [ -n "$b" ] && "${PY:-python3}" benchmarks/profile_diff.py "$a" "$b" \
+    > "$work/out/diff_${trees[0]}_$t.md" 2>&1
+done
 failed=$(grep -cv " rc=0$" "$work/out/status.txt")
 mkdir -p "$OUT"
 tar czf "$OUT/profile_trees_$tag.tar.gz" -C "$work/out" .

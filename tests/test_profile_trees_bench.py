@@ -31,8 +31,8 @@ def _patch(tmp_path: Path) -> Path:
 
 
 def _fake_python(tmp_path: Path) -> Path:
-    """Stands in for python3: logs its GPU, cache and arguments, and leaves one large and one
-    small generated file in its inductor cache."""
+    """Stands in for python3: logs its GPU, cache and arguments, leaves one large and one small
+    generated file in its inductor cache, and a results file where it is given an --out-dir."""
     fake = tmp_path / "fake_python"
     fake.write_text(
         "#!/bin/bash\n"
@@ -40,6 +40,9 @@ def _fake_python(tmp_path: Path) -> Path:
         'mkdir -p "$TORCHINDUCTOR_CACHE_DIR/ab"\n'
         "head -c 30000 /dev/zero | tr '\\0' x > \"$TORCHINDUCTOR_CACHE_DIR/ab/big.py\"\n"
         'echo small > "$TORCHINDUCTOR_CACHE_DIR/ab/small.py"\n'
+        "while [ $# -gt 0 ]; do case $1 in --out-dir) d=$2 ;; --tag) t=$2 ;; esac; shift; done\n"
+        '[ -n "${d:-}" ] && echo "[]" > "$d/train_e2e_1.3B_ours_${t}_h200_x.json"\n'
+        "exit 0\n"
     )
     fake.chmod(0o755)
     return fake
@@ -75,7 +78,12 @@ def test_trees_alternate_between_gpus_and_come_back_with_their_code(tmp_path):
     with tarfile.open(out / "profile_trees_t.tar.gz") as tar:
         names = {n.lstrip("./") for n in tar.getnames()}
         logs = {t: tar.extractfile(f"./{t}.log").read().decode() for t in ("work", "v1")}
+        diff = tar.extractfile("./diff_work_v1.md").read().decode()
     assert {"code/work/big.py", "code/v1/big.py", "status.txt"} <= names
+    # the first tree's results against the other's, by benchmarks/profile_diff.py
+    assert "args=benchmarks/profile_diff.py " in diff
+    assert "train_e2e_1.3B_ours_t_work_h200_x.json" in diff
+    assert "train_e2e_1.3B_ours_t_v1_h200_x.json" in diff
     assert not any(n.endswith("small.py") for n in names)  # only the large generated files
     assert logs["work"].startswith("gpu=0 ") and logs["v1"].startswith("gpu=1 ")
     assert "./benchmarks/train_e2e.py" in logs["work"]
