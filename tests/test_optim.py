@@ -387,9 +387,17 @@ def test_configuration_keys_are_adamws_keywords():
 
     from minifloat.optim import adamw, presets
 
-    keywords = set(inspect.signature(AdamW.__init__).parameters) - {"self", "params"}
-    assert set(presets._CONFIG_KEYS) == keywords
-    assert presets._MASTER_MODES == adamw._MASTER_MODES
+    parameters = inspect.signature(AdamW.__init__).parameters
+    defaults = {k: p.default for k, p in parameters.items() if k not in ("self", "params")}
+    assert set(presets._CONFIG_KEYS) == set(defaults)
+    # every AdamW keyword, at AdamW's own default, is a configuration bytes_per_param prices
+    assert presets.bytes_per_param(defaults) == presets.bytes_per_param({})
+    with pytest.raises(ValueError, match="unknown optimizer-state configuration key 'blocksize'"):
+        presets.bytes_per_param({"blocksize": 64})
+    for mode in adamw.MASTER_MODES:
+        presets.bytes_per_param({"master_weights": mode})
+    with pytest.raises(ValueError, match="master_weights must be one of"):
+        presets.bytes_per_param({"master_weights": "bf16"})
 
 
 @pytest.mark.parametrize("name", ["fp16", "fp8", "fp8-sqrt"])

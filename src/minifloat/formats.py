@@ -21,6 +21,7 @@ import torch
 from minifloat.exact import div_rn
 
 __all__ = [
+    "check_random_source",
     "ElementFormat",
     "FloatFormat",
     "IntFormat",
@@ -37,6 +38,13 @@ __all__ = [
 ]
 
 ROUNDING_MODES = ("nearest", "stochastic")
+
+
+def check_random_source(generator: torch.Generator | None, noise: torch.Tensor | None) -> None:
+    """ValueError when stochastic rounding gets both a generator and pre-drawn noise: the noise
+    is used as given, so the generator would silently go unused."""
+    if generator is not None and noise is not None:
+        raise ValueError("give stochastic rounding a generator or noise, not both")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,8 +97,7 @@ class ElementFormat:
         """
         if rounding not in ROUNDING_MODES:
             raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
-        if noise is not None and generator is not None:  # the generator would go unused
-            raise ValueError("give stochastic rounding a generator or noise, not both")
+        check_random_source(generator, noise)
         x = x.float()
         mag = x.abs().clamp(max=self.max)  # saturate first; NaN passes through clamp
         quantum = self.spacing(mag)

@@ -307,8 +307,6 @@ def _check_randomness(
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if noise is None:
         return
-    if generator is not None:  # noise is used as given: the generator would draw nothing
-        raise ValueError("give stochastic rounding a generator or noise, not both")
     if not isinstance(noise, torch.Tensor) or not noise.is_floating_point():
         got = noise.dtype if isinstance(noise, torch.Tensor) else type(noise).__name__
         raise TypeError(f"noise must be a floating-point tensor of uniforms, got {got}")

@@ -44,7 +44,7 @@ from minifloat.optim.fused import (
 __all__ = ["AdamW"]
 
 _MOMENTS = ("exp_avg", "exp_avg_sq")
-_MASTER_MODES = ("fp32", "none")
+MASTER_MODES = ("fp32", "none")  # presets.py checks configurations against it too
 _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # "none": the first two
 _SEED_MIN, _SEED_END = -(2**63), 2**64  # what torch.Generator.manual_seed accepts
 
@@ -141,9 +141,9 @@ class AdamW(torch.optim.Optimizer):
         fused: bool | None = None,
         fused_kernel: str = "auto",
     ) -> None:
-        if master_weights not in _MASTER_MODES:
+        if master_weights not in MASTER_MODES:
             raise ValueError(
-                f"master_weights must be one of {_MASTER_MODES}, got {master_weights!r}"
+                f"master_weights must be one of {MASTER_MODES}, got {master_weights!r}"
             )
         check_fused_kernel(fused_kernel)
         get_state_format(exp_avg_sq_dtype)

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from minifloat.exact import div_rn, sqrt_eager
+from minifloat.formats import check_random_source
 
 __all__ = [
     "STATE_FORMATS",
@@ -198,11 +199,6 @@ def _to_blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
     return flat.view(-1, block_size)
 
 
-def _check_one_source(generator: torch.Generator | None, noise: torch.Tensor | None) -> None:
-    if generator is not None and noise is not None:  # noise is used as given: a silent no-op
-        raise ValueError("give stochastic rounding a generator or noise, not both")
-
-
 def stochastic_round_e4m3(
     x: torch.Tensor,
     *,
@@ -217,7 +213,7 @@ def stochastic_round_e4m3(
     Positive e4m3 bit patterns are consecutive grid points (subnormals included), so the two
     neighbours of a value are its round-to-nearest result and the pattern one step away.
     """
-    _check_one_source(generator, noise)
+    check_random_source(generator, noise)
     mag = x.abs()
     nearest = mag.to(torch.float8_e4m3fn)
     bits = nearest.view(torch.uint8).to(torch.int16)
@@ -243,7 +239,7 @@ def stochastic_round_bf16(
 
     noise: pre-drawn int32 values in [0, 2^16) shaped like `x` (else drawn from `generator`,
     as :func:`draw_bf16_noise` draws them)."""
-    _check_one_source(generator, noise)
+    check_random_source(generator, noise)
     bits = x.float().view(torch.int32)
     if noise is None:
         noise = draw_bf16_noise(x.shape, x.device, generator)

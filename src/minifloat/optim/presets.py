@@ -6,10 +6,12 @@ A preset is the keyword arguments for minifloat.optim.AdamW (plus nothing else),
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from minifloat.optim.adamw import MASTER_MODES, AdamW
 from minifloat.optim.codecs import check_block_size, get_state_format
 
 __all__ = ["OPTIM_STATE_PRESETS", "bytes_per_param", "preset_param_dtype"]
@@ -40,14 +42,12 @@ OPTIM_STATE_PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 
 
-# The keys a configuration may hold: AdamW's keyword arguments (tests keep the two in step).
-# Only the first four change the memory; a typo among them would silently price fp32 states.
-_MEMORY_KEYS = ("exp_avg_dtype", "exp_avg_sq_dtype", "master_weights", "block_size")
-_CONFIG_KEYS = (
-    *_MEMORY_KEYS,
-    *("lr", "betas", "eps", "weight_decay", "small_numel", "seed", "fused", "fused_kernel"),
+# The keys a configuration may hold: AdamW's keyword arguments. Only exp_avg_dtype,
+# exp_avg_sq_dtype, master_weights and block_size change the memory; a typo among them would
+# otherwise silently price fp32 states.
+_CONFIG_KEYS = tuple(
+    name for name in inspect.signature(AdamW.__init__).parameters if name not in ("self", "params")
 )
-_MASTER_MODES = ("fp32", "none")
 # bytes per element of each parameter dtype `bytes_per_param` prices
 _PARAM_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -119,9 +119,9 @@ def _kwargs(config: str | Mapping[str, Any]) -> Mapping[str, Any]:
             f"unknown optimizer-state configuration key {unknown[0]!r}; valid keys: "
             f"{', '.join(_CONFIG_KEYS)}"
         )
-    if config.get("master_weights", "fp32") not in _MASTER_MODES:
+    if config.get("master_weights", "fp32") not in MASTER_MODES:
         raise ValueError(
-            f"master_weights must be one of {_MASTER_MODES}, got {config['master_weights']!r}"
+            f"master_weights must be one of {MASTER_MODES}, got {config['master_weights']!r}"
         )
     for key in ("exp_avg_dtype", "exp_avg_sq_dtype"):
         get_state_format(config.get(key, "fp32"))

@@ -177,9 +177,12 @@ class TrainConfig:
 
     def resolved(self) -> TrainConfig:
         """A copy with every None default filled in from :data:`MODEL_DEFAULTS`."""
+        return dataclasses.replace(self, **self._defaults_for_none())
+
+    def _defaults_for_none(self) -> dict[str, Any]:
+        """The :data:`MODEL_DEFAULTS` values of the fields left None (no copy, no validation)."""
         defaults = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["default"])
-        updates = {k: v for k, v in defaults.items() if getattr(self, k) is None}
-        return dataclasses.replace(self, **updates)
+        return {k: v for k, v in defaults.items() if getattr(self, k) is None}
 
     @property
     def compiled_scope(self) -> str | None:
@@ -204,9 +207,9 @@ class TrainConfig:
             return 200
         # the defaults looked up, not `resolved()`: validation calls this, and resolved()
         # validates the copy it makes
-        defaults = MODEL_DEFAULTS.get(self.model, MODEL_DEFAULTS["default"])
-        batch = defaults["batch_size"] if self.batch_size is None else self.batch_size
-        seq = defaults["seq_len"] if self.seq_len is None else self.seq_len
+        filled = self._defaults_for_none()
+        batch = filled.get("batch_size", self.batch_size)
+        seq = filled.get("seq_len", self.seq_len)
         per_step = batch * seq * self.grad_accum * world_size
         return max(1, math.ceil(self.tokens / per_step))
 
