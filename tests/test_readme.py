@@ -154,3 +154,33 @@ def test_train_resume_export(
     out = _run([*argv, "--out", str(tmp_path / "hf")], capsys)
     assert "(fp4 tiny, step 6)" in out
     assert (tmp_path / "hf/model.safetensors").is_file() and (tmp_path / "hf/config.json").is_file()
+
+
+def _expand_braces(name: str) -> list[str]:
+    """`a{x,y}b` -> [`axb`, `ayb`], every brace group in turn (shell brace expansion)."""
+    match = re.search(r"\{([^{}]*)\}", name)
+    if match is None:
+        return [name]
+    head, tail = name[: match.start()], name[match.end() :]
+    return [n for alt in match.group(1).split(",") for n in _expand_braces(head + alt + tail)]
+
+
+def readme_result_files() -> list[str]:
+    """The results files the README names in backticks (a dated `.md`/`.json`/`.log`/`.png`
+    name, with or without `benchmarks/results/`), brace groups expanded."""
+    dated = r"(?:benchmarks/results/)?[\w.{},-]*\d{4}-\d\d-\d\d[\w{},-]*\.(?:md|json|log|png)"
+    names = re.findall(f"`({dated})`", README.read_text())
+    return sorted({n for name in names for n in _expand_braces(name.split("/")[-1])})
+
+
+def test_readme_result_files_exist() -> None:
+    """Every number in the README comes from a results file it names: the names must resolve."""
+    results = README.parent / "benchmarks" / "results"
+    names = readme_result_files()
+    assert len(names) > 20  # the pattern still finds the recipe table's sources
+    missing = [n for n in names if not (results / n).is_file()]
+    assert missing == [], f"README names results files that do not exist: {missing}"
+
+
+def test_expand_braces() -> None:
+    assert _expand_braces("a{,_b}c{0,1}") == ["ac0", "ac1", "a_bc0", "a_bc1"]
