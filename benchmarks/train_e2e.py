@@ -27,8 +27,8 @@ run at different clocks; `train_interleaved.py` times a few rows in alternation.
 Presets (the shapes of shared/ANCHORS.md): `1.3B` batch 8 x 2048, vocab 32000; `125M` batch
 32 x 1024, vocab 8192; `7B` batch 8 x 2048, vocab 32000, with fewer layers (`--layers 8`) to fit
 one GPU. Records are written after every row (a time limit keeps what ran) to
-benchmarks/results/train_e2e_<gpu>_<date>[_<tag>].{md,json}; JSON records hold `model`,
-`impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
+benchmarks/results/train_e2e_<model>_<impl>[_<tag>]_<gpu>_<date>.{md,json}; JSON records hold
+`model`, `impl`, `recipe`, `tokens_per_s`, `speedup_vs_bf16`, `speedup_vs_torchao_tensorwise`,
 `peak_mem_gib`, `mem_vs_bf16`, `gpu`, `date` and the step and profile details (`step_peak_gib`:
 the peak of the timed steps alone, where `peak_mem_gib` also covers compilation; `resident_gib`:
 memory held between steps, so the peak minus it is what a step allocates and frees;

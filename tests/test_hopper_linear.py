@@ -173,6 +173,49 @@ def test_torch_compile_matches_eager(name):
         assert bits_equal(b, a), f"{name}: compiled {key} differs from eager"
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fp8-tensorwise",
+        "fp8-rowwise",
+        "fp8-blockwise",
+        "fp8-delayed",
+        "fp4-direct",
+        "fp4-dge",
+        "fp4",
+    ],
+)
+def test_compiled_steps_keep_one_graph_as_data_changes(name):
+    """Three training steps of a compiled layer on new data each (the scale grows, the outlier
+    channel moves): eager's bits every step, one graph, no break and no recompile (dynamo's
+    counters), as tests/test_compile.py checks for the emulation on the CPU. A threshold or
+    scale that leaked into a guard as a Python number would recompile on the second step."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    layer = QuantLinear(256, 384, bias=False, recipe=name, backend="auto").cuda()
+    compiled_layer = copy.deepcopy(layer)
+    compiled = torch.compile(compiled_layer, fullgraph=True)
+    for step in range(3):
+        x, _, dy = _inputs(96, 256, 384, seed=step)
+        x = x * (1 + step)
+        x[:, 3 + step] *= 8.0
+        for mod in (layer, compiled_layer):
+            mod.weight.grad = None
+        outs = []
+        for mod in (layer, compiled):
+            xi = x.clone().requires_grad_(True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = mod(xi)
+            y.backward(dy)
+            outs.append((y, xi.grad, mod.weight.grad))
+        for key, a, b in zip(("y", "dx", "dw"), *outs, strict=True):
+            assert bits_equal(b, a), f"{name} step {step}: compiled {key} differs from eager"
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
 @pytest.mark.parametrize("autocast", [True, False])
 def test_fp32_compensation_compiled_matches_eager_at_long_contractions(autocast):
     """The fp32 reference compensation's dense fp32 GEMMs sum inexact products, so compiled and
