@@ -185,9 +185,10 @@ TRAINING_RECIPES = ["fp8-tensorwise", "fp8-rowwise", "fp8-blockwise", "fp8-delay
 @pytest.mark.parametrize("name", TRAINING_RECIPES)
 def test_compiled_steps_keep_one_graph_as_data_changes(name):
     """Three training steps of a compiled layer on new data each (the scale grows, the outlier
-    channel moves): eager's bits every step, one graph, no break and no recompile (dynamo's
-    counters), as tests/test_compile.py checks for the emulation on the CPU. A threshold or
-    scale that leaked into a guard as a Python number would recompile on the second step."""
+    channel moves): eager's bits every step, no graph compiled after the first step, no break
+    (dynamo's counters), as tests/test_compile.py checks for the emulation on the CPU. A
+    threshold or scale that leaked into a guard as a Python number would recompile on the
+    second step."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -195,6 +196,7 @@ def test_compiled_steps_keep_one_graph_as_data_changes(name):
     layer = QuantLinear(256, 384, bias=False, recipe=name, backend="auto").cuda()
     compiled_layer = copy.deepcopy(layer)
     compiled = torch.compile(compiled_layer, fullgraph=True)
+    graphs = []  # dynamo's graphs after each step: eager CUDA calls compile the quantizers' twins
     for step in range(3):
         x, _, dy = _inputs(96, 256, 384, seed=step)
         x = x * (1 + step)
@@ -203,7 +205,10 @@ def test_compiled_steps_keep_one_graph_as_data_changes(name):
         outs = _steps((layer, compiled), x, dy, autocast=True)
         for key, a, b in zip(("y", "dx", "dw"), *outs, strict=True):
             assert bits_equal(b, a), f"{name} step {step}: compiled {key} differs from eager"
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        graphs.append(counters["stats"]["unique_graphs"])
+    # Step 0 compiles the layer (and, eagerly, the quantizers' twins: 3-10 graphs on the H200,
+    # session 100); new data must compile nothing more.
+    assert graphs[1:] == graphs[:1] * 2, (graphs, dict(counters["stats"]))
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
