@@ -9,7 +9,8 @@ temperature: in one session-29 run the output head's bf16 GEMMs, the same work i
 did not move), a few per cent of bias by a row's place in the run, as much as a target's margin
 (fp8-tensorwise >= 1.05x torchao). Here every row is built, converted, compiled and warmed up
 first and all are held on the GPU together (five 1.3B rows fit an H200: 15.3 GiB each between
-steps plus one step's transient), then timed in `--rounds` rounds of `--steps` steps, the rows'
+steps plus one step's transient; an 80 GB H100 holds bf16's step beside one other 1.3B row, not
+three: session 101), then timed in `--rounds` rounds of `--steps` steps, the rows'
 order rotating each round, so every row runs early and late alike. Each round times the steps
 one by one (CUDA events, a synchronization after each) and then as many back to back
 ("streamed", as `train_e2e.py`); a row's step time is the median over all its rounds' steps.
