@@ -18,7 +18,8 @@ This times, at quantizer_bandwidth.py's shapes, for the 128 x 1 and 1 x 128 bloc
 - `triton rows=R cols=C warps=W` (128 x 1 only): a Triton kernel that reads nothing but x, a
   program per 128-row band and C columns, R rows a load, for the read's ceiling at that shape.
 
-Every form's maxima (and the quantizers' values and scales) equal HEAD's bit for bit (checked).
+Every form's maxima, and both quantizers' values and scales, equal HEAD's (eager
+`quantize_operand`'s) bit for bit (checked).
 Rated against a 256 MiB copy's bandwidth and a copy of the same bytes (quantizer_bandwidth.py's
 `same_size_copy_us`).
 
@@ -42,8 +43,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import copy_bandwidth, probe_parser, require_cuda, write_probe  # noqa: E402
-from maxima_ceiling_probe import _bench, _record, _runs  # noqa: E402
+from common import copy_bandwidth, probe_parser, require_cuda, same_bits, write_probe  # noqa: E402
+from maxima_ceiling_probe import _bench, _record, _runs, form_lines  # noqa: E402
 from minifloat import formats  # noqa: E402
 from minifloat.kernels import operand  # noqa: E402
 from quantizer_bandwidth import SHAPES, SMALL_PASS, inductor_passes  # noqa: E402
@@ -105,30 +106,18 @@ def block_maxima(x: torch.Tensor, block: tuple[int, int], own_bits: bool) -> tor
     return operand.abs_amax(src.reshape(r // br, br, c // bc, bc), dim=(1, 3))
 
 
-def _same_bits(got: tuple, want: tuple) -> bool:
-    """Whether two (values, scales) pairs hold the same bits (FP8 values as bytes)."""
-
-    def bits(t: torch.Tensor) -> torch.Tensor:
-        return t.contiguous().view(torch.uint8 if t.element_size() == 1 else torch.int32)
-
-    return all(torch.equal(bits(a), bits(b)) for a, b in zip(got, want, strict=True))
-
-
 def kind_records(x: torch.Tensor, kind: str, bw: float, copies: dict) -> list[dict]:
     """Every form of one block kind ("128x1" or "1x128") at x's shape."""
     shape, records = "x".join(map(str, x.shape)), []
     block, transpose = ((BLOCK, 1), True) if kind == "128x1" else ((1, BLOCK), False)
-    want_q = torch.compile(functools.partial(quantizer, block=block, own_bits=False,
-                                             transpose=transpose), fullgraph=True)(x)  # fmt: skip
     head = operand.quantize_operand(x, "e4m3", (1, BLOCK), transpose=transpose,
                                     scale_format="inv")[:2]  # fmt: skip
-    assert _same_bits(want_q, head), kind
     want = block_maxima(x, block, own_bits=False)
     for own, label in ((False, "float32 bits (HEAD)"), (True, "bf16 bits")):
         fn = functools.partial(quantizer, block=block, own_bits=own, transpose=transpose)
         torch._dynamo.reset()
         got = torch.compile(fn, fullgraph=True)(x)
-        exact = _same_bits(got, want_q)
+        exact = same_bits(head, got)
         passes = inductor_passes(fn, x)
         total = sum(gb for _, _, gb in passes)
         for kernel, ms, gb in passes:
@@ -167,14 +156,7 @@ def _triton_records(x: torch.Tensor, want: torch.Tensor, bw: float, copies: dict
 
 
 def table(records: list[dict], bw: float) -> str:
-    lines = [f"Copy bandwidth {bw:.0f} GB/s (256 MiB copy, read + write).", "",
-             "| shape | blocks | form | us | % of copy | % of a same-size copy | bit-exact |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for r in records:
-        lines.append(f"| {r['shape']} | {r['kind']} | {r['form']} | {r['us']:.1f} | "
-                     f"{r['frac_of_copy']:.0%} | {r['frac_of_same_copy']:.0%} | "
-                     f"{'yes' if r['exact'] else '**no**'} |")  # fmt: skip
-    return "\n".join(lines)
+    return "\n".join(form_lines(records, bw, kind="blocks"))
 
 
 def main() -> None:

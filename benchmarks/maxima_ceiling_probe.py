@@ -185,16 +185,22 @@ def _partial_records(shape, x, s, want_row, want_col, nbytes, bw, copies) -> lis
     return records
 
 
-def table(records: list[dict], bw: float) -> str:
-    """Every form's row, then per shape inductor's maxima against the best bit-exact other
-    first-stage width and the best bit-exact Triton tiling."""
+def form_lines(records: list[dict], bw: float, kind: str = "maxima") -> list[str]:
+    """The copy bandwidth, then a table row per `_record` (`kind`: the kind column's title)."""
     lines = [f"Copy bandwidth {bw:.0f} GB/s (256 MiB copy, read + write).", "",
-             "| shape | maxima | form | us | % of copy | % of a same-size copy | bit-exact |",
+             f"| shape | {kind} | form | us | % of copy | % of a same-size copy | bit-exact |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in records:
         lines.append(f"| {r['shape']} | {r['kind']} | {r['form']} | {r['us']:.1f} | "
                      f"{r['frac_of_copy']:.0%} | {r['frac_of_same_copy']:.0%} | "
                      f"{'yes' if r['exact'] else '**no**'} |")  # fmt: skip
+    return lines
+
+
+def table(records: list[dict], bw: float) -> str:
+    """Every form's row, then per shape inductor's maxima against the best bit-exact other
+    first-stage width and the best bit-exact Triton tiling."""
+    lines = form_lines(records, bw)
     best: dict[tuple, dict] = {}
     for r in records:
         if r["form"].startswith("inductor (") or not r["exact"]:
