@@ -58,9 +58,11 @@ VARIANT_KEYS: dict[str, str] = {
     "bwd_fast_accum": "on|off: dgrad and wgrad GEMMs with fast accumulation",
     "dgrad_fast_accum": (
         "on|off: dgrad's GEMM with fast accumulation (on: fp8-tensorwise, fp8-rowwise, fp4, "
-        "fp4-direct, fp4-dge, fp4-occ)"
+        "fp4-direct, fp4-dge, fp4-occ, fp4-w8a4)"
     ),
-    "wgrad_fast_accum": "on|off: wgrad's GEMM with fast accumulation (on: fp4-direct, fp4-dge)",
+    "wgrad_fast_accum": (
+        "on|off: wgrad's GEMM with fast accumulation (on: fp4-direct, fp4-dge, fp4-w8a4)"
+    ),
     "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",
     "rht": "on|off: random Hadamard transform on both wgrad operands, size = block (nvfp4, mxfp4)",
     "rht.size": (

@@ -381,8 +381,19 @@ for _r in (
     ),
     # fp4's dgrad GEMM exactly (OCC and DGE act on the other two), so fp4's default
     _fp4_like("fp4-occ", "W4A4 E2M1 + OCC only", "e2m1", "e2m1", occ=_OCC, dgrad_fast_accum=True),
+    # Both backward GEMMs with fast accumulation cost fp4-w4a8 +0.48 % validation loss at 125M
+    # (four paired seeds, standard error 0.20 %; session 103), so it keeps fp32 promotion.
     _fp4_like("fp4-w4a8", "E2M1 weights, E4M3 inputs, direct cast", "e2m1", "e4m3"),
-    _fp4_like("fp4-w8a4", "E4M3 weights, E2M1 inputs, direct cast", "e4m3", "e2m1"),
+    # Both backward GEMMs with fast accumulation: 125M validation loss -0.23 % over four paired
+    # seeds (standard error 0.37 %), a 1.3B step 3.3 % faster on an H100 (session 103).
+    _fp4_like(
+        "fp4-w8a4",
+        "E4M3 weights, E2M1 inputs, direct cast",
+        "e4m3",
+        "e2m1",
+        dgrad_fast_accum=True,
+        wgrad_fast_accum=True,
+    ),
 ):
     register(_r)
 del _r
