@@ -56,13 +56,9 @@ VARIANT_KEYS: dict[str, str] = {
     ),
     "fast_accum": "on|off: fprop GEMM with fast accumulation on FP8 tensor cores (default on)",
     "bwd_fast_accum": "on|off: dgrad and wgrad GEMMs with fast accumulation",
-    "dgrad_fast_accum": (
-        "on|off: dgrad's GEMM with fast accumulation (on: fp8-tensorwise, fp8-rowwise, fp4, "
-        "fp4-direct, fp4-dge, fp4-occ, fp4-w8a4)"
-    ),
-    "wgrad_fast_accum": (
-        "on|off: wgrad's GEMM with fast accumulation (on: fp4-direct, fp4-dge, fp4-w8a4)"
-    ),
+    # `recipes.variant_help` adds the recipes whose default is on, read from the registry
+    "dgrad_fast_accum": "on|off: dgrad's GEMM with fast accumulation",
+    "wgrad_fast_accum": "on|off: wgrad's GEMM with fast accumulation",
     "sr": "on|off: stochastic rounding of the gradient dy (micro-block recipes: nvfp4, mxfp4)",
     "rht": "on|off: random Hadamard transform on both wgrad operands, size = block (nvfp4, mxfp4)",
     "rht.size": (

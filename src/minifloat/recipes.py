@@ -46,6 +46,7 @@ __all__ = [
     "get",
     "names",
     "register",
+    "variant_help",
 ]
 
 
@@ -226,6 +227,17 @@ def register(recipe: Recipe) -> Recipe:
 def names() -> list[str]:
     """Registered recipe names, in registration order."""
     return list(_REGISTRY)
+
+
+def variant_help() -> dict[str, str]:
+    """`VARIANT_KEYS`' help, each backward fast-accumulation key naming the registered recipes
+    whose default is on (read from the registry, so it cannot fall behind a changed default)."""
+    help_ = dict(VARIANT_KEYS)
+    for gemm in ("dgrad", "wgrad"):
+        key = f"{gemm}_fast_accum"
+        on = [n for n in _REGISTRY if getattr(_REGISTRY[n], key, False)]
+        help_[key] += f" (on: {', '.join(on)})"
+    return help_
 
 
 def get(name: str | Recipe) -> Recipe:

@@ -474,8 +474,9 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
         " wgrad promote, unless a column says otherwise."
     )
     print("\nvariants: BASE:KEY=VALUE[:KEY=VALUE...] of a quantized recipe, e.g. fp4:dge.k=3")
-    width = max(len(key) for key in recipes.VARIANT_KEYS)
-    for key, meaning in recipes.VARIANT_KEYS.items():
+    variant_help = recipes.variant_help()
+    width = max(len(key) for key in variant_help)
+    for key, meaning in variant_help.items():
         print(f"  {key.ljust(width)}  {meaning}")
     return 0
 
