@@ -144,6 +144,16 @@ def test_module_filter_fn_true_means_convert():
     assert (nn.Linear, "layers.0.attention.wq") in seen and all(f != "output" for _, f in seen)
 
 
+def test_skip_pattern_that_matches_no_layer_warns():
+    """A typo ("layer.0.*" for "layers.0.*") would quantize the layers it meant to keep."""
+    with pytest.warns(UserWarning, match=r"skip pattern\(s\) \['layer.0.\*'\] matched no linear"):
+        report = convert(tiny_llama(), "fp4", skip=["layer.0.*", "*.wq"]).minifloat_report
+    assert "layers.0.attention.wk" in report.converted  # the typo kept nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convert(tiny_llama(), "fp4", skip=["layers.0.*", "output"])  # both match: no warning
+
+
 def test_skip_callable_is_refused_not_inverted():
     # A torchao-style filter (True = convert) passed as `skip` used to keep exactly the layers it
     # meant to convert; now any callable there is refused, pointing at module_filter_fn.

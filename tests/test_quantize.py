@@ -470,3 +470,34 @@ def test_inv_scales_quantize_as_fp32_scales_but_next_to_rounding_boundaries(fmt,
     grid = formats.get(fmt).grid.float()
     index = lambda v: torch.searchsorted(grid, v.abs().contiguous())  # noqa: E731
     assert ((index(a.values[differ]) - index(b.values[differ])).abs() <= 1).all()
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (3, 70, 50), (0, 64), (40,)])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_a_block_larger_than_the_data_is_the_data_sized_block(shape, fmt):
+    """A block side beyond the data's is one group along it: the same values and scales as the
+    block cut to the data, without padding the data out to the block (a block of 2**40
+    columns tried to allocate 281 TB)."""
+    x = torch.randn(shape) * 3
+    rows = 1 if len(shape) == 1 else shape[-2]
+    fitted = (max(1, min(16, rows)), shape[-1] or 1)
+    huge = quantize(x, fmt, (16, 2**40))
+    ref = quantize(x, fmt, fitted)
+    assert torch.equal(huge.scale, ref.scale)
+    assert torch.equal(huge.dequantize(), ref.dequantize())
+    assert huge.dequantize().shape == x.shape
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "row", (1, 16)])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
+def test_fake_quantize_is_straight_through(fmt, granularity):
+    """Rounding's derivative is zero: without the straight-through estimator a fake-quantized
+    forward trained nothing (x.grad was all zeros). The values are the same bits either way."""
+    x = (torch.randn(8, 32) * 3).requires_grad_()
+    y = minifloat.fake_quantize(x, fmt, granularity)
+    assert torch.equal(y.detach(), minifloat.fake_quantize(x.detach(), fmt, granularity))
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    assert torch.equal(x.grad, dy)
+    with torch.no_grad():
+        assert not minifloat.fake_quantize(x, fmt, granularity).requires_grad

@@ -297,3 +297,61 @@ def test_register_takes_a_recipe():
     _one_line(TypeError, "register takes a Recipe .*, got str: 'myrecipe'",
               lambda: recipes.register("myrecipe"))  # fmt: skip
     assert "myrecipe" not in recipes.names()
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        # the strings "no"/"off" are truthy: accepted before, they ran the "on" behaviour
+        (lambda: recipes.OCCConfig(compensate="no"), TypeError,
+         "occ.compensate must be True or False, got str: 'no'"),
+        (lambda: recipes.OCCConfig(one_gemm="off"), TypeError,
+         "occ.one_gemm must be True or False"),
+        (lambda: recipes.OperandSpec(fmt="e4m3", reuse="no"), TypeError,
+         "reuse must be True or False"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), fprop_fast_accum="no"), TypeError,
+         "fprop_fast_accum must be True or False"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), wgrad_fast_accum=1), TypeError,
+         "wgrad_fast_accum must be True or False, got int"),
+        (lambda: recipes.Recipe(name="x", loss_scaling="yes"), TypeError,
+         "recipe 'x': loss_scaling must be True or False"),
+        # wrong config types failed at the first forward or backward, deep in the layer
+        (lambda: dataclasses.replace(recipes.get("fp4"), dge=3.0), TypeError,
+         "dge must be a DGEConfig or None, got float: 3.0"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), occ=True), TypeError,
+         "occ must be an OCCConfig or None, got bool"),
+        (lambda: dataclasses.replace(recipes.get("fp8-tensorwise"), delayed=16), TypeError,
+         "delayed must be a DelayedScaling or None"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), fprop="e2m1"), TypeError,
+         "fprop must be a GemmSpec, got str"),
+        (lambda: recipes.GemmSpec(lhs="e4m3", rhs=recipes.OperandSpec(fmt="e4m3")), TypeError,
+         "lhs must be an OperandSpec, got str"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), keep_last_blocks=1.5), TypeError,
+         "keep_last_blocks must be an int, got float"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), keep_last_blocks=None), TypeError,
+         "keep_last_blocks must be an int, got NoneType"),
+        (lambda: dataclasses.replace(recipes.get("fp4"), keep_last_blocks=-1), ValueError,
+         "keep_last_blocks must be >= 0, got -1"),
+        (lambda: recipes.Recipe(name=5), TypeError, "recipe name must be a str, got int"),
+    ],
+)  # fmt: skip
+def test_fields_of_the_wrong_type_are_refused(build, error, match):
+    _one_line(error, match, build)
+
+
+def test_operand_formats_are_stored_by_their_canonical_names():
+    """The kernels compare `fmt == "e2m1"` and `scale_format == "inv"`: an upper-case name that
+    validates must not take other paths."""
+    spec = recipes.OperandSpec(fmt="E2M1", granularity="row", scale_format="INV")
+    assert (spec.fmt, spec.scale_format) == ("e2m1", "inv")
+    assert spec == recipes.OperandSpec(fmt="e2m1", granularity="row", scale_format="inv")
+    from minifloat import formats
+
+    assert recipes.OperandSpec(fmt=formats.get("e4m3")).fmt == "e4m3"
+
+
+@pytest.mark.parametrize("name", ["fp4:dge=on", "a,b", "fp4+switch", "a/b", "my recipe", ""])
+def test_register_refuses_names_that_cannot_be_looked_up(name):
+    recipe = dataclasses.replace(recipes.get("fp4"), name=name)
+    _one_line(ValueError, "a recipe name is letters, digits", lambda: recipes.register(recipe))
+    assert name not in recipes.names()

@@ -129,3 +129,9 @@ def test_a_single_box_or_text_for_boxes_is_refused_in_one_line(boxes) -> None:
 
 def test_boxes_as_a_list_stay_accepted() -> None:
     assert SizeRule(boxes=[(1, 2), [math.inf, 3]]).reason(1, 2) is not None
+
+
+@pytest.mark.parametrize("value", [1024, None, (1024, 4096)])
+def test_parse_refuses_what_is_not_text(value: object) -> None:
+    with pytest.raises(TypeError, match="SizeRule.parse takes text 'IN:OUT"):
+        SizeRule.parse(value)

@@ -31,9 +31,10 @@ Rules:
   router's weight, which their modules multiply in their own forward. convert cannot swap
   those without rewriting that forward.
 - User rules, applied after the built-in ones (so they can only keep more layers): `skip`,
-  fnmatch patterns on the fully qualified name of layers to keep; `size_rule`, a `SizeRule`
-  keeping the layers too small for quantization to pay (size_rule.py; none by default);
-  `module_filter_fn(module, fqn) -> bool`, torchao's contract: True = convert.
+  fnmatch patterns on the fully qualified name of layers to keep (a pattern that matches no
+  linear layer warns: a typo would otherwise quantize the layers it meant to keep);
+  `size_rule`, a `SizeRule` keeping the layers too small for quantization to pay (size_rule.py;
+  none by default); `module_filter_fn(module, fqn) -> bool`, torchao's contract: True = convert.
 - The root module itself is never swapped: convert() replaces submodules of `model` in place and
   has no parent to put a replacement into, so a bare `nn.Linear` is refused with a ValueError
   (use `QuantLinear.from_linear(linear, recipe)` for that).
@@ -280,6 +281,19 @@ def _warn_nothing_converted(recipe: Recipe, report: ConversionReport, layers: li
     )
 
 
+def _warn_unmatched_patterns(patterns: list[str], layers: list[str]) -> None:
+    """A skip pattern that matches no linear layer is almost always a typo ("layer.0.*" for
+    "layers.0.*"), and the layers it meant to keep would be quantized without a word."""
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in layers)]
+    if unmatched and layers:
+        warnings.warn(
+            f"convert: skip pattern(s) {unmatched} matched no linear layer (layer names look "
+            f"like {layers[0]!r})",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _set_submodule(model: nn.Module, fqn: str, module: nn.Module) -> None:
     parent_name, _, child = fqn.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -371,6 +385,7 @@ def convert(
         model, recipe, report, conv1d=conv1d, patterns=patterns, keep_head=keep_head,
         size_rule=size_rule, module_filter_fn=module_filter_fn,
     )  # fmt: skip
+    _warn_unmatched_patterns(patterns, layers)
     # Every place a layer object is used (named_modules lists a module reused under a second
     # name once): each gets the same quantized layer, not only the first name.
     places: dict[int, list[str]] = {}

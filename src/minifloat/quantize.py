@@ -22,6 +22,7 @@ For a block shape (br, bc) it is [..., ceil(R/br), ceil(C/bc)] (a 1-D x counts a
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,13 @@ def _as_matrix(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(0) if x.dim() == 1 else x
 
 
+def _fitted_block(block: tuple[int, int], rows: int, cols: int) -> tuple[int, int]:
+    """`block` with each side at most the data's (at least 1): the same groups and scale shape,
+    since a block as large as a dim is one group along it either way, without padding the data
+    to the block (a block of 2**40 columns would allocate terabytes of zeros)."""
+    return max(1, min(block[0], rows)), max(1, min(block[1], cols))
+
+
 def _pad_to_blocks(x2: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     rows, cols = x2.shape[-2:]
     pad_r, pad_c = (-rows) % block[0], (-cols) % block[1]
@@ -107,8 +115,9 @@ def group_amax(x: torch.Tensor, granularity: Granularity) -> torch.Tensor:
         if x.dim() < 2:
             raise ValueError("column granularity needs a tensor with at least 2 dims")
         return _amax(a, (-2,), keepdim=True)
-    br, bc = granularity
-    a2 = _pad_to_blocks(_as_matrix(a), granularity)
+    a2 = _as_matrix(a)
+    br, bc = _fitted_block(granularity, *a2.shape[-2:])
+    a2 = _pad_to_blocks(a2, (br, bc))
     lead, (rp, cp) = a2.shape[:-2], a2.shape[-2:]
     blocks = a2.reshape(*lead, rp // br, br, cp // bc, bc)
     return _amax(blocks, (-3, -1), keepdim=False)
@@ -118,9 +127,9 @@ def expand_scale(scale: torch.Tensor, shape: torch.Size, granularity: Granularit
     """A per-element view (or copy, for blocks) of group scales, of the data's `shape`."""
     if not isinstance(granularity, tuple):
         return scale.expand(shape)
-    br, bc = granularity
     rows = 1 if len(shape) == 1 else shape[-2]
     cols = shape[-1]
+    br, bc = _fitted_block(granularity, rows, cols)
     full = scale.repeat_interleave(br, dim=-2).repeat_interleave(bc, dim=-1)
     full = full[..., :rows, :cols]
     return full.reshape(shape)
@@ -437,6 +446,23 @@ def quantize(
     return QTensor(values, scale, fmt, granularity, sfmt)
 
 
+class _StraightThrough(torch.autograd.Function):
+    """Forward: `fn(x)`, exactly (computed without autograd); backward: dy unchanged.
+
+    Rounding has a zero derivative almost everywhere, so without this a fake-quantized forward
+    would give every upstream parameter a zero gradient. `x + (fn(x) - x).detach()`, the usual
+    form, is not bit-exact: the difference rounds.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
 def fake_quantize(
     x: torch.Tensor,
     fmt: str | ElementFormat,
@@ -451,16 +477,25 @@ def fake_quantize(
     """`quantize(x, ...).dequantize(x.dtype)`: x with its quantization error, in x's dtype.
 
     Arguments are those of `quantize`. Finite results saturate to x.dtype's finite range (see
-    `QTensor.dequantize`); groups holding NaN or ±inf come back as NaN.
+    `QTensor.dequantize`); groups holding NaN or ±inf come back as NaN. Differentiable with the
+    straight-through estimator: the gradient passes through unchanged (clipped entries too), as
+    in quantization-aware training; the result's values are the same bits either way. For the
+    paper's estimator of the weights' gradient (DGE) use a recipe's `QuantLinear`.
     """
-    q = quantize(
-        x,
-        fmt,
-        granularity,
-        scale_format=scale_format,
-        rounding=rounding,
-        generator=generator,
-        clip_quantile=clip_quantile,
-        noise=noise,
-    )
-    return q.dequantize(x.dtype)
+
+    def run(t: torch.Tensor) -> torch.Tensor:
+        q = quantize(
+            t,
+            fmt,
+            granularity,
+            scale_format=scale_format,
+            rounding=rounding,
+            generator=generator,
+            clip_quantile=clip_quantile,
+            noise=noise,
+        )
+        return q.dequantize(t.dtype)
+
+    if torch.is_grad_enabled() and x.requires_grad:
+        return _StraightThrough.apply(x, run)
+    return run(x)

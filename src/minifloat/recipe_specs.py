@@ -30,7 +30,7 @@ __all__ = [
 DELAYED_MARGIN_MAX = 127
 
 
-def _check_real(name: str, value: object) -> None:
+def check_real(name: str, value: object) -> None:
     """TypeError unless `value` is a real number (bool and str are not), ValueError unless it is
     finite: the messages of the variant strings ("dge.k must be a finite number")."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -39,10 +39,27 @@ def _check_real(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
-def _check_int(name: str, value: object) -> None:
+def check_int(name: str, value: object) -> None:
     """TypeError unless `value` is an int (bool is not)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+
+
+def check_bool(name: str, value: object) -> None:
+    """TypeError unless `value` is True or False: a dataclass field accepts any object, and the
+    string "no" or "off" would read as true."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}: {value!r}")
+
+
+def check_instance(name: str, value: object, cls: type, *, optional: bool = False) -> None:
+    """TypeError unless `value` is a `cls` (or None where `optional`): a wrong type would pass
+    construction and fail at the first forward or backward, deep inside the layer."""
+    if isinstance(value, cls) or (optional and value is None):
+        return
+    article = "an" if cls.__name__[0] in "AEIOU" else "a"
+    allowed = f"{article} {cls.__name__}" + (" or None" if optional else "")
+    raise TypeError(f"{name} must be {allowed}, got {type(value).__name__}: {value!r}")
 
 
 def _granularity_words(g: Granularity) -> str:
@@ -72,8 +89,11 @@ class OperandSpec:
     hadamard: int = 0
 
     def __post_init__(self) -> None:
-        formats.get(self.fmt)  # validates the name
-        formats.get_scale_format(self.scale_format)
+        # the canonical (lower-case) names: the kernels compare them ("e2m1", "inv"), so "E2M1"
+        # would validate here and then silently take other paths
+        object.__setattr__(self, "fmt", formats.get(self.fmt).name)
+        object.__setattr__(self, "scale_format", formats.get_scale_format(self.scale_format).name)
+        check_bool("reuse", self.reuse)
         object.__setattr__(self, "granularity", normalize_granularity(self.granularity))
         if self.granularity == "column":
             raise ValueError("operand granularity 'column' cannot scale a GEMM operand; use 'row'")
@@ -104,6 +124,10 @@ class GemmSpec:
     lhs: OperandSpec
     rhs: OperandSpec
 
+    def __post_init__(self) -> None:
+        check_instance("lhs", self.lhs, OperandSpec)
+        check_instance("rhs", self.rhs, OperandSpec)
+
     def words(self) -> str:
         return f"{self.lhs.words()} x {self.rhs.words()}"
 
@@ -117,8 +141,8 @@ class DGEConfig:
 
     def __post_init__(self) -> None:
         # inf would pass the range check: k = inf zeroes every weight gradient
-        _check_real("dge.k", self.k)
-        _check_real("dge.cap", self.cap)
+        check_real("dge.k", self.k)
+        check_real("dge.cap", self.cap)
         if not (self.k >= 1 and self.cap > 0):  # k = 1: straight-through; below: not a quantizer
             raise ValueError("DGE needs k >= 1 and cap > 0")
         # k and cap as text, from which dge.py reads its constants: under torch.compile a float
@@ -166,7 +190,9 @@ class OCCConfig:
     one_gemm: bool = True
 
     def __post_init__(self) -> None:
-        _check_real("occ.alpha", self.alpha)
+        check_real("occ.alpha", self.alpha)
+        check_bool("occ.compensate", self.compensate)
+        check_bool("occ.one_gemm", self.one_gemm)
         if not 0.5 < self.alpha < 1.0:
             raise ValueError(f"OCC alpha must lie in (0.5, 1), got {self.alpha}")
         if self.threshold not in OCC_THRESHOLDS:
@@ -191,8 +217,8 @@ class DelayedScaling:
     margin: int = 0
 
     def __post_init__(self) -> None:
-        _check_int("delayed history_len", self.history_len)
-        _check_int("delayed margin", self.margin)
+        check_int("delayed history_len", self.history_len)
+        check_int("delayed margin", self.margin)
         if self.history_len < 1 or not 0 <= self.margin <= DELAYED_MARGIN_MAX:
             raise ValueError(
                 f"delayed scaling needs history_len >= 1 and margin in [0, "

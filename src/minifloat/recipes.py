@@ -19,6 +19,7 @@ that layout: "row" is one scale per row along the contraction dim.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,9 @@ from minifloat.recipe_specs import (
     GemmSpec,
     OCCConfig,
     OperandSpec,
+    check_bool,
+    check_instance,
+    check_int,
 )
 from minifloat.recipe_variants import VARIANT_KEYS
 
@@ -68,6 +72,9 @@ class Recipe:
     loss_scaling: bool = False  # fp16 needs dynamic loss scaling
 
     def __post_init__(self) -> None:
+        check_instance("recipe name", self.name, str)
+        check_instance(f"recipe {self.name!r}: description", self.description, str)
+        check_bool(f"recipe {self.name!r}: loss_scaling", self.loss_scaling)
         # here, not in describe() or at the first autocast: torch.int8 would fail far from its cause
         if not any(self.autocast_dtype is d for d in _AUTOCAST_WORDS):  # `in` hashes: a list fails
             raise ValueError(
@@ -119,6 +126,7 @@ class QuantRecipe(Recipe):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_types()
         m = self.min_multiple
         if isinstance(m, bool) or not isinstance(m, int):
             raise TypeError(f"min_multiple must be a positive int, got {type(m).__name__}: {m!r}")
@@ -139,9 +147,20 @@ class QuantRecipe(Recipe):
                 raise ValueError("delayed scaling and OCC do not combine")
         self._check_random_features()
 
+    def _check_types(self) -> None:
+        """TypeError for a field of the wrong type: `dataclasses.replace(r, dge=3.0)` or
+        `occ=True` would otherwise pass here and fail at the first forward or backward."""
+        for gemm in ("fprop", "dgrad", "wgrad"):
+            check_instance(gemm, getattr(self, gemm), GemmSpec)
+        for field, cls in (("dge", DGEConfig), ("occ", OCCConfig), ("delayed", DelayedScaling)):
+            check_instance(field, getattr(self, field), cls, optional=True)
+        for gemm in ("fprop", "dgrad", "wgrad"):
+            check_bool(f"{gemm}_fast_accum", getattr(self, f"{gemm}_fast_accum"))
+        check_int("keep_last_blocks", self.keep_last_blocks)
+
     def _check_random_features(self) -> None:
         if self.keep_last_blocks < 0:
-            raise ValueError("keep_last_blocks must be >= 0")
+            raise ValueError(f"keep_last_blocks must be >= 0, got {self.keep_last_blocks}")
         lhs, rhs = self.wgrad.lhs, self.wgrad.rhs
         if any(
             s.hadamard for s in (self.fprop.lhs, self.fprop.rhs, self.dgrad.lhs, self.dgrad.rhs)
@@ -211,12 +230,23 @@ class QuantRecipe(Recipe):
 _REGISTRY: dict[str, Recipe] = {}
 
 
+# A registered name: no ':' (variants), ',' (`--recipes` lists), '+' (switches), '/' or spaces.
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
 def register(recipe: Recipe) -> Recipe:
     """Add a recipe to the registry (names are unique)."""
     if not isinstance(recipe, Recipe):
         raise TypeError(
             f"register takes a Recipe (e.g. dataclasses.replace(recipes.get('fp4'), name=...)), "
             f"got {type(recipe).__name__}: {recipe!r}"
+        )
+    if not _NAME.fullmatch(recipe.name):
+        # ':' starts a variant's keys, ',' separates `--recipes`, '+' a switch; a name is also a
+        # run directory's name
+        raise ValueError(
+            f"a recipe name is letters, digits, '.', '_' and '-', got {recipe.name!r} "
+            "(':' is reserved for variants, e.g. fp4:dge.k=3)"
         )
     if recipe.name in _REGISTRY:
         raise ValueError(f"recipe {recipe.name!r} is already registered")

@@ -69,6 +69,11 @@ class SizeRule:
     @classmethod
     def parse(cls, text: str) -> SizeRule:
         """'IN:OUT[,IN:OUT...]', '*' for no bound (e.g. '4096:1024' or '2048:*,*:1024')."""
+        if not isinstance(text, str):
+            raise TypeError(
+                f"SizeRule.parse takes text 'IN:OUT[,IN:OUT...]', got {type(text).__name__}: "
+                f"{text!r} (or build SizeRule(boxes=((IN, OUT),)))"
+            )
         boxes = []
         for part in text.split(","):
             bounds = part.strip().split(":")

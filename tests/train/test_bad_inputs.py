@@ -105,6 +105,16 @@ CASES = [
     (["train", *TINY, "--out", "existing"], 2, "existing already holds a run (checkpoint.pt"),
     (["train", *TINY, "--out", "locked", "--overwrite"], 2, "locked is in use by another run"),
     (["train", *TINY, "--out", "afile"], 2, "--out afile exists and is not a directory"),
+    (["train", *TINY, "--out", "afile/run"], 2, "--out afile/run: afile exists and is not a dir"),
+    (["data", "export", "stdlib", "--out", "afile/c.xz"], 2, "cannot write afile/c.xz: afile is a"),
+    # `--out "$UNSET"` wrote the run's files into the current directory
+    (["train", *TINY, "--out", ""], 2, "out must name a run directory, got ''"),
+    # the byte tokenizer ignored it: the run trained with 257 tokens and said nothing
+    (
+        ["train", *TINY, "--tokenizer", "byte", "--vocab-size", "10"],
+        2,
+        "vocab-size 10 applies to the bpe tokenizer; the byte tokenizer's vocabulary is its 257",
+    ),
     (["compare", *TINY, "--recipes", "bf16,bf16"], 2, "recipe bf16 is named more than once"),
     # Data: an empty name (`--data "$UNSET"`) used to train on the current directory.
     (["train", *TINY, "--data", ""], 2, "data must be a corpus (stdlib, site-packages, english)"),

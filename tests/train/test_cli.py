@@ -131,6 +131,7 @@ SWITCH = ["--switch-recipe", "bf16"]
         (["train", "--out", "garbage_run", "--resume"], "is not a valid minifloat checkpoint ("),
         (["export", "garbage_run", "--out", "hf"], "is not a valid minifloat checkpoint ("),
         (["export", "no_such_run", "--out", "hf"], "run directory no_such_run does not exist"),
+        (["export", "small.toml", "--out", "hf"], "run directory small.toml is a file, not a"),
         (["export", "empty_run", "--out", "hf"], "empty_run holds no checkpoint.pt"),
         (["train", "--recipe", "fp4", "--switch-recipe", "bf16"], "bf16 needs switch-at"),
         (["train", "--switch-at", "0.9"], "switch-at needs switch-recipe"),

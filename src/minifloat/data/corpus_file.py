@@ -46,7 +46,11 @@ def write_corpus_file(documents: Iterable[str], path: str | Path, *, preset: int
     copied to other machines many times.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a parent is a file ("[Errno 17]" said less)
+        file = next(d for d in path.parents if d.exists() and not d.is_dir())
+        raise DataError(f"cannot write {path}: {file} is a file, not a directory") from None
     tmp = path.with_name(path.name + ".tmp")
     digest = hashlib.sha256()
     with lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, preset=preset) as f:

@@ -360,6 +360,13 @@ def _explicit_values(args: argparse.Namespace) -> dict[str, Any]:
         values["model_overrides"] = _merged(
             values.get("model_overrides", {}), dict(args.model_overrides)
         )
+    # Checked here, among the settings the user gave: resolved configs carry the model's
+    # default vocab_size whatever the tokenizer, and the byte tokenizer ignores it.
+    if values.get("tokenizer") == "byte" and "vocab_size" in values:
+        raise ConfigError(
+            f"vocab-size {values['vocab_size']} applies to the bpe tokenizer; the byte "
+            "tokenizer's vocabulary is its 257 tokens (drop vocab-size)"
+        )
     return values
 
 

@@ -114,6 +114,8 @@ def _check_stability(cfg: TrainConfig) -> None:
 
 
 def _check_checkpoints(cfg: TrainConfig) -> None:
+    if not cfg.out_dir.strip():  # "" would write the run's files into the current directory
+        raise ConfigError(f"out must name a run directory, got {cfg.out_dir!r}")
     if cfg.keep_checkpoints < 1:
         raise ConfigError(f"keep-checkpoints must be at least 1, got {cfg.keep_checkpoints}")
     if cfg.resume and cfg.overwrite:

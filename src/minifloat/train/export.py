@@ -44,7 +44,8 @@ def _load_newest(run_dir: Path, action: str, stacklevel: int) -> tuple[Path, dic
     )
 
     if not run_dir.is_dir():
-        raise CheckpointError(f"run directory {run_dir} does not exist")
+        what = "is a file, not a directory" if run_dir.exists() else "does not exist"
+        raise CheckpointError(f"run directory {run_dir} {what}")
     candidates = checkpoint_candidates(run_dir, "full")
     if not candidates and checkpoint_candidates(run_dir, "sharded"):
         raise CheckpointError(

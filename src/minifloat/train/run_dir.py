@@ -77,8 +77,10 @@ class RunDirectory:
         self._created = [d for d in (self.path, *self.path.parents) if not d.exists()]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-        except FileExistsError:
-            raise RunDirError(f"--out {self.path} exists and is not a directory") from None
+        except (FileExistsError, NotADirectoryError):  # the path, or a parent, is a file
+            file = next(d for d in (self.path, *self.path.parents) if d.exists() and not d.is_dir())
+            where = "" if file == self.path else f": {file}"
+            raise RunDirError(f"--out {self.path}{where} exists and is not a directory") from None
         self._lock()
         try:
             self._check_earlier_run()
