@@ -387,3 +387,76 @@ def test_bpe_token_cache_checksums_cover_the_tokenizer(small_corpus, tmp_path):
     assert again.tokenizer.decode(again.val_tokens.tolist()) == ds.tokenizer.decode(
         ds.val_tokens.tolist()
     )
+
+
+def test_export_corpus_replaces_only_an_earlier_export(small_corpus, tmp_path):
+    """It replaced any file at the destination, the source text itself included."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    with pytest.raises(DataError, match="notes.txt exists and is not a minifloat corpus file"):
+        export_corpus(small_corpus, notes)
+    assert notes.read_text() == "my notes\n"
+    out = export_corpus(small_corpus, tmp_path / "c.xz", max_docs=2)
+    export_corpus(small_corpus, out, max_docs=3)  # an earlier export: replaced
+    assert len(load_corpus(out).documents) == 3
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(DataError, match="adir: it is a directory"):
+        export_corpus(small_corpus, tmp_path / "adir")
+    assert not list(tmp_path.glob("*.tmp"))  # no half-written file left behind
+
+
+@pytest.mark.parametrize("cap", ["max_docs", "max_bytes"])
+@pytest.mark.parametrize("value", [-1, 0, 2.5, True])
+def test_corpus_caps_must_be_positive_ints(small_corpus, cap, value):
+    """-1 dropped the last document (a slice), 0 read as "the corpus is empty"."""
+    with pytest.raises(DataError, match=f"{cap} must be a positive int"):
+        load_corpus(small_corpus, **{cap: value})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(tokenizer_train_bytes=0), "tokenizer_train_bytes must be a positive int, got 0"),
+        (dict(seq_len=0), "seq_len must be a positive int, got 0"),
+        (dict(seq_len=128.5), "seq_len must be a positive int, got 128.5"),
+        (dict(vocab_size="512"), "vocab_size must be a positive int, got '512'"),
+    ],
+)
+def test_build_dataset_refuses_bad_sizes_before_reading(small_corpus, tmp_path, kwargs, match):
+    with pytest.raises(DataError, match=match):
+        build_dataset(small_corpus, cache_dir=tmp_path, progress=False, **kwargs)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("documents", [[], "a string of text"])
+def test_train_bpe_needs_documents(documents):
+    """Both trained a 257-token vocabulary without a word."""
+    with pytest.raises(ValueError, match="train_bpe needs a non-empty list of documents"):
+        train_bpe(documents, 300)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        (
+            (np.arange(2000).reshape(20, 100), 2, 16),
+            {},
+            r"tokens must be 1-D, got shape \(20, 100\)",
+        ),
+        ((np.arange(2000), 2, 16.0), {}, "seq_len must be a positive int, got 16.0"),
+        ((np.arange(2000), 2, 16), dict(seed=-1), "seed must be an int >= 0, got -1"),
+        ((np.arange(2000), 2, 16), dict(position=-5), "position must be an int >= 0, got -5"),
+    ],
+)
+def test_batch_iterator_refuses_bad_arguments_at_construction(args, kwargs, match):
+    """Each failed only at the first batch, inside numpy, or (2-D tokens) not at all."""
+    with pytest.raises(ValueError, match=match):
+        BatchIterator(*args, **kwargs)
+    BatchIterator(np.arange(2000), np.int64(2), 16, seed=np.int64(3))  # numpy ints are ints
+
+
+def test_batch_iterator_state_with_missing_keys_is_named():
+    it = BatchIterator(np.arange(2000), 2, 16)
+    with pytest.raises(ValueError, match="batch iterator state lacks mode, num_tokens"):
+        it.load_state_dict({"position": 3, "seed": 0, "batch_size": 2, "seq_len": 16,
+                            "rank": 0, "world_size": 1})  # fmt: skip

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bits import bits_equal
@@ -234,6 +235,11 @@ def _fsdp_lowp_states_worker(rank: int) -> None:
     final = full.mean().item()
     # fp8/fp16 states and a bf16 reduce-scatter cost little loss (measured 8e-4 from fp32 states)
     assert abs(final - _loss(ref, x, y).item()) < 0.05, final
+    # convert after sharding: a 21-frame DTensor error at the first forward, before the check
+    with pytest.raises(ValueError, match="already sharded .*convert it before apply_fsdp"):
+        convert(model, "fp8-tensorwise")
+    with pytest.warns(UserWarning, match="has no QuantLinear layer, so nothing is gathered"):
+        apply_fsdp(_tiny_model(), quantized_all_gather=True)
 
 
 def test_fsdp_low_precision_states_and_bf16_reduce():
@@ -371,6 +377,28 @@ def test_fsdp_full_checkpoint_round_trip():
 def test_fsdp_rejects_fp8_reduce():
     with pytest.raises(ValueError, match="DDP only"):
         fsdp_reduce_dtype("fp8")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(reduce_dtype="bf16"), TypeError, "reduce_dtype must be a floating torch.dtype"),
+        (dict(param_dtype=torch.int8), TypeError, "param_dtype must be a floating torch.dtype"),
+        (dict(blocks=[nn.Linear(2, 2)]), ValueError, r"blocks\[0\] \(Linear\) is not a sub"),
+    ],
+)
+def test_apply_fsdp_refuses_bad_arguments_before_sharding(kwargs, error, match):
+    """Checked before anything is sharded (no process group is needed to fail): a str dtype
+    failed at the first forward, 13 frames deep; a foreign block was sharded silently."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    with pytest.raises(error, match=match):
+        apply_fsdp(model, **kwargs)
+    assert all(type(p) is nn.Parameter for p in model.parameters())
+
+
+def test_grad_comm_hook_needs_a_ddp_model():
+    with pytest.raises(TypeError, match="needs a DistributedDataParallel model, got Linear"):
+        register_grad_comm_hook(nn.Linear(4, 4), "bf16")
 
 
 def _deferred_init_worker(rank: int, root: str) -> None:

@@ -43,6 +43,13 @@ def test_uneven_shards_are_refused():
         enable_quantized_all_gather(net("fp8-rowwise"), world_size=3)
 
 
+@pytest.mark.parametrize("world", [0, -2, 2.0])
+def test_world_size_must_be_a_positive_int(world):
+    """0 divided by zero; -2 and 2.0 were accepted."""
+    with pytest.raises(ValueError, match=f"world_size must be a positive int, got {world!r}"):
+        enable_quantized_all_gather(net("fp8-rowwise"), world_size=world)
+
+
 def test_enabled_unsharded_model_is_unchanged():
     # Wrapped but not sharded: the same outputs and gradients as the plain model (the wrapper
     # only changes what FSDP2 all-gathers); its state_dict holds plain tensors.
@@ -56,6 +63,25 @@ def test_enabled_unsharded_model_is_unchanged():
     for p, p_ref in zip(model.parameters(), ref.parameters(), strict=True):
         assert type(p.grad) is torch.Tensor and torch.equal(p.grad, p_ref.grad)
     assert all(type(v) is torch.Tensor for v in model.state_dict().values())
+
+
+def test_an_optimizer_built_before_keeps_updating_the_weights():
+    """The weights were replaced by new Parameters, which an optimizer built before the call
+    did not hold: its steps left them unchanged, without an error."""
+    ref, model = net("fp8-tensorwise"), net("fp8-tensorwise")
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    held = list(model.parameters())
+    initial = [p.detach().clone() for p in held]
+    assert enable_quantized_all_gather(model) == 4
+    assert all(a is b for a, b in zip(held, model.parameters(), strict=True))
+    x = torch.randn(8, 64)
+    for m, o in ((model, opt), (ref, opt_ref)):
+        m(x).sum().backward()
+        o.step()
+    for p, p_ref, p0 in zip(model.parameters(), ref.parameters(), initial, strict=True):
+        assert torch.equal(p.detach(), p_ref.detach())
+        assert not torch.equal(p.detach(), p0)  # the step moved every weight
 
 
 def test_gathered_weight_serves_only_quantlinear():

@@ -76,6 +76,51 @@ def test_export_rejects_other_models(tmp_path):
         export_hf(nn.Linear(2, 2), tmp_path)
 
 
+def test_export_never_replaces_files_unless_told(tmp_path):
+    """It overwrote an earlier model.safetensors without a word (export_run guarded this;
+    export_hf, the public function, did not)."""
+    (tmp_path / "model.safetensors").write_text("an earlier export")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="already holds model.safetensors: pass overwrite=True"):
+        export_hf(_model(), tmp_path)
+    assert (tmp_path / "model.safetensors").read_text() == "an earlier export"
+    assert not (tmp_path / "config.json").exists()
+    export_hf(_model(), tmp_path, overwrite=True)
+    tokens = torch.randint(0, 300, (1, 16))
+    with torch.no_grad():
+        expected = _model()(tokens)
+    torch.testing.assert_close(_hf_logits(tmp_path, tokens), expected, rtol=0, atol=1e-4)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_export_refuses_bad_destinations_and_tokenizers(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="afile is a file, not a directory"):
+        export_hf(_model(), tmp_path / "afile")
+    # a string or another library's tokenizer was skipped silently: no tokenizer.json
+    with pytest.raises(TypeError, match="tokenizer must be a minifloat tokenizer .*got str"):
+        export_hf(_model(), tmp_path / "out", tokenizer="gpt2")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match="on the meta device"):
+        export_hf(Llama(get_config("tiny", vocab_size=300, dim=64)).to("meta"), tmp_path / "m")
+
+
+def test_export_after_quantized_all_gather(tmp_path):
+    """Its weights are ShardedWeight parameters, a tensor subclass that survived the export's
+    detach/to/clone, and safetensors could not read its storage."""
+    import minifloat
+    from minifloat.fsdp_quantized import enable_quantized_all_gather
+
+    model = minifloat.convert(_model(), "fp8-tensorwise")
+    reference = model.layers[0].attention.wq.weight.detach().clone()
+    assert enable_quantized_all_gather(model) > 0
+    export_hf(model, tmp_path)
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert torch.equal(tensors["model.layers.0.self_attn.q_proj.weight"], reference)
+
+
 def test_export_writes_tokenizer_loadable_by_auto_tokenizer(tmp_path):
     from minifloat.data import train_bpe
 

@@ -311,6 +311,85 @@ def test_loads_torch_adamw_state_dict():
     assert all(torch.equal(a, b) for a, b in zip(theirs, ours, strict=True))
 
 
+def _trained(preset: str = "fp8-fp16", shapes=((64, 64),)) -> tuple[AdamW, list[torch.Tensor]]:
+    params = [torch.randn(s).requires_grad_() for s in shapes]
+    opt = AdamW(params, lr=1e-3, small_numel=0, **{**OPTIM_STATE_PRESETS[preset],
+                                                   "master_weights": "fp32"})  # fmt: skip
+    _run(opt, params, range(2))
+    return opt, params
+
+
+@pytest.mark.parametrize("preset", ["fp8-fp16", "fp32"])
+@pytest.mark.parametrize("shape", [(32, 32), (64, 32), (32, 128)])
+def test_a_state_for_another_shape_is_refused(preset, shape):
+    """A block-scaled moment of a larger tensor decoded its first elements silently; one of the
+    same size and another shape loaded too."""
+    sd = _save_load(_trained(preset)[0].state_dict())
+    opt = AdamW([torch.randn(shape).requires_grad_()], small_numel=0)
+    with pytest.raises(ValueError, match=r"is for shape \[64, 64\], this param has shape"):
+        opt.load_state_dict(sd)
+    del sd["minifloat"]["shapes"]  # a state dict saved before shapes were recorded
+    if shape[0] * shape[1] != 64 * 64:
+        with pytest.raises(ValueError, match=r"saved exp_avg of param 0 holds 4096 elements"):
+            opt.load_state_dict(sd)
+    assert not opt.state
+
+
+@pytest.mark.parametrize(
+    ("saved", "match"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "is not an AdamW state"),
+        (lambda p: torch.optim.AdamW(p, maximize=True), "saved with maximize=True"),
+        (lambda p: torch.optim.AdamW(p, amsgrad=True), "saved with amsgrad=True"),
+    ],
+)
+def test_a_state_dict_that_does_not_fit_changes_nothing(saved, match):
+    """The groups were updated and the state cleared before the first failure: the moments
+    were lost and the lr came from the bad dict."""
+    opt, params = _trained(shapes=((64, 64), (32, 32)))
+    before = _save_load(opt.state_dict())
+    other = [p.detach().clone().requires_grad_() for p in params]
+    theirs = saved(other)
+    for p in other:
+        p.grad = torch.ones_like(p)
+    theirs.step()
+    sd = _save_load(theirs.state_dict())
+    sd["param_groups"][0]["lr"] = 0.5
+    with pytest.raises(ValueError, match=match) as info:
+        opt.load_state_dict(sd)
+    assert "\n" not in str(info.value)
+    after = opt.state_dict()
+    assert opt.param_groups[0]["lr"] == 1e-3
+    for pid, state in before["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "exp_avg_scale", "step"):
+            if key in state:
+                assert torch.equal(state[key], after["state"][pid][key]), key
+
+
+def test_a_scaled_moment_without_its_scale_is_named():
+    sd = _save_load(_trained()[0].state_dict())
+    del sd["state"][0]["exp_avg_scale"]  # was an AttributeError deep in the decode
+    opt = AdamW([torch.randn(64, 64).requires_grad_()], small_numel=0)
+    with pytest.raises(ValueError, match="saved exp_avg of param 0 is block-scaled but has no"):
+        opt.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("sd", [{}, [], {"state": {}}], ids=["empty", "list", "no groups"])
+def test_load_state_dict_refuses_what_is_not_a_state_dict(sd):
+    with pytest.raises(ValueError, match="not an optimizer state dict"):
+        AdamW(_params(0)).load_state_dict(sd)
+
+
+def test_eps_zero_and_a_parameter_twice_are_refused():
+    """eps = 0 turned the update of every gradient entry of exactly 0 into 0/0 = NaN; a
+    parameter twice in one group was stepped twice (torch only warns)."""
+    p = torch.nn.Parameter(torch.randn(8, 8))
+    with pytest.raises(ValueError, match="eps must be finite and > 0, got 0.0"):
+        AdamW([p], eps=0.0)
+    with pytest.raises(ValueError, match="parameter 1 of a param group appears in it twice"):
+        AdamW([p, p])
+
+
 # ---- memory accounting -------------------------------------------------------------------------
 
 EXPECTED_BYTES = {

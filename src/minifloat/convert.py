@@ -151,7 +151,11 @@ def _skip_patterns(skip: str | Iterable[str] | None) -> list[str]:
 
 
 def _check_convertible(model: nn.Module, conv1d: type | None) -> None:
-    """Refuse a model converted before, and a root module convert() would have to replace."""
+    """Refuse a model converted before, a sharded one, and a root module convert() would have
+    to replace."""
+    if any(type(p).__name__ == "DTensor" for p in model.parameters()):
+        # the swap would mix DTensor and plain parameters: a 21-frame error at the first forward
+        raise ValueError("the model is already sharded (FSDP2): convert it before apply_fsdp")
     for name, module in model.named_modules():
         earlier = getattr(module, REPORT_ATTR, None)
         if isinstance(earlier, ConversionReport):

@@ -27,6 +27,7 @@ default). A model with no repeated blocks is an error unless the blocks are name
 
 import functools
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ from torch import nn
 from minifloat import grad_comm_fp8 as fp8c
 from minifloat.blocks import find_repeated_blocks
 from minifloat.fsdp_quantized import enable_quantized_all_gather
+from minifloat.linear import QuantLinear
 from minifloat.sqnr import sqnr_db
 
 __all__ = [
@@ -277,6 +279,11 @@ def register_grad_comm_hook(
     Returns the hook's state, whose counters report bytes sent per rank.
     """
     _check(kind, fp8_format)
+    if not callable(getattr(ddp_model, "register_comm_hook", None)):
+        raise TypeError(
+            f"register_grad_comm_hook needs a DistributedDataParallel model, got "
+            f"{type(ddp_model).__name__} (wrap it in DDP first)"
+        )
     state = GradCommState(kind=kind, fp8_format=fp8_format, group=group)
     ddp_model.register_comm_hook(state, grad_comm_hook)
     return state
@@ -324,6 +331,30 @@ def fsdp_reduce_dtype(kind: str) -> torch.dtype:
     return torch.float32 if kind == "fp32" else torch.bfloat16
 
 
+def _check_fsdp_arguments(
+    model: object, reduce_dtype: object, param_dtype: object, blocks: list | None
+) -> None:
+    """apply_fsdp's arguments, checked before anything is sharded: "bf16" for a dtype failed
+    at the first forward or backward, 13 frames deep, and a block outside the model was
+    sharded silently while the model's own blocks were not."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply_fsdp takes an nn.Module, got {type(model).__name__}")
+    for name, dtype in (("reduce_dtype", reduce_dtype), ("param_dtype", param_dtype)):
+        if dtype is None and name == "param_dtype":
+            continue
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(
+                f"{name} must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}"
+            )
+    if blocks is not None:
+        inside = {id(m) for m in model.modules()}
+        for i, block in enumerate(blocks):
+            if not isinstance(block, nn.Module) or id(block) not in inside:
+                raise ValueError(
+                    f"blocks[{i}] ({type(block).__name__}) is not a submodule of the model"
+                )
+
+
 def apply_fsdp(
     model: nn.Module,
     *,
@@ -351,12 +382,22 @@ def apply_fsdp(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    blocks = find_repeated_blocks(model) if blocks is None else list(blocks)
+    blocks = None if blocks is None else list(blocks)  # a generator is read once
+    _check_fsdp_arguments(model, reduce_dtype, param_dtype, blocks)
+    blocks = find_repeated_blocks(model) if blocks is None else blocks
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = {"mesh": mesh, "mp_policy": policy, "reshard_after_forward": reshard_after_forward}
     if quantized_all_gather:
         world = mesh.size() if mesh is not None else dist.get_world_size()
-        enable_quantized_all_gather(model, world_size=world)
+        if enable_quantized_all_gather(model, world_size=world) == 0 and not any(
+            isinstance(m, QuantLinear) for m in model.modules()
+        ):
+            warnings.warn(
+                "apply_fsdp(quantized_all_gather=True): the model has no QuantLinear layer, so "
+                "nothing is gathered quantized (convert it first)",
+                UserWarning,
+                stacklevel=2,
+            )
     for block in blocks:
         fully_shard(block, **kwargs)
     # The root keeps its own parameters (embedding, final norm, head) gathered from forward to

@@ -146,6 +146,8 @@ def plan_for(recipe: object) -> GatherPlan:
 def check_layout(plan: GatherPlan, rows: int, cols: int, world: int) -> None:
     """ValueError (one line) unless a [rows, cols] weight sharded over `world` ranks along dim 0
     keeps every scale group of `plan` whole on one rank (or all-reducible, tensor/column)."""
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world_size must be a positive int, got {world!r}")
     if rows % world:
         raise ValueError(
             f"quantized all-gather needs out_features divisible by the {world} ranks (got "

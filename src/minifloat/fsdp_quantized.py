@@ -46,8 +46,9 @@ def _layers(model: nn.Module) -> list[tuple[str, QuantLinear]]:
 def enable_quantized_all_gather(model: nn.Module, *, world_size: int | None = None) -> int:
     """Make FSDP2 all-gather every QuantLinear weight of `model` quantized; returns how many.
 
-    Call before `fully_shard` and before building the optimizer (the weight parameters are
-    replaced, with the same values). With `world_size`, the sharding layout is checked now
+    Call before `fully_shard`. The weight parameters stay the same objects (their tensors are
+    swapped for quantizing ones with the same values), so an optimizer built before still
+    updates them. With `world_size`, the sharding layout is checked now
     (out_features divisible by it; block-scaled weights: rows per rank a multiple of the block),
     else at the first all-gather. Raises ValueError (one line) for recipes the quantized
     all-gather cannot reproduce exactly (OCC; see `fsdp_plan.plan_for`), already sharded
@@ -68,8 +69,9 @@ def enable_quantized_all_gather(model: nn.Module, *, world_size: int | None = No
         if isinstance(weight.data, ShardedWeight):
             continue
         new = nn.Parameter(ShardedWeight(weight.data), requires_grad=weight.requires_grad)
-        seen[id(new)] = name
-        layer.weight = new
+        # swapped into the same Python object, not assigned: an optimizer built before this
+        # call holds that object, and would otherwise never update the weight again
+        torch.utils.swap_tensors(weight, new)
         layer.register_state_dict_post_hook(plain_state_dict_hook)
         count += 1
     return count

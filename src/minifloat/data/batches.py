@@ -7,6 +7,8 @@ exactly the batches it would have seen without the interruption.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -40,10 +42,14 @@ class BatchIterator:
     ) -> None:
         if mode not in _MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(_MODES)}")
-        if batch_size <= 0 or seq_len <= 0:
-            raise ValueError(
-                f"batch_size and seq_len must be positive, got {batch_size}, {seq_len}"
-            )
+        for name, value, low in (("batch_size", batch_size, 1), ("seq_len", seq_len, 1),
+                                 ("seed", seed, 0), ("position", position, 0)):  # fmt: skip
+            # a float or negative value failed only at the first batch, deep inside numpy
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+                kind = "a positive int" if low else "an int >= 0"
+                raise ValueError(f"{name} must be {kind}, got {value!r}")
+        if getattr(tokens, "ndim", 1) != 1:  # 2-D tokens gave [batch, seq, row] batches
+            raise ValueError(f"tokens must be 1-D, got shape {tuple(tokens.shape)}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world_size {world_size}")
         needed = batch_size * seq_len + 1
@@ -103,6 +109,10 @@ class BatchIterator:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from ``state_dict()``; the shape settings and token count must match."""
+        missing = sorted({"mode", "batch_size", "seq_len", "num_tokens", "rank", "world_size",
+                          "seed", "position"} - set(state))  # fmt: skip
+        if missing:
+            raise ValueError(f"cannot resume: the batch iterator state lacks {', '.join(missing)}")
         for key in ("mode", "batch_size", "seq_len", "num_tokens", "rank", "world_size"):
             mine = len(self.tokens) if key == "num_tokens" else getattr(self, key)
             if state[key] != mine:

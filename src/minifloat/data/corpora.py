@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from minifloat.data.corpus_file import corpus_sha256, read_corpus_file, write_corpus_file
+from minifloat.data.corpus_file import (
+    corpus_sha256,
+    is_corpus_file,
+    read_corpus_file,
+    write_corpus_file,
+)
 from minifloat.data.errors import DataError
 
 __all__ = [
@@ -249,6 +254,11 @@ def load_corpus(
     ``max_docs`` keeps the first documents; ``max_bytes`` keeps whole documents while the total
     stays within the cap (at least one). Caps change the sha256, so capped corpora cache apart.
     """
+    for cap, value in (("max_bytes", max_bytes), ("max_docs", max_docs)):
+        # -1 sliced off the last document, 0 read as "the corpus is empty", 2.5 failed in a slice
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+        if value is not None and bad:
+            raise DataError(f"{cap} must be a positive int (or None: no cap), got {value!r}")
     name, read, rule = _resolve(data, Path(cache_dir))
     documents = [doc for doc in read() if doc]
     uncapped = len(documents)
@@ -291,8 +301,15 @@ def export_corpus(
     """Write corpus ``data`` as one xz file that ``build_dataset(out_path)`` reads back.
 
     The file keeps the corpus sha256, so caches made from the source stay valid for the copy.
+    An earlier export at ``out_path`` is replaced; any other file there is not (DataError,
+    before the corpus is read): it may be the source itself.
     """
-    corpus = load_corpus(data, cache_dir=cache_dir, max_bytes=max_bytes, max_docs=max_docs)
     out = Path(out_path)
+    if out.exists() and not out.is_dir() and not is_corpus_file(out):
+        raise DataError(
+            f"{out} exists and is not a minifloat corpus file: not replaced (remove it or "
+            "choose another path)"
+        )
+    corpus = load_corpus(data, cache_dir=cache_dir, max_bytes=max_bytes, max_docs=max_docs)
     write_corpus_file(corpus.documents, out)
     return out

@@ -18,7 +18,14 @@ from pathlib import Path
 
 from minifloat.data.errors import DataError
 
-__all__ = ["MAGIC", "corpus_sha256", "iter_records", "read_corpus_file", "write_corpus_file"]
+__all__ = [
+    "MAGIC",
+    "corpus_sha256",
+    "is_corpus_file",
+    "iter_records",
+    "read_corpus_file",
+    "write_corpus_file",
+]
 
 MAGIC = b"MINIFLOAT-CORPUS-1\n"
 _LENGTH = struct.Struct("<Q")
@@ -46,6 +53,8 @@ def write_corpus_file(documents: Iterable[str], path: str | Path, *, preset: int
     copied to other machines many times.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataError(f"cannot write {path}: it is a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):  # a parent is a file ("[Errno 17]" said less)
@@ -53,13 +62,26 @@ def write_corpus_file(documents: Iterable[str], path: str | Path, *, preset: int
         raise DataError(f"cannot write {path}: {file} is a file, not a directory") from None
     tmp = path.with_name(path.name + ".tmp")
     digest = hashlib.sha256()
-    with lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, preset=preset) as f:
-        f.write(MAGIC)
-        for record in iter_records(documents):
-            digest.update(record)
-            f.write(record)
-    tmp.replace(path)
+    try:
+        with lzma.open(tmp, "wb", format=lzma.FORMAT_XZ, preset=preset) as f:
+            f.write(MAGIC)
+            for record in iter_records(documents):
+                digest.update(record)
+                f.write(record)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left beside the destination
+        raise
     return digest.hexdigest()
+
+
+def is_corpus_file(path: str | Path) -> bool:
+    """Whether ``path`` is a file that starts as a corpus file does (its xz stream's magic)."""
+    try:
+        with lzma.open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except (OSError, EOFError, lzma.LZMAError):
+        return False
 
 
 def read_corpus_file(path: str | Path) -> list[str]:

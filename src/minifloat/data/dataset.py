@@ -255,6 +255,13 @@ def build_dataset(
     """
     if tokenizer not in ("bpe", "byte"):
         raise DataError(f"unknown tokenizer {tokenizer!r}: choose 'bpe' or 'byte'")
+    # 0 or -1 bytes trained the BPE tokenizer on nothing (vocab 257, not the one asked for);
+    # seq_len 0 skipped the length check; a float failed inside numpy or the tokenizer
+    for name, value in (("tokenizer_train_bytes", tokenizer_train_bytes),
+                        ("vocab_size", vocab_size), ("seq_len", seq_len)):  # fmt: skip
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+        if bad and not (name == "seq_len" and value is None):
+            raise DataError(f"{name} must be a positive int, got {value!r}")
     log = _logger(progress)
     start = time.perf_counter()
     corpus = load_corpus(data, cache_dir=cache_dir, max_bytes=max_bytes, max_docs=max_docs)

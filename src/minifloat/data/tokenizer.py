@@ -139,6 +139,12 @@ def train_bpe(documents: list[str], vocab_size: int = 8192, *, max_bytes: int = 
 
     if vocab_size < 258:
         raise ValueError(f"BPE vocab_size must be at least 258 (bytes + <eos>), got {vocab_size}")
+    # a str is an iterable of one-character documents; no text at all trains nothing: both
+    # gave a 257-token vocabulary without a word
+    if isinstance(documents, str) or not documents:
+        raise ValueError(f"train_bpe needs a non-empty list of documents, got {documents!r:.40}")
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be positive, got {max_bytes}")
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

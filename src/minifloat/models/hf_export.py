@@ -58,10 +58,15 @@ def hf_config(config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict:
 
 
 def _full(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if weight.is_meta:
+        raise ValueError("the model's weights are on the meta device (never materialized)")
     # FSDP2 shards parameters as DTensors; gather the whole matrix before saving.
     if hasattr(weight, "full_tensor"):
         weight = weight.full_tensor()
-    return weight.detach().to(device="cpu", dtype=dtype).contiguous().clone()
+    # Copied into a plain tensor: a tensor subclass (the quantized all-gather's ShardedWeight)
+    # survives detach/to/clone, and safetensors cannot read its storage.
+    full = torch.empty(weight.shape, dtype=dtype, device="cpu")
+    return full.copy_(weight.detach())
 
 
 def _unwrap(model: nn.Module) -> Llama:
@@ -107,22 +112,35 @@ def export_hf(
     *,
     dtype: torch.dtype = torch.float32,
     tokenizer: object | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``model.safetensors`` + ``config.json`` (HF LlamaForCausalLM) into directory ``path``.
 
     ``tokenizer``: optionally a minifloat tokenizer with ``save_hf(directory)``; it then also
-    writes ``tokenizer.json`` so ``PreTrainedTokenizerFast`` can load it. Returns ``path``.
+    writes ``tokenizer.json`` so ``PreTrainedTokenizerFast`` can load it. Refuses (ValueError,
+    before writing anything) to replace a file of those names unless ``overwrite``; a
+    ``tokenizer.json`` of an earlier export is left as it is when no tokenizer is given.
+    Returns ``path``.
     """
     from safetensors.torch import save_file
 
     if dtype not in _DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {list(_DTYPE_NAMES)}, got {dtype}")
+    if tokenizer is not None and not callable(getattr(tokenizer, "save_hf", None)):
+        kind = type(tokenizer).__name__
+        raise TypeError(f"tokenizer must be a minifloat tokenizer (with save_hf), got {kind}")
     llama = _unwrap(model)
     out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a directory")
+    names = ["model.safetensors", "config.json"] + (["tokenizer.json"] if tokenizer else [])
+    existing = [n for n in names if (out / n).exists()]
+    if existing and not overwrite:
+        raise ValueError(f"{out} already holds {', '.join(existing)}: pass overwrite=True")
     out.mkdir(parents=True, exist_ok=True)
     save_file(hf_state_dict(llama, dtype), str(out / "model.safetensors"), {"format": "pt"})
     config = hf_config(llama.config, dtype)
-    if tokenizer is not None and hasattr(tokenizer, "save_hf"):
+    if tokenizer is not None:
         tokenizer.save_hf(out)
         config["eos_token_id"] = getattr(tokenizer, "eos_id", None)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -40,6 +40,11 @@ from minifloat.optim.fused import (
     draw_step_noise,
     select_update,
 )
+from minifloat.optim.state_loading import (
+    check_group_options,
+    check_saved_state,
+    check_structure,
+)
 
 __all__ = ["AdamW"]
 
@@ -63,6 +68,8 @@ def _check_group(group: dict[str, Any], master_weights: str) -> None:
             raise TypeError(f"{name} must be a Python float, got {type(value).__name__}")
         if not (math.isfinite(value) and value >= 0.0):
             raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    if group["eps"] == 0.0:  # a gradient entry of exactly 0 would make its update 0/0 = NaN
+        raise ValueError(f"eps must be finite and > 0, got {group['eps']}")
     betas = group["betas"]
     if (
         not isinstance(betas, (tuple, list))
@@ -70,6 +77,11 @@ def _check_group(group: dict[str, Any], master_weights: str) -> None:
         or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)
     ):
         raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
+    seen: set[int] = set()
+    for i, p in enumerate(group["params"]):
+        if id(p) in seen:  # torch only warns; the step would update it twice
+            raise ValueError(f"parameter {i} of a param group appears in it twice")
+        seen.add(id(p))
     allowed = _PARAM_DTYPES if master_weights == "fp32" else _PARAM_DTYPES[:2]
     for p in group["params"]:
         if p.dtype not in allowed:
@@ -374,7 +386,17 @@ class AdamW(torch.optim.Optimizer):
         """torch's optimizer state dict plus the stochastic-rounding generator states."""
         sd = super().state_dict()
         self._portable_dtensor_states(sd)
-        sd["minifloat"] = {"generators": self.generator_states()}
+        # each param's shape, checked on load: a block-scaled moment of another tensor of the
+        # same block count would otherwise load silently
+        shapes = {}
+        for group, saved_group in zip(self.param_groups, sd["param_groups"], strict=True):
+            shapes.update(
+                {
+                    pid: list(p.shape)
+                    for pid, p in zip(saved_group["params"], group["params"], strict=True)
+                }
+            )
+        sd["minifloat"] = {"generators": self.generator_states(), "shapes": shapes}
         return sd
 
     def _portable_dtensor_states(self, sd: dict[str, Any]) -> None:
@@ -416,22 +438,43 @@ class AdamW(torch.optim.Optimizer):
         optimizer's formats, so checkpoints move freely between state dtypes. (torch's own
         loader would cast every floating state to the parameter dtype, which corrupts scaled
         payloads and fp32 masters of bf16 params.)
+
+        Everything is checked and converted before anything changes: a state dict that does
+        not fit (other parameters, another optimizer, maximize or amsgrad on) raises ValueError
+        and leaves this optimizer as it was.
         """
+        check_structure(state_dict)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups) or any(
             len(s["params"]) != len(g["params"])
             for s, g in zip(saved_groups, self.param_groups, strict=True)
         ):
             raise ValueError("state dict does not match this optimizer's parameter groups")
-        id_map: dict[int, torch.Tensor] = {}
-        for saved, group in zip(saved_groups, self.param_groups, strict=True):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+        groups: list[dict[str, Any]] = []
+        id_map: dict[Any, torch.Tensor] = {}
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
+            check_group_options(saved, i)
+            groups.append({**group, **{k: v for k, v in saved.items() if k != "params"}})
+            _check_group(groups[-1], self.master_weights)
             id_map.update(zip(saved["params"], group["params"], strict=True))
-        self.state = defaultdict(dict)
-        with torch.no_grad():
-            for pid, saved_state in state_dict["state"].items():
-                p = id_map[pid]
-                self.state[p] = self._convert_state(p, saved_state)
+        shapes = state_dict.get("minifloat", {}).get("shapes", {})
+        state: defaultdict[torch.Tensor, dict[str, Any]] = defaultdict(dict)
+        generators = self.generator_states()  # stochastic encodes below draw from them
+        try:
+            with torch.no_grad():
+                for pid, saved_state in state_dict["state"].items():
+                    if pid not in id_map:
+                        raise ValueError(f"the state dict has a state for param {pid}, in no group")
+                    p = id_map[pid]
+                    check_saved_state(pid, saved_state, p, _local(p).numel(), shapes.get(pid))
+                    state[p] = self._convert_state(p, saved_state)
+        except BaseException:
+            self._generators = {}
+            self.set_generator_states(generators)
+            raise
+        for group, loaded in zip(self.param_groups, groups, strict=True):
+            group.update(loaded)
+        self.state = state
         self.set_generator_states(state_dict.get("minifloat", {}).get("generators", {}))
 
     def _convert_state(self, p: torch.Tensor, saved: dict[str, Any]) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def export_run(
         from minifloat.train.build import load_dataset
 
         tokenizer = load_dataset(config, progress=False).tokenizer
-    out = export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer)
+    # the destination was checked above, against `overwrite`, before the run was read
+    out = export_hf(model, out_dir, dtype=dtype, tokenizer=tokenizer, overwrite=True)
     return ExportedRun(
         out_dir=out,
         files=tuple(sorted(p for p in out.iterdir() if p.is_file())),
