@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
@@ -180,6 +181,28 @@ def test_set_recipe_on_a_model_without_quantized_layers_warns():
     model = tiny_llama()
     with pytest.warns(UserWarning, match="changed nothing: the model holds no quantized layer"):
         assert set_recipe(model, "bf16") == []
+
+
+def test_set_recipe_after_a_converting_recipe_that_swapped_nothing_says_what_to_do():
+    model = tiny_llama()
+    with pytest.warns(UserWarning, match="converted no layer"):
+        convert(model, "bf16")
+    with pytest.warns(UserWarning, match="converted with 'bf16', which swapped none: convert a"):
+        assert set_recipe(model, "fp4") == []
+
+
+@pytest.mark.parametrize(("first", "then"), [("fp4", "nvfp4"), ("nvfp4", "mxfp4")])
+def test_set_recipe_refuses_another_keep_last_blocks(first, then):
+    """fp4 -> nvfp4 quantized the last blocks nvfp4 keeps in bf16; nvfp4 -> mxfp4 left them in
+    bf16: both silently unlike convert(model, then)."""
+    model = Llama(dataclasses.replace(TINY, dim=128, ffn_dim=256, n_layers=4))
+    convert(model, first)
+    before = {n: type(m) for n, m in model.named_modules()}
+    with pytest.raises(ValueError, match=f"recipe {then} keeps the last .*converted with {first}"):
+        set_recipe(model, then)
+    assert {n: type(m) for n, m in model.named_modules()} == before
+    assert all(m.recipe.name == first for m in model.modules() if isinstance(m, QuantLinear))
+    set_recipe(model, "bf16")  # a recipe that quantizes nothing: always allowed
 
 
 def test_module_filter_fn_must_return_bool():

@@ -204,3 +204,22 @@ def test_training_is_identical_with_the_diagnostic(tmp_path: Path, dataset, reci
         "feed_forward.w3")}  # fmt: skip
     assert all(set(v) == set(OPERANDS) for v in layers.values())
     assert all("loss" in r for r in records if "layer_sqnr" not in r)
+
+
+def test_recipe_by_name_and_unmeasured_conv1d_layers() -> None:
+    """A recipe name failed with an AttributeError (every other API takes names); a model with
+    GPT-2's QuantConv1D layers gave {} without a word."""
+    model = _model("fp4")
+    by_name = measure_layer_sqnr(model, *_batch(), recipe="fp4")
+    assert by_name == measure_layer_sqnr(model, *_batch(), recipe=recipes.get("fp4"))
+    conv1d = pytest.importorskip("transformers.pytorch_utils").Conv1D
+    from minifloat.conv1d import QuantConv1D
+
+    model.fc1 = QuantConv1D.from_conv1d(conv1d(nf=64, nx=32), "fp4")  # fc1 is 32 -> 64
+    with pytest.warns(UserWarning, match=r"QuantLinear layers only: 1 other .*'fc1', QuantConv1D"):
+        assert set(measure_layer_sqnr(model, *_batch(), recipe="fp4")) == {"fc2"}
+
+
+def test_inference_mode_is_refused_in_one_line() -> None:
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="outside torch.inference_mode"):
+        measure_layer_sqnr(_model("fp4"), *_batch(), recipe="fp4")

@@ -97,6 +97,23 @@ def test_odd_head_dim_is_refused():
         apply_rope(x, cos, sin)
 
 
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [((8, 5, 1e4), "even head_dim >= 2, got 5"), ((8, 8, 0.0), "theta must be positive"),
+     ((8, 8, float("nan")), "theta must be positive and finite, got nan")],
+)  # fmt: skip
+def test_tables_refuse_what_gives_wrong_shapes_or_nan(args, match):
+    """head_dim 5 gave [8, 6] tables; theta 0 or NaN gave NaN tables, without an error."""
+    with pytest.raises(ValueError, match=match):
+        rope_cos_sin(*args)
+
+
+def test_integer_x_is_refused():
+    cos, sin = rope_cos_sin(3, 4, 1e4)
+    with pytest.raises(TypeError, match="floating-point x, got torch.int64"):
+        apply_rope(torch.ones(1, 1, 3, 4, dtype=torch.int64), cos, sin)
+
+
 def test_tables_that_require_grad_get_it():
     x, g, cos, sin = _inputs((1, 2, 5, 8), False, torch.float32)
     sin = sin.clone().requires_grad_()

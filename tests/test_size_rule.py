@@ -135,3 +135,15 @@ def test_boxes_as_a_list_stay_accepted() -> None:
 def test_parse_refuses_what_is_not_text(value: object) -> None:
     with pytest.raises(TypeError, match="SizeRule.parse takes text 'IN:OUT"):
         SizeRule.parse(value)
+
+
+def test_list_boxes_are_stored_as_tuples():
+    """A list box made the frozen rule unhashable and unequal to the same rule in tuples."""
+    rule = SizeRule(boxes=[[10, 20]])
+    assert rule == SizeRule(boxes=((10, 20),)) and hash(rule) == hash(SizeRule(boxes=((10, 20),)))
+
+
+@pytest.mark.parametrize("text", ["²:5", "٣:5"])
+def test_parse_takes_ascii_digits_only(text: str) -> None:
+    with pytest.raises(ValueError, match="size rule must be IN:OUT"):
+        SizeRule.parse(text)

@@ -138,3 +138,18 @@ def test_demo_command_prints_without_runpy_warning():
     assert done.returncode == 0, done.stderr
     assert "RuntimeWarning" not in done.stderr and "found in sys.modules" not in done.stderr
     assert done.stdout.count("| e2m1 |") == 2
+
+
+def test_sqnr_db_refuses_complex_input():
+    """.double() dropped the imaginary part: 1+1j against 1+2j gave inf."""
+    with pytest.raises(TypeError, match="sqnr_db takes real tensors"):
+        sqnr_db(torch.tensor([1 + 1j]), torch.tensor([1 + 2j]))
+
+
+@pytest.mark.parametrize("channels", [-1, 9])
+def test_synthetic_activation_refuses_outlier_counts_outside_the_channels(channels):
+    """-1 sliced [:-1]: all channels but one were scaled x20."""
+    with pytest.raises(ValueError, match="outlier_channels must lie in"):
+        synthetic_activation(4, 8, outlier_channels=channels)
+    with pytest.raises(ValueError, match="dof must be a positive int, got 2.5"):
+        student_t((2, 2), 2.5, torch.Generator())

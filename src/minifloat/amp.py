@@ -30,13 +30,18 @@ def _device_type(device: torch.device | str) -> str:
 
 
 def autocast_context(
-    recipe: _RecipeLike, device: torch.device | str
+    recipe: _RecipeLike | str, device: torch.device | str
 ) -> contextlib.AbstractContextManager:
     """Return the autocast region for a recipe's non-quantized ops on ``device``.
 
-    ``recipe.autocast_dtype`` of None means plain fp32 (a no-op context). Quantized recipes use
-    bf16 for the ops that stay unquantized; their linear layers quantize on their own.
+    ``recipe``: a recipe or its name. ``recipe.autocast_dtype`` of None means plain fp32 (a
+    no-op context). Quantized recipes use bf16 for the ops that stay unquantized; their linear
+    layers quantize on their own.
     """
+    if isinstance(recipe, str):  # every other API takes names too
+        from minifloat import recipes
+
+        recipe = recipes.get(recipe)
     dtype = recipe.autocast_dtype
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()

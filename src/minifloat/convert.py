@@ -489,13 +489,25 @@ def _plan(
 
 def check_recipe(model: nn.Module, recipe: str | Recipe) -> None:
     """Raise ValueError, naming the first, when a quantized layer of `model` cannot take
-    `recipe` (its dims; see `QuantRecipe.unsuitable`); change nothing. `set_recipe` checks this
-    itself: call it alone to fail early, before a change planned for later."""
+    `recipe` (its dims; see `QuantRecipe.unsuitable`), or when `recipe` keeps other blocks in
+    high precision than the recipe the model was converted with (`keep_last_blocks`: a switch
+    cannot change which layers are quantized); change nothing. `set_recipe` checks this itself:
+    call it alone to fail early, before a change planned for later."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     recipe = recipes.get(recipe)
     if not isinstance(recipe, QuantRecipe):
         return
+    report = getattr(model, REPORT_ATTR, None)
+    converted = recipes.get(report.recipe) if isinstance(report, ConversionReport) else None
+    kept = getattr(converted, "keep_last_blocks", 0)
+    if converted is not None and converted.quantized and kept != recipe.keep_last_blocks:
+        raise ValueError(
+            f"recipe {recipe.name} keeps the last {recipe.keep_last_blocks} blocks in high "
+            f"precision, the model was converted with {converted.name} (keeps {kept}): a "
+            f"switch cannot change which layers are quantized; convert a fresh model with "
+            f"{recipe.name}"
+        )
     for name, layer in model.named_modules():
         if isinstance(layer, _QUANTIZED_LAYERS):
             reason = recipe.unsuitable(layer.in_features, layer.out_features)
@@ -524,9 +536,16 @@ def set_recipe(model: nn.Module, recipe: str | Recipe) -> list[str]:
     recipe = recipes.get(recipe)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, _QUANTIZED_LAYERS)]
     if not layers:
+        report = getattr(model, REPORT_ATTR, None)
+        advice = (
+            "convert it first; a recipe switch acts on the layers convert() swapped"
+            if not isinstance(report, ConversionReport)
+            else f"it was converted with {report.recipe!r}, which swapped none: convert a fresh "
+            "copy with a quantized recipe, then set_recipe(model, 'bf16') to start in bf16"
+        )
         warnings.warn(
             f"set_recipe({recipe.name!r}) changed nothing: the model holds no quantized layer "
-            "(convert it first; a recipe switch acts on the layers convert() swapped)",
+            f"({advice})",
             stacklevel=2,
         )
     for _, layer in layers:

@@ -27,6 +27,7 @@ more than once per forward is measured at its first call.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +38,7 @@ from torch import nn
 from minifloat import counter_rng, delayed, hadamard, occ
 from minifloat.amp import autocast_context, full_precision
 from minifloat.kernels.emulated import EmulatedBackend
-from minifloat.linear import QuantLinear
+from minifloat.linear import QuantizedGemmMixin, QuantLinear
 from minifloat.recipes import QuantRecipe, Recipe
 from minifloat.sqnr import sqnr_db
 
@@ -159,12 +160,27 @@ def measure_layer_sqnr(
         holds no QuantLinear with a quantized recipe. Gradient operands are missing for layers
         no gradient reaches.
     """
+    if torch.is_inference_mode_enabled():  # an 18-frame error from the backward otherwise
+        raise RuntimeError(
+            "measure_layer_sqnr runs a backward pass: call it outside torch.inference_mode()"
+        )
     # A layer switched to an autocast-only recipe (convert.set_recipe) quantizes nothing.
     layers = [
         (n, m)
         for n, m in model.named_modules()
         if isinstance(m, QuantLinear) and m.recipe.quantized
     ]
+    others = [n for n, m in model.named_modules() if isinstance(m, QuantizedGemmMixin)
+              and not isinstance(m, QuantLinear) and m.recipe.quantized]  # fmt: skip
+    if others:
+        # the probe reads nn.Linear's [out, in] weight; GPT-2's Conv1D keeps [in, out]
+        warnings.warn(
+            f"measure_layer_sqnr measures QuantLinear layers only: {len(others)} other "
+            f"quantized layers (e.g. {others[0]!r}, {type(model.get_submodule(others[0])).__name__}"
+            ") are not measured",
+            UserWarning,
+            stacklevel=2,
+        )
     if not layers:
         return {}
     loss_fn = loss_fn or _lm_loss

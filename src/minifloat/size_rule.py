@@ -49,6 +49,8 @@ class SizeRule:
             )
         if not self.boxes:
             raise ValueError("SizeRule needs at least one (max_in, max_out) box")
+        # lists as tuples: a list box made the frozen rule unhashable and unequal to its tuple form
+        object.__setattr__(self, "boxes", tuple(tuple(box) for box in self.boxes))
         for box in self.boxes:
             if len(box) != 2 or any(_bad_bound(v) for v in box):
                 raise ValueError(
@@ -77,7 +79,9 @@ class SizeRule:
         boxes = []
         for part in text.split(","):
             bounds = part.strip().split(":")
-            if len(bounds) != 2 or not all(b == "*" or b.isdigit() for b in bounds):
+            # isascii: str.isdigit also takes "²" and "٣", which int() refuses or reads as 3
+            digits = all(b == "*" or (b.isascii() and b.isdigit()) for b in bounds)
+            if len(bounds) != 2 or not digits:
                 raise ValueError(
                     f"size rule must be IN:OUT[,IN:OUT...] with integers or '*', e.g. "
                     f"4096:1024, got {text!r}"

@@ -60,6 +60,8 @@ def sqnr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
         raise ValueError(
             f"sqnr_db: ref and out shapes differ: {tuple(ref.shape)} vs {tuple(out.shape)}"
         )
+    if ref.is_complex() or out.is_complex():  # .double() drops the imaginary part
+        raise TypeError(f"sqnr_db takes real tensors, got {ref.dtype} and {out.dtype}")
     ref64, out64 = ref.double(), out.double()
     noise = (out64 - ref64).norm().item()
     if math.isnan(noise):  # NaN in either input; before the comparisons, which NaN fails
@@ -81,7 +83,7 @@ def student_t(shape: tuple[int, ...], dof: int, generator: torch.Generator) -> t
     normals (torch.distributions.StudentT has no generator argument, so it would need the global
     RNG to be reproducible).
     """
-    if dof < 1:
+    if isinstance(dof, bool) or not isinstance(dof, int) or dof < 1:
         raise ValueError(f"dof must be a positive int, got {dof!r}")
     z = torch.randn(shape, generator=generator)
     chi2 = torch.randn((dof, *shape), generator=generator).pow(2).sum(dim=0)
@@ -99,6 +101,10 @@ def synthetic_activation(
     m: int, k: int, *, seed: int = 0, outlier_channels: int = 4
 ) -> torch.Tensor:
     """Activation-like [m tokens, k channels]: Student-t (3 dof) with a few channels ×20."""
+    if isinstance(outlier_channels, bool) or not isinstance(outlier_channels, int):
+        raise TypeError(f"outlier_channels must be an int, got {outlier_channels!r}")
+    if not 0 <= outlier_channels <= k:  # -1 sliced [:-1]: all channels but one x20
+        raise ValueError(f"outlier_channels must lie in [0, k={k}], got {outlier_channels}")
     gen = torch.Generator().manual_seed(seed)
     x = student_t((m, k), 3, gen)
     channels = torch.randperm(k, generator=gen)[:outlier_channels]

@@ -116,6 +116,14 @@ CASES = [
         "vocab-size 10 applies to the bpe tokenizer; the byte tokenizer's vocabulary is its 257",
     ),
     (["compare", *TINY, "--recipes", "bf16,bf16"], 2, "recipe bf16 is named more than once"),
+    (["compare", *TINY, "--recipes", "fp4,fp4:dge.k=5"], 2, "fp4:dge.k=5 computes exactly as"),
+    # a quantized recipe that converts no layer of the model trained bf16 under its name
+    (["train", *TINY, "--recipe", "fp8-blockwise"], 2, "converted no layer: all 8 linear layers"),
+    (
+        ["compare", *TINY, "--recipes", "bf16,fp8-blockwise"],
+        2,
+        "would train in high precision under the name fp8-blockwise",
+    ),
     # Data: an empty name (`--data "$UNSET"`) used to train on the current directory.
     (["train", *TINY, "--data", ""], 2, "data must be a corpus (stdlib, site-packages, english)"),
     # Data: a truncated compressed corpus (the message is the data module's).

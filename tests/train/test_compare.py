@@ -76,3 +76,12 @@ def test_compare_rejects_a_recipe_named_twice(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="recipe bf16 is named more than once"):
         compare(["bf16", "fp32", "bf16"], TrainConfig(), out_dir=tmp_path, progress=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_takes_a_list_not_a_string(tmp_path: Path) -> None:
+    """A string was iterated: "bf16,fp4" became the recipes 'b', 'f', ... ("unknown recipe 'b'")."""
+    with pytest.raises(
+        ConfigError, match=r"compare takes a list of recipes, e.g. \['bf16', 'fp4'\]"
+    ):
+        compare("bf16,fp4", _config(tmp_path), out_dir=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -28,6 +28,8 @@ that require grad, or that broadcast x to a larger shape, take the plain form.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from minifloat.exact import as_dtype
@@ -47,6 +49,10 @@ def rope_cos_sin(
 
     Frequency ``j`` (of head_dim/2) appears at columns ``j`` and ``j + head_dim/2``.
     """
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim >= 2, got {head_dim!r}")
+    if not (isinstance(theta, (int, float)) and math.isfinite(theta) and theta > 0):
+        raise ValueError(f"RoPE theta must be positive and finite, got {theta!r}")  # NaN tables
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
     inv_freq = 1.0 / (theta**exponents)
     positions = torch.arange(seq_len, dtype=torch.float32, device=device)
@@ -140,6 +146,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """
     if x.shape[-1] % 2:
         raise ValueError(f"RoPE pairs the entries of x's last dim, got an odd size {x.shape[-1]}")
+    if not x.is_floating_point():  # an int x came back rotated and truncated
+        raise TypeError(f"RoPE rotates floating-point x, got {x.dtype}")
     if (
         cos.requires_grad
         or sin.requires_grad

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from minifloat import recipes
 from minifloat.train.build import check_names, load_dataset
 from minifloat.train.config import TrainConfig
 from minifloat.train.errors import ConfigError, RunFailed
+from minifloat.train.model import check_quantizes_a_layer
 from minifloat.train.result import TrainResult
-from minifloat.train.switch import parse_run_name, run_name
+from minifloat.train.switch import numerics_key, parse_run_name, run_name
 from minifloat.train.trainer import train
 
 __all__ = ["CompareResult", "compare", "markdown_table", "plot_losses"]
@@ -140,6 +142,8 @@ def plot_losses(results: Sequence[TrainResult], path: Path, *, title: str = "") 
 def _run_configs(recipe_names: Sequence[str], base: TrainConfig) -> dict[str, TrainConfig]:
     """{run name: its config} of ``recipe_names`` (switch.py's names); a bad, unknown or
     repeated name raises :class:`ConfigError` before any data or training work."""
+    if isinstance(recipe_names, str):  # iterated, "bf16,fp4" was the recipes 'b', 'f', ...
+        raise ConfigError(f"compare takes a list of recipes, e.g. {recipe_names.split(',')}")
     if not recipe_names:
         raise ConfigError("compare needs at least one recipe")
     if base.switch_recipe is not None or base.switch_at is not None:
@@ -153,6 +157,7 @@ def _run_configs(recipe_names: Sequence[str], base: TrainConfig) -> dict[str, Tr
             "setting of train"
         )
     configs: dict[str, TrainConfig] = {}
+    same: dict[tuple, str] = {}  # what a run computes -> its name
     for name in recipe_names:
         fields = parse_run_name(name)
         try:
@@ -166,6 +171,14 @@ def _run_configs(recipe_names: Sequence[str], base: TrainConfig) -> dict[str, Tr
                 f"recipe {label} is named more than once; each recipe trains once, in its own "
                 "directory"
             )
+        key = tuple(
+            None if r is None else numerics_key(recipes.get(r))
+            for r in (config.recipe, config.switch_recipe)
+        ) + (config.switch_at,)
+        if key in same:  # e.g. fp4:dge.k=5 is fp4: it would train twice
+            raise ConfigError(f"run {label} computes exactly as run {same[key]}: name it once")
+        same[key] = label
+        check_quantizes_a_layer(config)
         configs[label] = config
     return configs
 

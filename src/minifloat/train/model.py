@@ -10,6 +10,7 @@ the eager init's.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,13 @@ from minifloat.train.config import ConfigError, TrainConfig
 from minifloat.train.runtime import Runtime
 from minifloat.train.stability import attach_embedding_grad_shrink
 
-__all__ = ["build_model", "model_config", "param_dtype", "deferred_init"]
+__all__ = [
+    "build_model",
+    "check_quantizes_a_layer",
+    "deferred_init",
+    "model_config",
+    "param_dtype",
+]
 
 
 def param_dtype(config: TrainConfig) -> torch.dtype:
@@ -89,11 +96,9 @@ def build_model(
         model.reset_rope_tables()  # fp32 again (a compiled forward would rebuild and recompile)
     convert_as = recipe if convert_recipe is None else convert_recipe
     if convert_as.quantized:
-        from minifloat.convert import convert, set_recipe
-        from minifloat.size_rule import SizeRule
+        from minifloat.convert import set_recipe
 
-        size_rule = SizeRule.parse(config.size_rule) if config.size_rule else None
-        convert(model, convert_as, size_rule=size_rule)
+        _convert_or_refuse(model, convert_as, config)
         if convert_as is not recipe:
             set_recipe(model, recipe)
     if model_transform is not None:
@@ -105,6 +110,43 @@ def build_model(
 
         defer_head(model)
     return llama_config, model, _wrap(model, config, runtime, deferred=deferred)
+
+
+def _convert_or_refuse(model: nn.Module, recipe: Recipe, config: TrainConfig) -> None:
+    """convert(), except that a quantized recipe converting no layer is a ConfigError: the run
+    would train in high precision under the recipe's name (its results a mislabeled bf16 run;
+    convert() itself only warns, which a compare table does not show)."""
+    from minifloat.convert import convert
+    from minifloat.size_rule import SizeRule
+
+    size_rule = SizeRule.parse(config.size_rule) if config.size_rule else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convert(model, recipe, size_rule=size_rule)
+    nothing = [w for w in caught if "converted no layer" in str(w.message)]
+    for w in caught:
+        if w not in nothing:
+            warnings.warn(w.message, w.category, stacklevel=3)
+    if nothing:
+        raise ConfigError(
+            f"{nothing[0].message}: the run would train in high precision under the name "
+            f"{recipe.name}"
+        )
+
+
+def check_quantizes_a_layer(config: TrainConfig) -> None:
+    """ConfigError unless every quantized recipe of ``config`` (its recipe, its switch recipe)
+    converts some layer of the run's model: checked on the meta device, before data or training
+    (compare runs every recipe in turn, and one that converts nothing would fail after the
+    others had trained)."""
+    from minifloat import recipes
+
+    for name in (config.recipe, config.switch_recipe):
+        recipe = None if name is None else recipes.get(name)
+        if recipe is not None and recipe.quantized:
+            with torch.device("meta"):
+                model = Llama(model_config(config, vocab_size=257))  # the byte vocabulary
+            _convert_or_refuse(model, recipe, config)
 
 
 def _materialize(model: nn.Module, device: torch.device, seed: int) -> None:

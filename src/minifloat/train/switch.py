@@ -122,7 +122,8 @@ def switch_step(switch_at: float, total_steps: int) -> int:
     return step
 
 
-def _numerics(recipe: Recipe) -> Recipe:
+def numerics_key(recipe: Recipe) -> Recipe:
+    """`recipe` without its name and description: equal keys compute the same numbers."""
     return dataclasses.replace(recipe, name="", description="")
 
 
@@ -143,7 +144,7 @@ def check_switch_names(config: TrainConfig) -> None:
         after = recipes.get(config.switch_recipe)
     except ValueError as exc:
         raise ConfigError(f"switch-recipe: {first_line(exc)}") from None
-    if _numerics(before) == _numerics(after):
+    if numerics_key(before) == numerics_key(after):
         raise ConfigError(
             f"switch-recipe {after.name} computes exactly as recipe {before.name}: the switch "
             "would change nothing"
