@@ -367,7 +367,7 @@ class _AccumRecording(EmulatedBackend):
 
 
 # (fprop, dgrad, wgrad) fast accumulation by default: on in backward only where 125M training
-# measured no loss from it (docs/hopper_sessions.md, sessions 37, 39, 40 and 103).
+# measured no loss from it (docs/hopper_sessions.md, sessions 37, 39, 40, 103 and 104).
 _DEFAULT_FAST_ACCUM = {
     "fp8-tensorwise": (True, True, False),
     "fp8-rowwise": (True, True, False),
@@ -375,7 +375,7 @@ _DEFAULT_FAST_ACCUM = {
     "fp4-dge": (True, True, True),
     "fp4": (True, True, False),
     "fp4-occ": (True, True, False),
-    "fp4-w4a8": (True, False, False),
+    "fp4-w4a8": (True, True, False),
     "fp4-w8a4": (True, True, True),
 }
 _FAST_ACCUM_VARIANTS = {

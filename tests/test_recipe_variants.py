@@ -116,7 +116,8 @@ def test_fast_accum_help_names_the_recipes_whose_default_is_on(gemm: str) -> Non
     run the GEMM with fast accumulation by default (a hand-kept list once left out fp4 and
     fp4-occ)."""
     listed = recipes.variant_help()[f"{gemm}_fast_accum"].split("(on: ")[1].rstrip(")").split(", ")
-    assert "fp4-w8a4" in listed and "fp4-w4a8" not in listed and "fp8-blockwise" not in listed
+    assert "fp4-w8a4" in listed and "fp8-blockwise" not in listed
+    assert ("fp4-w4a8" in listed) == (gemm == "dgrad")  # its wgrad stays promoted
     on = [
         n
         for n in recipes.names()
