@@ -133,7 +133,8 @@ def export_hf(
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file, not a directory")
-    names = ["model.safetensors", "config.json"] + (["tokenizer.json"] if tokenizer else [])
+    names = ["model.safetensors", "config.json"]
+    names += ["tokenizer.json"] if tokenizer is not None else []
     existing = [n for n in names if (out / n).exists()]
     if existing and not overwrite:
         raise ValueError(f"{out} already holds {', '.join(existing)}: pass overwrite=True")

@@ -44,6 +44,7 @@ from minifloat.optim.state_loading import (
     check_group_options,
     check_saved_state,
     check_structure,
+    local_tensor,
 )
 
 __all__ = ["AdamW"]
@@ -52,12 +53,6 @@ _MOMENTS = ("exp_avg", "exp_avg_sq")
 MASTER_MODES = ("fp32", "none")  # presets.py checks configurations against it too
 _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # "none": the first two
 _SEED_MIN, _SEED_END = -(2**63), 2**64  # what torch.Generator.manual_seed accepts
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The rank-local tensor of a DTensor (shares storage), or `t` itself."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
 
 
 def _check_group(group: dict[str, Any], master_weights: str) -> None:
@@ -77,11 +72,6 @@ def _check_group(group: dict[str, Any], master_weights: str) -> None:
         or not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in betas)
     ):
         raise ValueError(f"betas must be two floats in [0, 1), got {betas!r}")
-    seen: set[int] = set()
-    for i, p in enumerate(group["params"]):
-        if id(p) in seen:  # torch only warns; the step would update it twice
-            raise ValueError(f"parameter {i} of a param group appears in it twice")
-        seen.add(id(p))
     allowed = _PARAM_DTYPES if master_weights == "fp32" else _PARAM_DTYPES[:2]
     for p in group["params"]:
         if p.dtype not in allowed:
@@ -90,6 +80,16 @@ def _check_group(group: dict[str, Any], master_weights: str) -> None:
                 f"master_weights={master_weights!r} supports {names} params, got {p.dtype}"
                 + (" (its fp32 master would drop precision)" if p.dtype == torch.float64 else "")
             )
+
+
+def _check_unique(group: dict[str, Any]) -> None:
+    """ValueError for a parameter listed twice in a group: torch only warns, and the step would
+    update it twice."""
+    seen: set[int] = set()
+    for i, p in enumerate(group["params"]):
+        if id(p) in seen:
+            raise ValueError(f"parameter {i} of a param group appears in it twice")
+        seen.add(id(p))
 
 
 def _check_options(block_size: object, small_numel: object, seed: object, fused: object) -> None:
@@ -183,6 +183,7 @@ class AdamW(torch.optim.Optimizer):
         group = self.param_groups[-1]
         try:
             _check_group(group, self.master_weights)
+            _check_unique(group)  # here only: steps change hyperparameters, never the params
         except (TypeError, ValueError):
             self.param_groups.pop()
             raise
@@ -207,7 +208,7 @@ class AdamW(torch.optim.Optimizer):
         return self._generators[key]
 
     def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
-        local = _local(p)
+        local = local_tensor(p)
         state: dict[str, Any] = {"step": torch.tensor(0.0)}
         for key, fmt in zip(_MOMENTS, self._formats_for(p), strict=True):
             self._store(state, key, fmt, torch.zeros_like(local, dtype=torch.float32))
@@ -257,7 +258,7 @@ class AdamW(torch.optim.Optimizer):
                     state.update(self._init_state(p))
                 state["step"] += 1
                 key = (
-                    _local(p).device,
+                    local_tensor(p).device,
                     p.dtype,
                     state["exp_avg_format"],
                     state["exp_avg_sq_format"],
@@ -276,7 +277,7 @@ class AdamW(torch.optim.Optimizer):
     def _update_fused(self, group: dict, params: list[torch.Tensor], *, step: float) -> None:
         """Each parameter through `adamw_update` (on CUDA its Triton kernel or compiled twin);
         see optim/fused.py."""
-        local0 = _local(params[0])
+        local0 = local_tensor(params[0])
         scalars = adamw_scalars(
             lr=group["lr"],
             betas=group["betas"],
@@ -287,7 +288,7 @@ class AdamW(torch.optim.Optimizer):
         )
         for p in params:
             state = self.state[p]
-            local = _local(p)
+            local = local_tensor(p)
             formats = (
                 get_state_format(state["exp_avg_format"]),
                 get_state_format(state["exp_avg_sq_format"]),
@@ -305,7 +306,7 @@ class AdamW(torch.optim.Optimizer):
                 weight_noise=weight_noise,
                 block_size=self.block_size,
             )
-            grad = _local(p.grad)
+            grad = local_tensor(p.grad)
             update = select_update(
                 local, grad, master, formats, kernel=self.fused_kernel, block_size=self.block_size
             )
@@ -329,9 +330,9 @@ class AdamW(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
         states = [self.state[p] for p in params]
-        locals_ = [_local(p) for p in params]
+        locals_ = [local_tensor(p) for p in params]
         shapes = [t.shape for t in locals_]
-        grads = [_local(p.grad).float() for p in params]
+        grads = [local_tensor(p.grad).float() for p in params]
         pairs = list(zip(states, shapes, strict=True))
         exp_avgs = [self._load_moment(s, "exp_avg", sh) for s, sh in pairs]
         exp_avg_sqs = [self._load_moment(s, "exp_avg_sq", sh) for s, sh in pairs]
@@ -417,7 +418,7 @@ class AdamW(torch.optim.Optimizer):
                 if key not in state:
                     continue
                 local = (
-                    self._load_moment(state, key, _local(p).shape)
+                    self._load_moment(state, key, local_tensor(p).shape)
                     if key != "master"
                     else (state[key])
                 )
@@ -466,7 +467,7 @@ class AdamW(torch.optim.Optimizer):
                     if pid not in id_map:
                         raise ValueError(f"the state dict has a state for param {pid}, in no group")
                     p = id_map[pid]
-                    check_saved_state(pid, saved_state, p, _local(p).numel(), shapes.get(pid))
+                    check_saved_state(pid, saved_state, p, local_tensor(p).numel(), shapes.get(pid))
                     state[p] = self._convert_state(p, saved_state)
         except BaseException:
             self._generators = {}
@@ -478,7 +479,7 @@ class AdamW(torch.optim.Optimizer):
         self.set_generator_states(state_dict.get("minifloat", {}).get("generators", {}))
 
     def _convert_state(self, p: torch.Tensor, saved: dict[str, Any]) -> dict[str, Any]:
-        local = _local(p)
+        local = local_tensor(p)
         state: dict[str, Any] = {
             "step": torch.as_tensor(saved["step"], dtype=torch.float32).detach().clone().cpu()
         }
@@ -486,13 +487,13 @@ class AdamW(torch.optim.Optimizer):
             src = get_state_format(saved.get(f"{key}_format", "fp32"))
             scale = saved.get(f"{key}_scale")
             value = src.decode(
-                _local(saved[key]).to(local.device),
+                local_tensor(saved[key]).to(local.device),
                 None if scale is None else scale.to(local.device),
                 local.shape,
             )
             self._store(state, key, fmt, value.float().clone())
         if self._needs_master(p):
             master = saved.get("master")
-            master = local if master is None else _local(master).to(local.device)
+            master = local if master is None else local_tensor(master).to(local.device)
             state["master"] = master.detach().float().clone()
         return state

@@ -15,12 +15,18 @@ import torch
 
 from minifloat.optim.codecs import get_state_format
 
-__all__ = ["check_group_options", "check_saved_state", "check_structure"]
+__all__ = ["check_group_options", "check_saved_state", "check_structure", "local_tensor"]
 
 # torch.optim.AdamW options that change the update; AdamW implements neither, so a state dict
 # saved with one on would resume another trajectory without a word.
 UNSUPPORTED_OPTIONS = ("maximize", "amsgrad")
 MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local tensor of a DTensor (shares storage), or `t` itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
 
 
 def check_structure(state_dict: object) -> None:
@@ -73,7 +79,7 @@ def check_saved_state(
 def _moment_numel(payload: torch.Tensor, scale: torch.Tensor | None, numel: int) -> int:
     """The number of elements a saved moment holds: the tensor's own, or for a block-scaled
     payload [blocks, block] (padded to whole blocks) `numel` if its block count fits it."""
-    local = getattr(payload, "to_local", lambda: payload)()
+    local = local_tensor(payload)
     if scale is None:
         return local.numel()
     blocks, block = (local.shape[0], local.shape[1]) if local.dim() == 2 else (0, 1)
