@@ -206,18 +206,24 @@ def test_training_is_identical_with_the_diagnostic(tmp_path: Path, dataset, reci
     assert all("loss" in r for r in records if "layer_sqnr" not in r)
 
 
-def test_recipe_by_name_and_unmeasured_conv1d_layers() -> None:
+def test_recipe_by_name_and_conv1d_layers() -> None:
     """A recipe name failed with an AttributeError (every other API takes names); a model with
-    GPT-2's QuantConv1D layers gave {} without a word."""
+    GPT-2's QuantConv1D layers gave {} without a word. A QuantConv1D holding fc1's weight
+    transposed ([in, out]) multiplies the same operands, so it measures exactly as fc1."""
     model = _model("fp4")
     by_name = measure_layer_sqnr(model, *_batch(), recipe="fp4")
     assert by_name == measure_layer_sqnr(model, *_batch(), recipe=recipes.get("fp4"))
     conv1d = pytest.importorskip("transformers.pytorch_utils").Conv1D
     from minifloat.conv1d import QuantConv1D
 
-    model.fc1 = QuantConv1D.from_conv1d(conv1d(nf=64, nx=32), "fp4")  # fc1 is 32 -> 64
-    with pytest.warns(UserWarning, match=r"QuantLinear layers only: 1 other .*'fc1', QuantConv1D"):
-        assert set(measure_layer_sqnr(model, *_batch(), recipe="fp4")) == {"fc2"}
+    conv = conv1d(nf=64, nx=32)  # fc1 is 32 -> 64
+    with torch.no_grad():
+        conv.weight.copy_(model.fc1.weight.t())
+        conv.bias.copy_(model.fc1.bias)
+    model.fc1 = QuantConv1D.from_conv1d(conv, "fp4")
+    measured = measure_layer_sqnr(model, *_batch(), recipe="fp4")
+    assert set(measured) == {"fc1", "fc2"} and set(measured["fc1"]) == set(OPERANDS)
+    assert measured == by_name
 
 
 def test_inference_mode_is_refused_in_one_line() -> None:

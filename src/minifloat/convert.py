@@ -523,7 +523,10 @@ def set_recipe(model: nn.Module, recipe: str | Recipe) -> list[str]:
     the plain layers do (`F.linear`, Conv1D's `addmm`) under the caller's autocast, i.e. as a
     model never converted would. Layers convert() kept in high precision are not touched. A
     compiled model picks the change up at its next call: each layer's recipe is an attribute
-    its forward reads, which torch.compile guards on (a recompile, not a stale graph).
+    its forward reads, which torch.compile guards on (a recompile, not a stale graph). The
+    layers' buffers follow the recipe (QuantLinear.set_recipe): switching to fp8-delayed adds
+    `amax_history` keys to the state_dict, to a recipe that draws random numbers (stochastic
+    rounding, random Hadamard signs) `rng_state` keys, and switching away drops them.
 
     Raises:
         ValueError: unknown recipe, or a layer whose dims the recipe cannot take (checked for

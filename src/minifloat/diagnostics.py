@@ -1,8 +1,9 @@
-"""Per-layer quantization fidelity: the SQNR of every quantized operand of every QuantLinear.
+"""Per-layer quantization fidelity: the SQNR of every quantized operand of every quantized layer.
 
 When a quantized run falls behind bf16, the question is which layers and which operands lose the
 signal. `measure_layer_sqnr` runs one forward and backward pass of the loss on a probe batch and
-measures, for each `QuantLinear`, the SQNR in dB (`minifloat.sqnr.sqnr_db`) of:
+measures, for each `QuantLinear` and `QuantConv1D` (GPT-2's layout, its weight read as
+the [out, in] operand the layer multiplies), the SQNR in dB (`minifloat.sqnr.sqnr_db`) of:
 
 - ``input``: x against what the fprop GEMM effectively multiplies, Q(x_c) plus, with OCC
   compensation, the clipped remainder Δx (the paper's activation-fidelity measure; the
@@ -27,7 +28,6 @@ more than once per forward is measured at its first call.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -64,10 +64,10 @@ def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class _LayerProbe:
-    """Hooks of one QuantLinear: forward-side SQNRs at its first call, gradient-side ones in a
+    """Hooks of one quantized layer: forward-side SQNRs at its first call, gradient-side ones in a
     tensor hook on its output. Keeps only the row scales the backward folds need."""
 
-    def __init__(self, layer: QuantLinear, history: torch.Tensor | None) -> None:
+    def __init__(self, layer: QuantizedGemmMixin, history: torch.Tensor | None) -> None:
         self.layer, self.recipe = layer, layer.recipe
         self.history = history  # amax history before the probe's forward (fp8-delayed)
         self.result: dict[str, float | None] = {}
@@ -87,6 +87,8 @@ class _LayerProbe:
         self.called = True
         r: QuantRecipe = self.recipe
         x, w, b = args[0].detach(), module.weight.detach(), module.bias
+        if not isinstance(module, QuantLinear):  # GPT-2's Conv1D keeps [in, out]
+            w = w.t().contiguous()
         with torch.no_grad(), full_precision(x.device):
             x2 = x.reshape(-1, x.shape[-1])
             clip = occ.thresholds(x2, r.occ) if r.occ is not None else None
@@ -148,7 +150,8 @@ def measure_layer_sqnr(
     recipe: Recipe,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> LayerSQNR:
-    """SQNR (dB) of each quantized operand of every QuantLinear of `model`, on one batch.
+    """SQNR (dB) of each quantized operand of every QuantLinear and QuantConv1D of `model`,
+    on one batch.
 
     Args:
         model: the (unwrapped) model; left exactly as it was (parameters, .grad, buffers, RNG).
@@ -157,7 +160,7 @@ def measure_layer_sqnr(
         loss_fn: loss of (model output, targets); default: next-token cross entropy in fp32.
     Returns:
         {layer name: {operand: dB or None}} with the operands of `OPERANDS`; empty when the model
-        holds no QuantLinear with a quantized recipe. Gradient operands are missing for layers
+        holds no quantized layer with a quantized recipe. Gradient operands are missing for layers
         no gradient reaches.
     """
     if torch.is_inference_mode_enabled():  # an 18-frame error from the backward otherwise
@@ -168,19 +171,8 @@ def measure_layer_sqnr(
     layers = [
         (n, m)
         for n, m in model.named_modules()
-        if isinstance(m, QuantLinear) and m.recipe.quantized
+        if isinstance(m, QuantizedGemmMixin) and m.recipe.quantized
     ]
-    others = [n for n, m in model.named_modules() if isinstance(m, QuantizedGemmMixin)
-              and not isinstance(m, QuantLinear) and m.recipe.quantized]  # fmt: skip
-    if others:
-        # the probe reads nn.Linear's [out, in] weight; GPT-2's Conv1D keeps [in, out]
-        warnings.warn(
-            f"measure_layer_sqnr measures QuantLinear layers only: {len(others)} other "
-            f"quantized layers (e.g. {others[0]!r}, {type(model.get_submodule(others[0])).__name__}"
-            ") are not measured",
-            UserWarning,
-            stacklevel=2,
-        )
     if not layers:
         return {}
     loss_fn = loss_fn or _lm_loss

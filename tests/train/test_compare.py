@@ -85,3 +85,13 @@ def test_compare_takes_a_list_not_a_string(tmp_path: Path) -> None:
     ):
         compare("bf16,fp4", _config(tmp_path), out_dir=tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_compare_warns_that_it_ignores_resume(tmp_path: Path) -> None:
+    """A base config with resume=True was silently trained from scratch; now it says so."""
+    config = _config(tmp_path, steps=2, batch_size=2, seq_len=16, eval_every=0, eval_batches=1,
+                     resume=True)  # fmt: skip
+    with pytest.warns(UserWarning, match="base.resume=True is ignored"):
+        result = compare(["fp32"], config, out_dir=tmp_path / "out", progress=False)
+    assert result.results[0].steps == 2
+    assert json.loads(result.json_path.read_text())["config"]["resume"] is False

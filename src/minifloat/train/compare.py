@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,7 +219,13 @@ def compare(
     run's checkpoint at the switch step (:func:`_branches`); the plain run keeps those
     checkpoints. A run that fails (RunFailed: most steps skipped) still gets its row; the others
     train on, and RunFailed naming the failed runs is raised after everything is written.
+    Every run trains from scratch: ``base.resume`` is ignored (with a warning), and only the
+    checkpoints that branching needs are saved.
     """
+    if base.resume:
+        warnings.warn(
+            "compare trains every run from scratch: base.resume=True is ignored", stacklevel=2
+        )
     base = dataclasses.replace(base, save_checkpoints=False, resume=False).resolved()
     configs = _run_configs(recipe_names, base)
     out = Path(out_dir)

@@ -18,13 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from minifloat.optim.state_loading import local_tensor as _local  # FSDP2 params are DTensors
+
 __all__ = ["WeightGuard"]
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor this rank holds (FSDP2 parameters are DTensors)."""
-    to_local = getattr(tensor, "to_local", None)
-    return to_local() if to_local is not None else tensor
 
 
 class WeightGuard:
