@@ -91,6 +91,11 @@ def test_export_never_replaces_files_unless_told(tmp_path):
         expected = _model()(tokens)
     torch.testing.assert_close(_hf_logits(tmp_path, tokens), expected, rtol=0, atol=1e-4)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+    # an earlier tokenizer.json stays, and may not suit the new model: said, not deleted
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.warns(UserWarning, match="keeps the tokenizer.json of an earlier export"):
+        export_hf(_model(), tmp_path, overwrite=True)
+    assert (tmp_path / "tokenizer.json").read_text() == "{}"
 
 
 def test_export_refuses_bad_destinations_and_tokenizers(tmp_path):

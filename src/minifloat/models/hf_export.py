@@ -10,6 +10,7 @@ Quantized layers (``QuantLinear``, a subclass of ``nn.Linear``) export their hig
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -119,8 +120,8 @@ def export_hf(
     ``tokenizer``: optionally a minifloat tokenizer with ``save_hf(directory)``; it then also
     writes ``tokenizer.json`` so ``PreTrainedTokenizerFast`` can load it. Refuses (ValueError,
     before writing anything) to replace a file of those names unless ``overwrite``; a
-    ``tokenizer.json`` of an earlier export is left as it is when no tokenizer is given.
-    Returns ``path``.
+    ``tokenizer.json`` of an earlier export is left as it is when no tokenizer is given, with a
+    warning (it may not suit the new model). Returns ``path``.
     """
     from safetensors.torch import save_file
 
@@ -138,6 +139,13 @@ def export_hf(
     existing = [n for n in names if (out / n).exists()]
     if existing and not overwrite:
         raise ValueError(f"{out} already holds {', '.join(existing)}: pass overwrite=True")
+    if tokenizer is None and (out / "tokenizer.json").exists():
+        warnings.warn(
+            f"{out} keeps the tokenizer.json of an earlier export: pass the tokenizer, or "
+            "remove it if it does not suit this model",
+            UserWarning,
+            stacklevel=2,
+        )
     out.mkdir(parents=True, exist_ok=True)
     save_file(hf_state_dict(llama, dtype), str(out / "model.safetensors"), {"format": "pt"})
     config = hf_config(llama.config, dtype)
