@@ -88,3 +88,8 @@ def test_a_shared_block_list_is_taken_once():
     model = nn.Module()
     model.a, model.b = shared, shared
     assert len(find_repeated_blocks(model)) == 2
+
+
+def test_find_repeated_blocks_refuses_a_non_module():
+    with pytest.raises(TypeError, match="takes an nn.Module, got list"):
+        find_repeated_blocks([nn.Linear(2, 2), nn.Linear(2, 2)])

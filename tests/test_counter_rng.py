@@ -104,3 +104,29 @@ def test_stochastic_rounding_picks_neighbours_with_the_right_odds(x):
     assert set(r.unique().tolist()) == {lo, hi}
     p_hi = (r == hi).double().mean().item()
     assert abs(p_hi - (x - lo) / (hi - lo)) < 0.02
+
+
+def test_derive_refuses_an_unknown_stream():
+    with pytest.raises(ValueError, match="unknown stream 'Noise'"):
+        counter_rng.derive(torch.tensor(5), "Noise")
+
+
+@pytest.mark.parametrize(
+    "state",
+    [torch.tensor([3, 2**20], dtype=torch.int32), torch.tensor([3.0, 4.0]), torch.tensor([3])],
+    ids=["int32", "float", "one"],
+)
+def test_layer_seeds_refuse_a_state_not_int64_pair(state):
+    # int32 overflowed in the products: other seeds than the int64 state's, silently
+    with pytest.raises(ValueError, match="rng_state must be int64"):
+        counter_rng.layer_seeds(state)
+
+
+def test_draws_refuse_bad_sizes_and_keys():
+    key = torch.tensor(12345)
+    with pytest.raises(ValueError, match="shape must be a tuple of ints >= 0"):
+        counter_rng.uniform(key, (2, -3), "cpu")
+    with pytest.raises(ValueError, match="number of draws"):
+        counter_rng.random_signs(key, -4, "cpu")
+    with pytest.raises(ValueError, match="key must be a one-element"):  # [2] keys broadcast
+        counter_rng.uniform(torch.tensor([5, 6]), (2,), "cpu")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minifloat import formats, recipes
-from minifloat.dge import derivative, dge_derivative, dge_function, grid_position
+from minifloat.dge import derivative, dge_derivative, dge_function, dge_scale, grid_position
 from minifloat.linear import QuantLinear
 from minifloat.quantize import quantize
 from minifloat.recipes import DGEConfig
@@ -273,3 +273,29 @@ def test_infinite_inputs_count_as_sitting_on_max():
     """Documented: ±inf, like any value beyond ±max, gives 1/k (finite)."""
     d = dge_derivative(torch.tensor([float("inf"), -float("inf"), 6.0]), k=4.0)
     assert d.tolist() == [0.25, 0.25, 0.25]
+
+
+@pytest.mark.parametrize(
+    ("dw", "scale", "mult"),
+    [
+        (torch.randn(4, 4), torch.full((4,), 0.5), None),  # [N] scales taken as columns
+        (torch.randn(4, 4), torch.full((4, 1), 0.5), torch.full((4,), 2.0)),
+        (torch.randn(1, 4), torch.full((4, 1), 0.5), None),  # dw broadcast to w's shape
+    ],
+    ids=["1-D-scale", "1-D-mult", "dw-shape"],
+)
+def test_dge_scale_refuses_shapes_that_broadcast_wrongly(dw, scale, mult):
+    with pytest.raises(ValueError, match="must have w's"):
+        dge_scale(dw, torch.randn(4, 4), scale, cfg=DGEConfig(), w_mult=mult)
+
+
+@pytest.mark.parametrize("k", [0.0, -1.0, float("nan")])
+def test_dge_function_refuses_k_below_1(k):
+    # k = -1 or NaN gave NaN values, k = 0 a ZeroDivisionError
+    with pytest.raises((ValueError, TypeError)):
+        dge_function(torch.tensor([0.3, 1.25]), k=k)
+
+
+def test_derivative_refuses_a_non_config():
+    with pytest.raises(TypeError, match="cfg must be a DGEConfig"):
+        derivative(torch.tensor([0.3]), "e2m1", None)

@@ -98,3 +98,18 @@ def test_as_dtype_is_the_tensor_itself_or_its_cast(dtype):
     y = as_dtype(x, dtype)
     assert (y is x) == (dtype == torch.float32)
     assert y.dtype == dtype and torch.equal(y, x.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64, torch.int32])
+def test_round_to_bf16_refuses_other_dtypes(dtype):
+    # their bits read as float32: fp16 1.0001 came back as 77.0
+    with pytest.raises(TypeError, match="takes a float32 tensor"):
+        round_to_bf16(torch.ones(4).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", None])
+def test_as_dtype_refuses_a_non_dtype(dtype):
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        as_dtype(torch.ones(2), dtype)
+    with pytest.raises(TypeError, match="dtype must be a torch.dtype"):
+        to_dtype(torch.ones(2), dtype)

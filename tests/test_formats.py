@@ -276,3 +276,28 @@ def test_int_spacing_is_one(name):
     mag = torch.tensor([0.0, 1.0, fmt.max])
     assert torch.equal(fmt.spacing(mag), torch.ones(3))
     assert all(torch.equal(p, torch.ones(3)) for p in fmt.spacings(mag))
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [torch.rand(1), torch.rand(2, 4), torch.zeros(4, dtype=torch.int64)],
+    ids=["one", "broadcast", "int"],
+)
+def test_round_refuses_noise_not_of_x_shape(noise):
+    # broadcast, one uniform rounded every entry alike (or grew the output's shape)
+    with pytest.raises(ValueError, match="noise must be floating uniforms of x's shape"):
+        formats.get("e2m1").round(torch.full((4,), 0.7), "stochastic", noise=noise)
+
+
+@pytest.mark.parametrize("fmt_max", [0.0, -6.0, math.inf, math.nan, "e2m1"])
+def test_scale_helpers_refuse_bad_fmt_max(fmt_max):
+    with pytest.raises(ValueError, match="fmt_max must be a finite number > 0"):
+        formats.e8m0_max(fmt_max)
+    with pytest.raises(ValueError, match="fmt_max must be a finite number > 0"):
+        formats.inv_scales(torch.tensor([3.0]), fmt_max)
+
+
+def test_represent_scale_takes_a_scale_format_name():
+    raw = torch.tensor([3.0])
+    got = formats.represent_scale(raw, "pow2", torch.tensor(1.0), 6.0)
+    assert torch.equal(got, formats.represent_scale(raw, formats.SCALE_FORMATS["pow2"], raw, 6.0))

@@ -319,3 +319,42 @@ def test_encode_pads_and_keeps_every_value_at_the_bound():
     exact = fp8c.encode(flat, amax, 1, "e4m3", 10)
     padded = fp8c.encode(flat, amax, 1, "e4m3", 12)
     assert torch.equal(padded[:10], exact) and not padded[10:].any()
+
+
+def test_bucket_amax_refuses_an_empty_bucket():
+    with pytest.raises(ValueError, match="non-empty flat"):
+        fp8c.bucket_amax(torch.empty(0), 2)
+
+
+@pytest.mark.parametrize(
+    ("send", "received", "match"),
+    [
+        (torch.zeros(9, dtype=torch.uint8), torch.zeros(10, dtype=torch.uint8), "received must"),
+        (torch.zeros(9, dtype=torch.uint8), torch.zeros(2, 5), "received must"),
+        (torch.zeros(9, dtype=torch.uint8), torch.zeros(0, 5, dtype=torch.uint8), "received"),
+        (torch.zeros(3, dtype=torch.uint8), torch.zeros(2, 5, dtype=torch.uint8), "send must"),
+    ],
+    ids=["1-D", "float", "no-rank", "short-send"],
+)
+def test_reduce_chunks_into_refuses_bad_buffers(send, received, match):
+    # a 1-D `received` was summed as ten one-byte "ranks", silently
+    with pytest.raises(ValueError, match=match):
+        fp8c.reduce_chunks_into(send, received, torch.tensor([1.0]), "e4m3")
+
+
+@pytest.mark.parametrize(
+    ("out", "gathered", "scales", "match"),
+    [
+        (torch.empty(10), torch.zeros(2, 9), torch.ones(2, 1), "gathered must"),
+        (torch.empty(10, dtype=torch.long), torch.zeros(2, 9, dtype=torch.uint8),
+         torch.ones(2, 1), "out must"),
+        (torch.empty(12), torch.zeros(2, 9, dtype=torch.uint8), torch.ones(2, 1), "out must"),
+        (torch.empty(2), torch.zeros(2, 3, dtype=torch.uint8), torch.ones(2, 1), "chunk"),
+        (torch.empty(10), torch.zeros(2, 9, dtype=torch.uint8), torch.ones(2), "scales"),
+    ],
+    ids=["float-gathered", "int-out", "long-out", "short-rows", "1-D-scales"],
+)  # fmt: skip
+def test_decode_into_refuses_bad_buffers(out, gathered, scales, match):
+    # float32 bytes were read as fp8 codes and an int64 `out` truncated the mean, silently
+    with pytest.raises(ValueError, match=match):
+        fp8c.decode_into(out, gathered, scales, "e4m3")

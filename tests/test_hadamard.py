@@ -68,3 +68,26 @@ def test_sizes_are_checked():
     for bad in (0, 1, 12, True, 2.0):
         with pytest.raises(ValueError, match="power of two"):
             check_size(bad)
+
+
+@pytest.mark.parametrize("dim", [2, -3, 1.0, True])
+def test_rotate_refuses_dim_out_of_range(dim):
+    # dim % x.dim() rotated another dim silently (2 -> 0 for a 2-D x)
+    with pytest.raises(ValueError, match="dim must be an int in"):
+        rotate(torch.randn(4, 8), torch.ones(4), dim)
+
+
+@pytest.mark.parametrize(
+    "signs", [torch.ones(4, dtype=torch.bool), torch.ones(2, 2)], ids=["bool", "2-D"]
+)
+def test_rotate_refuses_signs_not_a_float_vector(signs):
+    # bool (0/1) signs made the transform singular
+    with pytest.raises(ValueError, match="signs must be a 1-D tensor"):
+        rotate(torch.randn(4, 8), signs, 1)
+
+
+def test_rotate_refuses_complex_and_0dim_x():
+    with pytest.raises(TypeError, match="real tensor"):
+        rotate(torch.randn(4, 8, dtype=torch.complex64), torch.ones(4), 1)
+    with pytest.raises(ValueError, match="dim must be an int"):
+        rotate(torch.tensor(1.0), torch.ones(4), 0)

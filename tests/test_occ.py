@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from bits import bits_equal, same_e4m3
-from minifloat import recipes
+from minifloat import occ_gemm, recipes
 from minifloat.exact import div_rn_by_scale
 from minifloat.formats import inv_scales
+from minifloat.kernels import EmulatedBackend
 from minifloat.kernels.operand import round_to_storage
 from minifloat.linear import QuantLinear
 from minifloat.occ import (
@@ -472,3 +473,34 @@ def test_x_q_values_recomputed_from_x_are_the_quantizers(granularity):
         clamped_grid_values(x, lo, hi, None)
     with pytest.raises(ValueError, match="'inv' x_q"):
         fold_remainder(x, lo, hi, None, scale, None, 6.0)
+
+
+def test_sample_stride_refuses_bad_sizes():
+    # row_len 0: every stride divides it, and the search for one that does not never ended
+    with pytest.raises(ValueError, match="row_len must be >= 1"):
+        sample_stride(10_000, 0, 1024)
+    with pytest.raises(ValueError, match="sample_size must be >= 1"):
+        sample_stride(10_000, 64, 0)
+
+
+def test_steps_passed_refuses_a_negative_count():
+    with pytest.raises(ValueError, match="count >= 0"):  # returned -3 steps passed
+        steps_passed(torch.tensor([500.0]), 0, -3)
+
+
+def test_thresholds_refuse_a_non_config_and_0dim_x():
+    with pytest.raises(TypeError, match="cfg must be an OCCConfig"):
+        thresholds(torch.randn(4, 4), None)
+    with pytest.raises(ValueError, match="at least 1 dim"):
+        thresholds(torch.tensor(1.0), OCCConfig())
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "FP32"])
+def test_compensation_refuses_unknown_formats(fmt):
+    # any name but "fp32" was computed as "e4m3"
+    x, w = torch.randn(8, 32), torch.randn(4, 32)
+    clip = thresholds(x, OCCConfig())
+    with pytest.raises(ValueError, match="compensation fmt must be one of"):
+        occ_gemm.fprop_correction(EmulatedBackend(), fmt, x, clip, w, False)
+    with pytest.raises(ValueError, match="compensation fmt must be one of"):
+        occ_gemm.remainder_wgrad_operand(EmulatedBackend(), fmt, x, clip)

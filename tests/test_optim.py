@@ -491,3 +491,42 @@ def test_underflowed_second_moment_decodes_to_block_floor(name):
     assert torch.equal(floored[0], plain[0])
     # An all-zero block (scale 1 by convention) holds exact zeros and stays zero.
     assert torch.equal(floored[128:], torch.zeros(128))
+
+
+@pytest.mark.parametrize("block_size", [0, -4, True, 2**30])
+def test_state_format_refuses_bad_block_sizes(block_size):
+    # True was a block of 1; 2**30 padded every moment to a block of a billion elements
+    fmt = get_state_format("fp8-sr")
+    for call in (
+        lambda: fmt.encode(torch.randn(10), block_size=block_size),
+        lambda: fmt.draw_noise(10, torch.device("cpu"), torch.Generator(), block_size=block_size),
+        lambda: fmt.bytes_per_element(block_size),
+    ):
+        with pytest.raises(ValueError, match="block_size must be a positive int"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("rounder", "noise"),
+    [
+        (stochastic_round_e4m3, torch.rand(1)),
+        (stochastic_round_e4m3, torch.rand(2, 4)),
+        (stochastic_round_bf16, torch.zeros(1, dtype=torch.int32)),
+        (stochastic_round_bf16, torch.rand(4)),
+    ],
+)
+def test_stochastic_rounding_refuses_noise_not_of_x_shape(rounder, noise):
+    # broadcast, one draw rounded every entry alike (or grew the output's shape)
+    with pytest.raises(ValueError, match="noise must be"):
+        rounder(torch.full((4,), 1.03), noise=noise)
+
+
+@pytest.mark.parametrize("numel", [3, 8])
+def test_decode_refuses_a_shape_the_payload_does_not_hold(numel):
+    # 10 values in 3 blocks of 4: a shape of 3 or 8 dropped the rest silently
+    fmt = get_state_format("fp8")
+    payload, scale = fmt.encode(torch.randn(10), block_size=4)
+    with pytest.raises(ValueError, match="does not fit a payload of 3 blocks of 4"):
+        fmt.decode(payload, scale, torch.Size([numel]))
+    with pytest.raises(ValueError, match="scaled payload is"):
+        fmt.decode(payload, None, torch.Size([10]))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from minifloat import formats
-from minifloat.packing import storage_dtype
+from minifloat.packing import pack_values, storage_dtype, unpack_values
 from minifloat.quantize import quantize
 
 
@@ -42,3 +42,40 @@ def test_pack_rejects_values_off_grid():
 
     with pytest.raises(ValueError, match="grid"):
         pack_values(torch.tensor([0.7]), formats.get("e2m1"))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "value"), [("int8", 200.0), ("int8", 1.5), ("e4m3", 1.03), ("e4m3", 500.0)]
+)
+def test_pack_refuses_8bit_values_off_the_grid(fmt, value):
+    # the cast rounded or saturated them, and int8 wrapped 200 around to -56
+    with pytest.raises(ValueError, match="not on the"):
+        pack_values(torch.tensor([1.0, value]), formats.get(fmt))
+
+
+def test_pack_keeps_8bit_nan_and_takes_format_names():
+    packed = pack_values(torch.tensor([1.0, math.nan]), "e4m3")
+    assert packed.dtype == storage_dtype("e4m3") and math.isnan(packed[1].float())
+
+
+def test_pack_refuses_0dim_4bit_values():
+    with pytest.raises(ValueError, match="at least 1-D"):
+        pack_values(torch.tensor(1.5), formats.get("e2m1"))
+
+
+@pytest.mark.parametrize(
+    ("data", "shape"),
+    [
+        (torch.zeros(2, 2, dtype=torch.uint8), (2, 2)),  # rows of 4 values read as rows of 2
+        (torch.zeros(2, 2, dtype=torch.uint8), (4, 2)),
+        (torch.zeros(2, dtype=torch.float32), (8,)),  # float32 bytes read as codes
+    ],
+)
+def test_unpack_refuses_data_not_of_shape(data, shape):
+    with pytest.raises(ValueError, match="e2m1 data"):
+        unpack_values(data, formats.get("e2m1"), shape)
+
+
+def test_unpack_refuses_8bit_data_of_another_dtype():
+    with pytest.raises(ValueError, match="e4m3 data must be"):
+        unpack_values(torch.ones(4), formats.get("e4m3"), (4,))

@@ -39,6 +39,8 @@ def _is_block_list(module: nn.Module, min_children: int) -> bool:
 def find_repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The children of `model`'s outermost block lists, in module order (see the module
     docstring for the rule). Raises NoRepeatedBlocksError when there are none."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"find_repeated_blocks takes an nn.Module, got {type(model).__name__}")
     blocks = _outermost_blocks(model, min_children=2) or _outermost_blocks(model, min_children=1)
     if not blocks:
         raise NoRepeatedBlocksError(

@@ -57,6 +57,8 @@ def mix(x: torch.Tensor | int) -> torch.Tensor | int:
 
 def derive(seed: torch.Tensor, stream: str) -> torch.Tensor:
     """The key of a named sub-stream (`STREAMS`) of a mixed `seed` (0-dim int64)."""
+    if stream not in STREAMS:
+        raise ValueError(f"unknown stream {stream!r}; valid: {', '.join(STREAMS)}")
     return seed ^ STREAMS[stream]
 
 
@@ -70,6 +72,12 @@ def layer_seeds(rng_state: torch.Tensor, rank: int = 0) -> torch.Tensor:
     """[2] int64: the dgrad and wgrad seeds of the current step of a layer whose `rng_state` is
     (salt, step), on the process of `rank` (`process_rank()`; 0 leaves the seeds as without
     one, as `mix(0) = 0`). Computed in forward and saved, so backward uses the forward's step."""
+    # int32 would overflow in the products (other seeds, silently); a float state has no bits
+    if rng_state.dtype != torch.int64 or rng_state.shape != (2,):
+        raise ValueError(
+            f"rng_state must be int64 [2] (salt, step), got {rng_state.dtype} of shape "
+            f"{tuple(rng_state.shape)}"
+        )
     rank_key = mix(rank & _MASK)  # a Python int: the same operators, no tensor in the graph
     base = (((rng_state[0] & _MASK) * _MUL) & _MASK) ^ (rng_state[1] & _MASK) ^ rank_key
     return torch.stack([mix(base ^ STREAMS["dgrad"]), mix(base ^ STREAMS["wgrad"])])
@@ -80,10 +88,20 @@ def advance(rng_state: torch.Tensor) -> None:
     rng_state[1:].add_(1)
 
 
+def _is_size(n: object) -> bool:
+    """An int >= 0 (a SymInt under dynamic shapes; bool is no size)."""
+    return isinstance(n, (int, torch.SymInt)) and not isinstance(n, bool) and n >= 0
+
+
 def _hash(key: torch.Tensor, numel: int, device: torch.device) -> torch.Tensor:
     """32-bit hashes (int64) of the indices 0..numel-1 under `key`: one `mix` per element, so
     compiled kernels stay small. The key must be well mixed already (`layer_seeds`, `derive`):
     small consecutive keys would give overlapping streams (key k at index i = key 0 at i ^ k)."""
+    if not isinstance(key, torch.Tensor) or key.numel() != 1:  # [n] keys would broadcast
+        got = tuple(key.shape) if isinstance(key, torch.Tensor) else type(key).__name__
+        raise ValueError(f"key must be a one-element (0-dim) int64 tensor, got {got}")
+    if not _is_size(numel):
+        raise ValueError(f"the number of draws must be an int >= 0, got {numel!r}")
     index = torch.arange(numel, dtype=torch.int64, device=device)
     key = key.to(device=device, dtype=torch.int64)
     return mix((index & _MASK) ^ key ^ (index >> 32))
@@ -93,6 +111,8 @@ def uniform(key: torch.Tensor, shape: tuple[int, ...], device: torch.device) -> 
     """float32 uniforms in [0, 1), multiples of 2^-24, one per element of `shape` (row-major
     element index), a function of `key` (0-dim int64, mixed: `derive(seed, "noise")` of a
     `layer_seeds` seed) and the index only."""
+    if not all(_is_size(n) for n in shape):
+        raise ValueError(f"shape must be a tuple of ints >= 0, got {shape!r}")
     numel = 1
     for n in shape:
         numel *= n

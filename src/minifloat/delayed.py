@@ -39,6 +39,9 @@ def history_scale(
     # Few graph nodes on purpose: this chain sits between an input and its cast, and the
     # partitioner stops recomputing casts more than 100 nodes after their input (its "too long"
     # rule), which made it save the SwiGLU output's FP8 copy (docs/hopper_sessions.md, session 13).
+    _check_history(history)  # shapes only: no graph nodes
+    if amax_now.numel() != 1:
+        raise ValueError(f"amax_now must be one amax, got shape {tuple(amax_now.shape)}")
     h = history[row]
     past = torch.where(h < math.inf, h, 0.0).amax()  # NaN and +inf entries count as 0
     ref = torch.where(past > 0, past, amax_now)
@@ -50,4 +53,19 @@ def history_scale(
 
 def record(history: torch.Tensor, amaxes: torch.Tensor) -> None:
     """Shift the history one step and write `amaxes` [3] (input, weight, grad_output) in front."""
+    _check_history(history)
+    if amaxes.numel() != 3:
+        raise ValueError(
+            f"amaxes must be [3] (input, weight, grad_output), got {tuple(amaxes.shape)}"
+        )
     history.copy_(torch.cat([amaxes.reshape(3, 1), history[:, :-1]], dim=1))
+
+
+def _check_history(history: torch.Tensor) -> None:
+    """The history must be [3, history_len >= 1]: a 1-D one's `history[row]` is a single entry,
+    taken silently as the row's past amaxes."""
+    if history.dim() != 2 or history.shape[0] != 3 or history.shape[1] < 1:
+        raise ValueError(
+            f"history must be [3, history_len >= 1] (rows input, weight, grad_output), got "
+            f"shape {tuple(history.shape)}"
+        )

@@ -72,7 +72,9 @@ def _working_dtype(x: torch.Tensor) -> torch.dtype:
 def dge_function(
     x_scaled: torch.Tensor, fmt: str | ElementFormat = "e2m1", k: float = 5.0
 ) -> torch.Tensor:
-    """The smooth quantizer stand-in f(x) (for tests and plots), in float32 (float64 kept)."""
+    """The smooth quantizer stand-in f(x) (for tests and plots), in float32 (float64 kept).
+    k as `dge_derivative`'s (a finite number >= 1; k <= 0 gave NaN or 0-division)."""
+    DGEConfig(k=k)  # its checks of k
     fmt = formats.get(fmt)
     x = x_scaled.to(_working_dtype(x_scaled))
     a, delta, t = _intervals(x, fmt)
@@ -109,6 +111,8 @@ def dge_derivative(
 def derivative(x_scaled: torch.Tensor, fmt: str | ElementFormat, cfg: DGEConfig) -> torch.Tensor:
     """`dge_derivative` with a recipe's DGEConfig (the form the backward calls). Its constants
     come from `cfg.key` (`_constants`), so compiled code never holds k or cap as a symbol."""
+    if not isinstance(cfg, DGEConfig):
+        raise TypeError(f"cfg must be a DGEConfig, got {type(cfg).__name__}")
     fmt = formats.get(fmt)
     x = x_scaled.to(_working_dtype(x_scaled))
     scale, exponent, cap = _constants(cfg.key)
@@ -165,7 +169,24 @@ def dge_scale(
     one float32 product an element, or the division `exact.div_rn_by_scale` (float64). The
     float32 power of f′ is not correctly rounded (`_power`: exp2·log2 on CUDA, pow on the CPU), so
     devices differ by a few ulp; the Hopper backend runs this compiled in eager too (`kernel`).
+    ValueError for a `dw` not of w's shape, or a `w_scale`/`w_mult` of another rank than w's
+    (a 1-D [N] of a square weight would broadcast along its columns); one element is fine.
     """
+    _check_dge_shapes(dw, w, w_scale, w_mult)
     w = w.detach().float()
     w_scaled = div_rn_by_scale(w, w_scale.float()) if w_mult is None else w * w_mult.float()
     return dw.float() * derivative(w_scaled, fmt, cfg)
+
+
+def _check_dge_shapes(
+    dw: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_mult: torch.Tensor | None
+) -> None:
+    """dge_scale's shapes (no pass over values: it runs in compiled backward code)."""
+    if dw.shape != w.shape:
+        raise ValueError(f"dw must have w's shape {tuple(w.shape)}, got {tuple(dw.shape)}")
+    for name, t in (("w_scale", w_scale), ("w_mult", w_mult)):
+        if t is not None and t.numel() != 1 and t.dim() != w.dim():
+            raise ValueError(
+                f"{name} must have w's rank {w.dim()} (e.g. [N, 1] row scales) or one element, "
+                f"got shape {tuple(t.shape)}"
+            )

@@ -137,8 +137,11 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     Inductor drops a `.to(torch.bfloat16).to(torch.float32)` round trip inside a fused kernel
     (it keeps the fp32 value), so a GEMM output meant to be bf16 and cast back to fp32 would
     differ compiled vs eager; integer operations on the bits cannot be dropped. inf stays inf,
-    values past bf16's max round to inf as the cast does, NaN stays NaN.
+    values past bf16's max round to inf as the cast does, NaN stays NaN. TypeError for other
+    dtypes (their bits read as float32 would be other numbers).
     """
+    if x.dtype != torch.float32:
+        raise TypeError(f"round_to_bf16 takes a float32 tensor, got {x.dtype}")
     bits = x.view(torch.int32)
     lsb = (bits >> 16) & 1
     rounded = ((bits + 0x7FFF + lsb) & -65536).view(torch.float32)  # -65536 = 0xFFFF0000
@@ -150,6 +153,8 @@ def as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     traced node): torch 2.11's dynamo gives an autograd.Function whose forward returns a no-op
     `.to` of its result zero gradients when compiled (docs/hopper.md, "Two torch versions";
     tests/test_compile.py's float32 cases, sessions 42 and 80)."""
+    if not isinstance(dtype, torch.dtype):  # `.to("bfloat16")` reads a device, `.to(None)` no-op
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     return x if x.dtype == dtype else x.to(dtype)
 
 

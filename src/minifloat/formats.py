@@ -98,6 +98,11 @@ class ElementFormat:
         if rounding not in ROUNDING_MODES:
             raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
         check_random_source(generator, noise)
+        if noise is not None and (noise.shape != x.shape or not noise.is_floating_point()):
+            raise ValueError(  # broadcast, one draw would round many entries alike
+                f"noise must be floating uniforms of x's shape {tuple(x.shape)}, got "
+                f"{noise.dtype} of shape {tuple(noise.shape)}"
+            )
         x = x.float()
         mag = x.abs().clamp(max=self.max)  # saturate first; NaN passes through clamp
         quantum = self.spacing(mag)
@@ -353,6 +358,8 @@ def inv_scales(amax: torch.Tensor, fmt_max: float) -> tuple[torch.Tensor, torch.
     float64 rounded once (`exact.div_rn`), the special groups by arithmetic rather than
     `torch.where` constants (kernels/operand.py's module docstring says why).
     """
+    if not (isinstance(fmt_max, (int, float)) and 0 < fmt_max < math.inf):
+        raise ValueError(f"fmt_max must be a finite number > 0 (a format's max), got {fmt_max!r}")
     amax = amax.float()
     zero = (amax == 0).to(amax.dtype)
     m = div_rn(torch.full_like(amax, fmt_max), amax.clamp(min=fmt_max / _INV_MULTIPLIER_MAX))
@@ -375,6 +382,8 @@ def e8m0_max(fmt_max: float) -> float:
     6 * 2^125), and a value that rounds up to 4 then decodes to 4 * 2^126 = inf. Capped, such
     a group's values saturate to +-fmt_max instead, and `fmt_max * scale` is always finite.
     """
+    if not (isinstance(fmt_max, (int, float)) and 0 < fmt_max < math.inf):
+        raise ValueError(f"fmt_max must be a finite number > 0 (a format's max), got {fmt_max!r}")
     emax = math.frexp(fmt_max)[1] - 1  # fmt_max = m * 2^e, m in [0.5, 1): floor(log2) = e - 1
     return min(_E8M0_HI, math.ldexp(1.0, 127 - emax))
 
@@ -386,7 +395,7 @@ def represent_scale(
 
     `tensor_amax` is only used by the two-level e4m3 format.
     """
-    name = scale_format.name
+    name = get_scale_format(scale_format).name
     if name == "fp32":
         return raw_scale
     if name == "inv":

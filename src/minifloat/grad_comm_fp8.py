@@ -80,6 +80,8 @@ def _check_world(world: object) -> None:
 
 def _check_bucket_amax(flat: torch.Tensor, world: int) -> None:
     _check_world(world)
+    if flat.numel() == 0:  # amax of nothing: torch's error names no argument
+        raise ValueError("bucket_amax needs a non-empty flat (reduce_mean skips empty buckets)")
 
 
 def _check_encode(
@@ -99,12 +101,41 @@ def _check_reduce_chunks_into(
     # the reduced chunk is written as fp8 bit patterns: a wider dtype would take them as numbers
     if send.dtype != torch.uint8:
         raise ValueError(f"send must be a uint8 buffer (fp8 bit patterns), got {send.dtype}")
+    # a 1-D `received` would be summed as `numel` one-byte "ranks"; float32 viewed as fp8 as
+    # four values an element
+    if received.dtype != torch.uint8 or received.dim() != 2 or received.shape[0] < 1:
+        raise ValueError(
+            f"received must be uint8 [W >= 1, chunk], got {received.dtype} of shape "
+            f"{tuple(received.shape)}"
+        )
+    if send.dim() != 1 or send.numel() < received.shape[1]:
+        raise ValueError(
+            f"send must be 1-D with at least chunk = {received.shape[1]} bytes, got shape "
+            f"{tuple(send.shape)}"
+        )
 
 
 def _check_decode_into(
     out: torch.Tensor, gathered: torch.Tensor, scales: torch.Tensor, fmt: str
 ) -> None:
     _check_fmt(fmt)
+    # float bytes would be read as fp8 codes; an integer `out` would truncate the mean
+    if gathered.dtype != torch.uint8 or gathered.dim() != 2:
+        raise ValueError(
+            f"gathered must be uint8 [W, chunk + {SCALE_BYTES}], got {gathered.dtype} of shape "
+            f"{tuple(gathered.shape)}"
+        )
+    world, chunk = gathered.shape[0], gathered.shape[1] - SCALE_BYTES
+    if chunk < 0 or tuple(scales.shape) != (world, 1):
+        raise ValueError(
+            f"gathered {tuple(gathered.shape)} needs rows of chunk + {SCALE_BYTES} bytes and "
+            f"scales [{world}, 1], got scales {tuple(scales.shape)}"
+        )
+    if not out.is_floating_point() or out.dim() != 1 or out.numel() > world * chunk:
+        raise ValueError(
+            f"out must be a 1-D float tensor of at most {world * chunk} elements, got "
+            f"{out.dtype} of shape {tuple(out.shape)}"
+        )
 
 
 def shared_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:

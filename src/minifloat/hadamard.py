@@ -52,6 +52,23 @@ def _fwht(v: torch.Tensor, axis: int, n: int) -> torch.Tensor:
     return v.reshape(*pre, n, *post)
 
 
+def _check_rotate_args(x: torch.Tensor, signs: torch.Tensor, dim: int) -> None:
+    """Shapes and dtypes only (no pass over the values): a `dim` out of range would wrap around
+    to another dim, and bool signs (0/1) would make the transform singular, both silently."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(
+            f"dim must be an int in [{-x.dim()}, {x.dim()}) for x of shape {tuple(x.shape)}, "
+            f"got {dim!r}"
+        )
+    if x.is_complex():
+        raise TypeError(f"rotate takes a real tensor, got {x.dtype}")
+    if signs.dim() != 1 or signs.dtype == torch.bool or signs.is_complex():
+        raise ValueError(
+            f"signs must be a 1-D tensor of ±1 (float), got {signs.dtype} of shape "
+            f"{tuple(signs.shape)}"
+        )
+
+
 def rotate(
     x: torch.Tensor, signs: torch.Tensor, dim: int, *, inverse: bool = False
 ) -> torch.Tensor:
@@ -65,6 +82,7 @@ def rotate(
         inverse: apply the transposed (inverse) rotation.
     """
     n = check_size(signs.numel())
+    _check_rotate_args(x, signs, dim)
     dim = dim % x.dim()
     v = x.float()
     pad = -v.shape[dim] % n

@@ -91,8 +91,12 @@ def sample_stride(numel: int, row_len: int, sample_size: int) -> int:
     1 (every entry: the exact quantiles) when numel <= sample_size; else the smallest prime
     s >= numel / sample_size that does not divide row_len (so the sample visits every column).
     """
+    if sample_size < 1:
+        raise ValueError(f"sample_size must be >= 1, got {sample_size!r}")
     if numel <= sample_size:
         return 1
+    if row_len < 1:  # every s divides 0: the search below would never end
+        raise ValueError(f"row_len must be >= 1 for a non-empty tensor, got {row_len!r}")
     s = max(2, -(-numel // sample_size))
     while not _is_prime(s) or row_len % s == 0:
         s += 1
@@ -105,6 +109,10 @@ def thresholds(x: torch.Tensor, cfg: OCCConfig) -> tuple[torch.Tensor, torch.Ten
     "exact": the [1-alpha, alpha] quantiles of x's finite entries (linear interpolation, as
     `torch.quantile`); "sampled": the same quantiles of the strided sample (module docstring).
     """
+    if not isinstance(cfg, OCCConfig):
+        raise TypeError(f"cfg must be an OCCConfig, got {type(cfg).__name__}")
+    if x.dim() == 0:
+        raise ValueError("thresholds takes a tensor of at least 1 dim (rows of x.shape[-1])")
     flat = x.detach().reshape(-1)
     if cfg.threshold == "sampled":  # a copy of the sample: compiled, the sort then reads the
         # sampled entries, where a strided view of x made inductor write all of x out for it
@@ -207,7 +215,7 @@ def clamped_grid_values(
 def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
     """How many of the steps 448·2^j, j = least .. least + count - 1, each entry of float32 `v`
     passes (v > 448·2^j), int32, v's shape: 0 for NaN and negatives, `count` for +inf. The
-    steps must be finite normals: least >= -134 and least + count <= 120.
+    steps must be finite normals: least >= -134 and least + count <= 120 (count >= 0).
 
     From v's bits, as exact as the comparisons (a non-negative float32 orders as its int32
     bits, and 448·2^j, a normal for j >= -134, has the bits 0x43E00000 + j·2^23), in
@@ -215,10 +223,10 @@ def steps_passed(v: torch.Tensor, least: int, count: int) -> torch.Tensor:
     once compiled: the fold's t and 1 / t as products of factors of 2 over the steps were two
     kernels a call, 96 calls a 1.3B fp4 step (until session 74), and the joint factor's shifts
     one a candidate factor, 288 launches a step (until session 75)."""
-    if least < -134 or least + count > 120:
+    if least < -134 or count < 0 or least + count > 120:
         raise ValueError(
-            f"steps_passed needs -134 <= least and least + count <= 120 (448·2^j a finite "
-            f"normal), got least {least}, count {count}"
+            f"steps_passed needs -134 <= least, count >= 0 and least + count <= 120 (448·2^j a "
+            f"finite normal), got least {least}, count {count}"
         )
     bits = v.float().view(torch.int32)  # negative for negative v, beyond every step for NaN
     # clamped below the first step first: v - 448 in bits without wrapping around

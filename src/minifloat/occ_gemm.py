@@ -27,6 +27,7 @@ import torch
 from minifloat import formats, occ
 from minifloat.kernels import Backend, QOperand
 from minifloat.kernels.backend import fp32_scaled
+from minifloat.recipe_specs import OCC_COMPENSATION_FORMATS
 from minifloat.recipes import OperandSpec, QuantRecipe
 
 __all__ = [
@@ -85,6 +86,13 @@ def fp32_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     too. No autograd: call it under no_grad or inside an autograd.Function's forward/backward
     (as QuantLinearFunction does)."""
     return torch.ops.minifloat.fp32_mm(a, b)
+
+
+def _check_fmt(fmt: object) -> None:
+    """A compensation format other than these was taken as "e4m3" silently."""
+    if fmt not in OCC_COMPENSATION_FORMATS:
+        valid = ", ".join(OCC_COMPENSATION_FORMATS)
+        raise ValueError(f"compensation fmt must be one of {valid}, got {fmt!r}")
 
 
 def compensation(recipe: QuantRecipe) -> str | None:
@@ -188,6 +196,7 @@ def fprop_correction(
 ) -> torch.Tensor:
     """Δx·wᵀ [M, N] in `out_dtype` (float32 for "fp32"), through an E4M3 GEMM ("e4m3") or in
     fp32 ("fp32")."""
+    _check_fmt(fmt)
     if fmt == "fp32":
         return fp32_mm(occ.remainder(x, *clip), weight.t())
     delta_q = backend.quantize(x, _E4M3_ROWS, clip=clip, remainder=True)
@@ -221,6 +230,7 @@ def folded_wgrad_operand(
 def remainder_wgrad_operand(backend: Backend, fmt: str, x: torch.Tensor, clip: Clip) -> QOperand:
     """Δxᵀ [K, M] (a transposed view) for the separate wgrad correction: E4M3 rows along the
     tokens ("e4m3"), or float32 ("fp32")."""
+    _check_fmt(fmt)
     if fmt == "fp32":
         return _fp32_operand(occ.remainder(x, *clip).t(), transposed=True)
     return backend.quantize(x, _E4M3_ROWS, clip=clip, remainder=True, transpose=True)
@@ -230,6 +240,7 @@ def wgrad_correction(
     backend: Backend, fmt: str, dy: torch.Tensor, delta_rhs: QOperand
 ) -> torch.Tensor:
     """dyᵀ·Δx [N, K] in float32, `delta_rhs` from `remainder_wgrad_operand`."""
+    _check_fmt(fmt)
     if fmt == "fp32":
         return fp32_mm(dy.t(), delta_rhs.values().t())
     dy_t = backend.quantize(dy, _E4M3_ROWS, transpose=True)

@@ -108,6 +108,7 @@ class EmulatedBackend:
         bias: torch.Tensor | None = None,
         fast_accum: bool = False,  # a hint for tensor cores; fp32 sums here
     ) -> torch.Tensor:
+        _check_out_dtype(out_dtype)
         if a.shape[1] != b.shape[1]:
             raise ValueError(f"contraction dims differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
         if microscale.is_microscaled(a) or microscale.is_microscaled(b):
@@ -131,6 +132,7 @@ class EmulatedBackend:
     ) -> torch.Tensor:
         """fp32 GEMM of the bf16-exact `values x block scale` operands (exact products, fp32
         sums), tensor scales on the output (kernels/microscale.py)."""
+        _check_out_dtype(out_dtype)
         return microscale.dequantized_mm(a, b, out_dtype=out_dtype, bias=bias)
 
     def apply_dge(
@@ -140,6 +142,12 @@ class EmulatedBackend:
         return self.kernel(dge_scale, dw)(
             dw, w_hp, scale, fmt=w_q.fmt, cfg=cfg, w_mult=w_q.multiplier
         )
+
+
+def _check_out_dtype(out_dtype: object) -> None:
+    """An integer out_dtype truncated the product silently (a dtype check, no graph node)."""
+    if not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise TypeError(f"out_dtype must be a floating torch.dtype, got {out_dtype!r}")
 
 
 def _reference_quantize(x, spec, prescale, transpose, clip, scale) -> QOperand:

@@ -57,6 +57,7 @@ class StateFormat:
 
     def bytes_per_element(self, block_size: int = 128) -> float:
         """Stored bytes per tensor element, including the fp32 block scales."""
+        check_block_size(block_size)
         payload = torch.empty((), dtype=self.storage_dtype).element_size()
         return payload + (4.0 / block_size if self.scaled else 0.0)
 
@@ -75,6 +76,7 @@ class StateFormat:
         """
         if not self.scaled:
             return x.to(self.storage_dtype), None
+        check_block_size(block_size)
         hp = x.float()
         if self.sqrt_domain:
             hp = sqrt_eager(hp)  # torch.sqrt, with eager's bits when compiled (exact.py)
@@ -102,6 +104,7 @@ class StateFormat:
         padded payload element), or None for a format that rounds to nearest."""
         if not self.stochastic:
             return None
+        check_block_size(block_size)
         shape = (-(-numel // block_size), block_size)
         return torch.rand(shape, device=device, generator=generator)
 
@@ -125,8 +128,11 @@ class StateFormat:
         m would turn the update into m / eps; with the floor the update stays bounded (a true
         v below the floor has |m| below sqrt(floor) too), erring on the small side.
         """
+        shape = torch.Size(shape)
         if not self.scaled:
             return payload.float().view(shape)
+        if not torch.compiler.is_compiling():  # eager only: no symbolic-shape guards
+            _check_scaled_payload(payload, scale, shape)
         values = payload.float()
         if floor_underflow:
             # Only in blocks with a non-zero entry: an all-zero block (scale 1 by convention)
@@ -181,6 +187,34 @@ def check_block_size(block_size: object) -> None:
         )
 
 
+def _check_scaled_payload(
+    payload: torch.Tensor, scale: torch.Tensor | None, shape: torch.Size
+) -> None:
+    """A scaled payload [n_blocks, block_size] must hold `shape`'s elements in its blocks, the
+    last one padded: a larger shape would read the padding as values, a smaller one drop some."""
+    if payload.dim() != 2 or scale is None or scale.shape != payload.shape[:1]:
+        got = None if scale is None else tuple(scale.shape)
+        raise ValueError(
+            f"a scaled payload is [n_blocks, block_size] with scales [n_blocks], got payload "
+            f"{tuple(payload.shape)} and scale {got}"
+        )
+    blocks, block_size = payload.shape
+    if not (blocks - 1) * block_size < shape.numel() <= blocks * block_size:
+        raise ValueError(
+            f"shape {tuple(shape)} ({shape.numel()} elements) does not fit a payload of "
+            f"{blocks} blocks of {block_size}"
+        )
+
+
+def _check_noise(noise: torch.Tensor | None, x: torch.Tensor, dtypes: tuple) -> None:
+    """Pre-drawn noise must be x's shape: broadcast, one draw would round many entries alike."""
+    if noise is not None and (noise.shape != x.shape or noise.dtype not in dtypes):
+        raise ValueError(
+            f"noise must be {' or '.join(map(str, dtypes))} of x's shape {tuple(x.shape)}, got "
+            f"{noise.dtype} of shape {tuple(noise.shape)}"
+        )
+
+
 def get_state_format(name: str) -> StateFormat:
     """Look up a state format by name; unknown names raise ValueError listing the valid ones."""
     try:
@@ -214,6 +248,7 @@ def stochastic_round_e4m3(
     neighbours of a value are its round-to-nearest result and the pattern one step away.
     """
     check_random_source(generator, noise)
+    _check_noise(noise, x, (torch.float32, torch.float64, torch.bfloat16, torch.float16))
     mag = x.abs()
     nearest = mag.to(torch.float8_e4m3fn)
     bits = nearest.view(torch.uint8).to(torch.int16)
@@ -240,6 +275,7 @@ def stochastic_round_bf16(
     noise: pre-drawn int32 values in [0, 2^16) shaped like `x` (else drawn from `generator`,
     as :func:`draw_bf16_noise` draws them)."""
     check_random_source(generator, noise)
+    _check_noise(noise, x, (torch.int32,))
     bits = x.float().view(torch.int32)
     if noise is None:
         noise = draw_bf16_noise(x.shape, x.device, generator)
