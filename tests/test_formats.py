@@ -285,7 +285,7 @@ def test_int_spacing_is_one(name):
 )
 def test_round_refuses_noise_not_of_x_shape(noise):
     # broadcast, one uniform rounded every entry alike (or grew the output's shape)
-    with pytest.raises(ValueError, match="noise must be floating uniforms of x's shape"):
+    with pytest.raises(ValueError, match="noise must be a floating tensor of x's shape"):
         formats.get("e2m1").round(torch.full((4,), 0.7), "stochastic", noise=noise)
 
 

@@ -40,11 +40,28 @@ __all__ = [
 ROUNDING_MODES = ("nearest", "stochastic")
 
 
-def check_random_source(generator: torch.Generator | None, noise: torch.Tensor | None) -> None:
-    """ValueError when stochastic rounding gets both a generator and pre-drawn noise: the noise
-    is used as given, so the generator would silently go unused."""
+def check_random_source(
+    generator: torch.Generator | None,
+    noise: torch.Tensor | None,
+    x: torch.Tensor | None = None,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+) -> None:
+    """ValueError when stochastic rounding gets both a generator and pre-drawn noise (the noise
+    is used as given, so the generator would silently go unused), or, given `x`, noise not of
+    x's shape (broadcast, one draw would round many entries alike) or not of `dtypes` (default:
+    any floating dtype)."""
     if generator is not None and noise is not None:
         raise ValueError("give stochastic rounding a generator or noise, not both")
+    if noise is None or x is None:
+        return
+    dtype_ok = noise.is_floating_point() if dtypes is None else noise.dtype in dtypes
+    if noise.shape != x.shape or not dtype_ok:
+        kinds = "floating" if dtypes is None else " or ".join(map(str, dtypes))
+        kinds = f"a {kinds} tensor"
+        raise ValueError(
+            f"noise must be {kinds} of x's shape {tuple(x.shape)}, got {noise.dtype} of shape "
+            f"{tuple(noise.shape)}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,12 +114,7 @@ class ElementFormat:
         """
         if rounding not in ROUNDING_MODES:
             raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
-        check_random_source(generator, noise)
-        if noise is not None and (noise.shape != x.shape or not noise.is_floating_point()):
-            raise ValueError(  # broadcast, one draw would round many entries alike
-                f"noise must be floating uniforms of x's shape {tuple(x.shape)}, got "
-                f"{noise.dtype} of shape {tuple(noise.shape)}"
-            )
+        check_random_source(generator, noise, x)
         x = x.float()
         mag = x.abs().clamp(max=self.max)  # saturate first; NaN passes through clamp
         quantum = self.spacing(mag)
@@ -345,6 +357,12 @@ def pow2_ceil(x: torch.Tensor) -> torch.Tensor:
 _INV_MULTIPLIER_MAX = 2.0**126  # so that the scale 1 / m is a normal float32
 
 
+def _check_fmt_max(fmt_max: object) -> None:
+    """A format's max is a finite number > 0: 0, inf or NaN gave inf scales or 2^127."""
+    if not (isinstance(fmt_max, (int, float)) and 0 < fmt_max < math.inf):
+        raise ValueError(f"fmt_max must be a finite number > 0 (a format's max), got {fmt_max!r}")
+
+
 def inv_scales(amax: torch.Tensor, fmt_max: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The "inv" scale format's (multipliers m, scales 1 / m) of groups with maxima `amax`.
 
@@ -358,8 +376,7 @@ def inv_scales(amax: torch.Tensor, fmt_max: float) -> tuple[torch.Tensor, torch.
     float64 rounded once (`exact.div_rn`), the special groups by arithmetic rather than
     `torch.where` constants (kernels/operand.py's module docstring says why).
     """
-    if not (isinstance(fmt_max, (int, float)) and 0 < fmt_max < math.inf):
-        raise ValueError(f"fmt_max must be a finite number > 0 (a format's max), got {fmt_max!r}")
+    _check_fmt_max(fmt_max)
     amax = amax.float()
     zero = (amax == 0).to(amax.dtype)
     m = div_rn(torch.full_like(amax, fmt_max), amax.clamp(min=fmt_max / _INV_MULTIPLIER_MAX))
@@ -382,8 +399,7 @@ def e8m0_max(fmt_max: float) -> float:
     6 * 2^125), and a value that rounds up to 4 then decodes to 4 * 2^126 = inf. Capped, such
     a group's values saturate to +-fmt_max instead, and `fmt_max * scale` is always finite.
     """
-    if not (isinstance(fmt_max, (int, float)) and 0 < fmt_max < math.inf):
-        raise ValueError(f"fmt_max must be a finite number > 0 (a format's max), got {fmt_max!r}")
+    _check_fmt_max(fmt_max)
     emax = math.frexp(fmt_max)[1] - 1  # fmt_max = m * 2^e, m in [0.5, 1): floor(log2) = e - 1
     return min(_E8M0_HI, math.ldexp(1.0, 127 - emax))
 

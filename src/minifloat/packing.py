@@ -33,7 +33,7 @@ def storage_dtype(fmt: str | ElementFormat) -> torch.dtype:
 def _check_on_grid(values: torch.Tensor, fmt: ElementFormat) -> None:
     """ValueError unless every value is on `fmt`'s grid or NaN (one pass: packing is storage,
     not a hot path; an 8-bit cast would round, saturate or, for int8, wrap around silently)."""
-    on_grid = (fmt.round(values) == values) | torch.isnan(values)
+    on_grid = fmt.is_on_grid(values) | torch.isnan(values)
     if not bool(on_grid.all()):
         raise ValueError(f"values are not on the {fmt.name} grid")
 
